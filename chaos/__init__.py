@@ -1,0 +1,1 @@
+"""chaos: fault injection, one scenario per documented failure (see runbooks/)."""

@@ -1,0 +1,140 @@
+"""Chaos harness core: the scenario registry, the result shape, the runner.
+
+A scenario reproduces one failure of the catalogue in DESIGN.md. It injects a
+real fault through a seam the code already has (a process, a socket, an
+rlimit, a file, a clock), runs once with the guardrail off and once with it
+on, and reports what it *observed*:
+
+- ``fault_fired``: the fault really happened (observed, never assumed);
+- ``unguarded``: the failure signature with the guardrail off;
+- ``guarded``: whether the guardrail caught it, how fast, and the text a user sees;
+- ``invariants``: named checks that must hold (e.g. "no sample lost").
+
+``passed`` = fault fired, guardrail caught it, and every invariant held.
+
+Scenario modules live in ``chaos/scenarios/`` and call :func:`register` at
+import time; :func:`discover` imports them all.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+RUNBOOK_DIR = Path(__file__).resolve().parent.parent / "runbooks"
+
+
+@dataclass
+class Guarded:
+    """What happened with the guardrail on."""
+
+    caught: bool
+    detection_s: float | None = None
+    error: str = ""
+
+
+@dataclass
+class ScenarioResult:
+    id: str
+    title: str
+    runbook: str
+    fault_fired: bool
+    unguarded: str
+    guarded: Guarded
+    invariants: dict[str, bool] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+    crashed: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return (self.crashed is None and self.fault_fired and self.guarded.caught
+                and all(self.invariants.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["passed"] = self.passed
+        return d
+
+
+@dataclass
+class Outcome:
+    """What a scenario's ``run`` returns; the harness adds id, title, timing."""
+
+    fault_fired: bool
+    unguarded: str
+    guarded: Guarded
+    invariants: dict[str, bool] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str            # the catalogue id in DESIGN.md, also the runbook's file name
+    title: str         # one line
+    run: Callable[[Path], Outcome]  # takes a scratch directory
+
+    @property
+    def runbook(self) -> str:
+        return f"runbooks/{self.id}.md"
+
+
+_REGISTRY: dict[str, Scenario] = {}
+
+
+def register(id: str, title: str) -> Callable[[Callable[[Path], Outcome]], Callable[[Path], Outcome]]:
+    """Decorator: ``@register("dead-engine", "an engine dies mid-campaign")``."""
+
+    def wrap(fn: Callable[[Path], Outcome]) -> Callable[[Path], Outcome]:
+        if id in _REGISTRY and _REGISTRY[id].run is not fn:
+            raise ValueError(f"chaos scenario id {id!r} registered twice")
+        _REGISTRY[id] = Scenario(id=id, title=title, run=fn)
+        return fn
+
+    return wrap
+
+
+def discover() -> dict[str, Scenario]:
+    """Import every module in ``chaos.scenarios`` and return the registry."""
+    import chaos.scenarios as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"chaos.scenarios.{mod.name}")
+    return dict(sorted(_REGISTRY.items()))
+
+
+def run_scenario(scenario_id: str, workdir: Path | None = None) -> ScenarioResult:
+    """Run one scenario in a scratch directory; a crash is a failed result, not an exception."""
+    scenarios = discover()
+    if scenario_id not in scenarios:
+        known = ", ".join(scenarios) or "(none)"
+        raise KeyError(f"unknown chaos scenario {scenario_id!r}; known: {known}")
+    sc = scenarios[scenario_id]
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"chaos-{sc.id}-", dir=workdir) as tmp:
+        try:
+            out = sc.run(Path(tmp))
+            crashed = None
+        except Exception:  # a scenario that crashes has failed; keep the traceback
+            out = Outcome(fault_fired=False, unguarded="", guarded=Guarded(caught=False))
+            crashed = traceback.format_exc()
+    return ScenarioResult(id=sc.id, title=sc.title, runbook=sc.runbook, fault_fired=out.fault_fired,
+                          unguarded=out.unguarded, guarded=out.guarded, invariants=out.invariants,
+                          details=out.details, duration_s=round(time.monotonic() - t0, 3),
+                          crashed=crashed)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """Run ``fn`` and return (result or raised exception, elapsed seconds)."""
+    t0 = time.monotonic()
+    try:
+        res = fn()
+    except Exception as err:  # the caller inspects what was raised
+        res = err
+    return res, time.monotonic() - t0

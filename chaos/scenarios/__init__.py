@@ -1,0 +1,1 @@
+"""One module per failure id of the catalogue; each registers itself."""

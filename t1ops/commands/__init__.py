@@ -1,0 +1,1 @@
+"""Subcommands of `t1ops`, one module each (see t1ops/cli.py)."""

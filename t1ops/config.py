@@ -1,0 +1,173 @@
+"""Typed campaign configuration, loaded from TOML.
+
+One tree of pydantic models; every field carries a one-line description and
+its allowed range. Unknown keys and out-of-range values raise
+:class:`~t1ops.errors.ConfigError` naming the dotted key and what is allowed.
+Sections own their concern: add fields to the section that uses them.
+"""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from t1ops.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors, values validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class RunConfig(Section):
+    name: str = Field("tiny", description="Run name; the run id is '<name>-<timestamp>'.")
+    out_dir: str = Field("runs", description="Parent directory of run directories.")
+    seed: int = Field(0, ge=0, description="Seed for sampling, task order and chaos schedules.")
+    steps: int = Field(8, ge=1, le=100_000, description="RL steps to run (after warm start).")
+    ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray.")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None: all).")
+
+
+class ModelConfig(Section):
+    """Shape of the megatron-core MoE model served and trained (tiny on CPU)."""
+
+    num_layers: int = Field(2, ge=1, le=128, description="Transformer layers (all MoE).")
+    hidden_size: int = Field(64, ge=8, le=16384, description="Hidden size.")
+    num_attention_heads: int = Field(4, ge=1, le=256, description="Attention heads.")
+    ffn_hidden_size: int = Field(128, ge=8, description="Dense FFN size.")
+    num_experts: int = Field(8, ge=2, le=1024, description="Routed experts per MoE layer.")
+    moe_router_topk: int = Field(2, ge=1, le=64, description="Experts selected per token (top-k).")
+    moe_ffn_hidden_size: int = Field(64, ge=8, description="Per-expert FFN size.")
+    max_seq_len: int = Field(2048, ge=64, le=1_048_576, description="Positional capacity in tokens.")
+    vocab_size: int = Field(248_320, ge=256, description="Vocabulary size (Qwen3.5 tokenizer: 248,320).")
+
+
+class EngineConfig(Section):
+    kind: Literal["embedded", "sglang"] = Field("embedded", description="Embedded CPU engine or external SGLang servers.")
+    num_engines: int = Field(1, ge=1, le=1024, description="Engines to run (embedded) or expect (sglang).")
+    urls: list[str] = Field(default_factory=list, description="SGLang server URLs when kind = 'sglang'.")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Engine precision; differs from the trainer's fp32 as SGLang's does.")
+    health_interval_s: float = Field(2.0, gt=0, le=600, description="Seconds between /health_generate pings.")
+    failure_threshold: int = Field(3, ge=1, le=100, description="Consecutive failed pings before an engine is declared dead.")
+    warmup_grace_s: float = Field(120.0, ge=0, description="Missed pings tolerated this long after engine start (first compile).")
+    request_timeout_s: float = Field(5.0, gt=0, le=3600, description="Timeout of one control-plane HTTP call.")
+    request_attempts: int = Field(3, ge=1, le=20, description="Attempts of a control-plane call before it fails.")
+    generate_timeout_s: float = Field(600.0, gt=0, description="Timeout of one /generate call.")
+
+
+class TrainerConfig(Section):
+    mode: Literal["ppo", "grpo"] = Field("ppo", description="PPO with a critic and GAE, or GRPO with DPPO.")
+    actor_lr: float = Field(1e-3, gt=0, le=1.0, description="Actor learning rate (constant).")
+    critic_lr_multiplier: float = Field(30.0, gt=0, le=1000, description="Critic LR as a multiple of the actor's (30x in the report).")
+    critic_warmup_steps: int = Field(0, ge=0, description="Critic-only steps before the actor updates.")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    clip_low: float = Field(0.2, ge=0, le=1, description="PPO ratio clip below 1.")
+    clip_high: float = Field(0.2, ge=0, le=10, description="PPO ratio clip above 1.")
+    value_clip: float = Field(0.2, ge=0, description="Clip of the value update around pre-update values.")
+    dppo_delta: float = Field(0.15, gt=0, le=1, description="DPPO binary-TV threshold (probability difference).")
+    loss_reduction: Literal["token_mean", "seq_mean", "prompt_mean"] = Field("token_mean", description="How per-token losses are reduced.")
+    r3: bool = Field(True, description="Replay the rollout's routing in the actor forward (R3).")
+    weight_decay: float = Field(0.1, ge=0, le=1, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
+    adam_beta2: float = Field(0.98, ge=0, lt=1, description="Adam beta2.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    ppo_epochs: int = Field(1, ge=1, le=16, description="Passes over each batch.")
+    save_every: int = Field(4, ge=1, description="Save weights-only checkpoints every N steps.")
+    warm_start_steps: int = Field(30, ge=0, description="Supervised warm-start steps on solutions before RL.")
+
+
+class RolloutConfig(Section):
+    tasks_dir: str = Field("examples/tasks", description="Directory of Harbor-layout tasks.")
+    batch_size: int = Field(8, ge=1, le=100_000, description="Trajectories per step.")
+    n_samples_per_prompt: int = Field(2, ge=1, le=256, description="Samples per task (GRPO group size).")
+    max_turns: int = Field(4, ge=1, le=1000, description="Agent turns per trial.")
+    max_new_tokens: int = Field(64, ge=1, description="Tokens one turn may generate.")
+    context_window: int = Field(1024, ge=64, description="Context window in tokens; prompt + max_new_tokens never exceeds it.")
+    temperature: float = Field(1.0, ge=0, le=4, description="Sampling temperature.")
+    max_concurrency: int = Field(8, ge=1, description="Trials in flight at once.")
+    sandbox_rate_per_s: float = Field(20.0, gt=0, description="Sandbox creations per second (token bucket).")
+    skim_overprovision: float = Field(1.0, ge=1, le=4, description="Launch this multiple of the batch; accept the first to finish.")
+    max_staleness: int = Field(1, ge=0, le=64, description="Max policy versions a sample may lag (async).")
+    timeout_override_s: float | None = Field(None, gt=0, description="Global agent timeout; never lowers a task's own budget unless allow_lower_timeouts.")
+    allow_lower_timeouts: bool = Field(False, description="Let timeout_override_s lower task-declared budgets (logged).")
+    reward_scale: float = Field(20.0, gt=0, description="CTRF reward = passed tests / scale (report: S = 20).")
+    num_workers: int = Field(1, ge=1, description="Rollout workers (one per node).")
+
+
+class GuardsConfig(Section):
+    fd_warn_fraction: float = Field(0.8, gt=0, le=1, description="Warn when open fds exceed this fraction of the soft limit.")
+    stall_timeout_s: float = Field(300.0, gt=0, description="In-flight work with zero completions this long is an error.")
+    host_ram_warn_fraction: float = Field(0.9, gt=0, le=1, description="Warn when projected host RAM exceeds this fraction.")
+    nccl_timeout_min: float = Field(30.0, gt=0, description="NCCL group timeout (report: 30 min).")
+    nccl_timeout_cp_min: float = Field(120.0, gt=0, description="NCCL timeout when context parallel > 1 (report: 120 min).")
+    gloo_timeout_min: float = Field(60.0, gt=0, description="Gloo control-group timeout (report: 60 min).")
+    watchdog_safety_factor: float = Field(3.0, ge=1, description="Hang bound = longest observed interval x this factor.")
+
+
+class TelemetryConfig(Section):
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint; None writes JSON lines only.")
+    export_interval_s: float = Field(5.0, gt=0, description="Metric export interval.")
+
+
+class CampaignConfig(Section):
+    """The root of a campaign file."""
+
+    run: RunConfig = Field(default_factory=RunConfig, description="Run identity and length.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Model shape.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="Inference engines.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Learning.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
+    guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
+
+
+def _explain(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  unknown key '{key}' (check spelling; see `t1ops config --help` for the schema)")
+            continue
+        ctx = e.get("ctx") or {}
+        bounds = ", ".join(f"{k} {v}" for k, v in ctx.items() if k in ("ge", "gt", "le", "lt", "expected"))
+        allowed = f" (allowed: {bounds})" if bounds else ""
+        lines.append(f"  '{key}': {e['msg']}; got {e.get('input')!r}{allowed}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], model: type[BaseModel] = CampaignConfig, source: str = "<dict>") -> Any:
+    """Validate ``data`` into ``model``; raise ConfigError naming each bad key."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_explain(err, source), source=source) from None
+
+
+def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig) -> Any:
+    """Load a TOML file into ``model`` (CampaignConfig unless told otherwise)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist", path=str(path)) from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {path} is not valid TOML: {err}", path=str(path)) from None
+    return parse_config(data, model, source=str(path))
+
+
+def describe(model: type[BaseModel] = CampaignConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, description) for every field, for `t1ops config`."""
+    rows = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, Section):
+            rows.extend(describe(ann, prefix=f"{key}."))
+        else:
+            default = field.get_default(call_default_factory=True)
+            rows.append((key, repr(default), field.description or ""))
+    return rows

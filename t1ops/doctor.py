@@ -1,0 +1,130 @@
+"""Host checks a user runs before a campaign (`t1ops doctor`).
+
+Each check returns a :class:`Check` ``{name, status: ok|warn|fail, detail}``.
+Checks are registered with :func:`check`; guard modules add their own.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+import psutil
+
+Status = Literal["ok", "warn", "fail"]
+
+#: The report's fd failure happened at the default soft limit of 1024; a
+#: campaign with hundreds of concurrent sandboxes wants far more.
+MIN_NOFILE = 65_536
+
+
+@dataclass
+class Check:
+    name: str
+    status: Status
+    detail: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_CHECKS: list[Callable[[], Check | list[Check]]] = []
+
+
+def check(fn: Callable[[], Check | list[Check]]) -> Callable[[], Check | list[Check]]:
+    """Register a doctor check."""
+    _CHECKS.append(fn)
+    return fn
+
+
+def run_checks() -> list[Check]:
+    """Run every registered check; a check that raises is reported as ``fail``."""
+    import t1ops.guards  # noqa: F401  (guard modules register their checks)
+
+    out: list[Check] = []
+    for fn in _CHECKS:
+        try:
+            res = fn()
+        except Exception as err:  # a broken check must not hide the others
+            res = Check(fn.__name__, "fail", f"check raised {type(err).__name__}: {err}")
+        out.extend(res if isinstance(res, list) else [res])
+    return out
+
+
+@check
+def nofile_limit() -> Check:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    detail = f"soft={soft} hard={hard}"
+    if soft < MIN_NOFILE:
+        fix = "t1ops raises soft to hard at start-up" if hard >= MIN_NOFILE else "raise the hard limit (ulimit -Hn / limits.conf)"
+        return Check("rlimit_nofile", "warn", f"{detail}; soft < {MIN_NOFILE}: {fix}")
+    return Check("rlimit_nofile", "ok", detail)
+
+
+@check
+def host_ram() -> Check:
+    vm = psutil.virtual_memory()
+    gib = 1024 ** 3
+    detail = f"total={vm.total / gib:.1f} GiB available={vm.available / gib:.1f} GiB"
+    return Check("host_ram", "warn" if vm.available < 4 * gib else "ok", detail)
+
+
+@check
+def kernel_log() -> Check:
+    try:
+        res = subprocess.run(["dmesg", "--level=err,warn"], capture_output=True, timeout=5, text=True)
+        readable = res.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        readable = False
+    return Check("kernel_log", "ok" if readable else "warn",
+                 "dmesg readable (OOM-kill lines can be found)" if readable
+                 else "dmesg not readable: OOM kills are detected from exit codes and cgroup counters only")
+
+
+def _cgroup_memory_events() -> Path | None:
+    for p in (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control")):
+        if p.exists():
+            return p
+    return None
+
+
+@check
+def cgroup_memory_events() -> Check:
+    p = _cgroup_memory_events()
+    if p is None:
+        return Check("cgroup_memory_events", "warn", "no cgroup memory.events/memory.oom_control found")
+    try:
+        p.read_text()
+    except OSError as err:
+        return Check("cgroup_memory_events", "warn", f"{p} not readable: {err}")
+    return Check("cgroup_memory_events", "ok", f"{p} readable (oom_kill counter available)")
+
+
+@check
+def ray_importable() -> Check:
+    try:
+        import ray
+    except Exception as err:
+        return Check("ray", "fail", f"ray not importable: {err}; pip install 'ray[default]'")
+    return Check("ray", "ok", f"ray {ray.__version__}")
+
+
+@check
+def torch_threads() -> Check:
+    import torch
+
+    return Check("torch", "ok", f"torch {torch.__version__}, intra-op threads={torch.get_num_threads()}, "
+                 f"cuda={'yes' if torch.cuda.is_available() else 'no'}")
+
+
+@check
+def dist_timeout_env() -> Check:
+    keys = ["NCCL_TIMEOUT", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_ENABLE_MONITORING",
+            "TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "GLOO_TIMEOUT_SECONDS",
+            "TORCH_DIST_INIT_BARRIER"]
+    found = {k: os.environ[k] for k in keys if k in os.environ}
+    detail = ", ".join(f"{k}={v}" for k, v in found.items()) or "none set (t1ops sets explicit group timeouts from config)"
+    return Check("dist_timeout_env", "ok", detail)

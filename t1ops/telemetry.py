@@ -1,0 +1,143 @@
+"""OpenTelemetry, set up once per process.
+
+Metrics and spans go to JSON lines in the run directory
+(``telemetry/metrics.jsonl``, ``telemetry/spans.jsonl``) through the SDK's own
+console exporters pointed at files, and optionally to an OTLP endpoint. Every
+guardrail reports through :func:`count`, :func:`gauge`, :func:`observe` and
+:func:`event`, so a guard's events are visible in one place. Events are also
+kept in a bounded in-memory ring (``recent_events``) for the progress display,
+the chaos harness and tests.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+_METER_NAME = "t1ops"
+_lock = threading.Lock()
+_state: dict[str, Any] = {"meter_provider": None, "tracer_provider": None, "files": [], "events_file": None}
+_instruments: dict[tuple[str, str], Any] = {}
+_events: collections.deque = collections.deque(maxlen=4096)
+
+
+def setup(run_dir: str | Path, *, service: str = "t1ops", otlp_endpoint: str | None = None,
+          export_interval_s: float = 5.0) -> Path:
+    """Install meter and tracer providers writing JSON lines under ``run_dir/telemetry``.
+
+    Safe to call once per process; a second call with the same process is a no-op
+    that returns the existing directory.
+    """
+    with _lock:
+        if _state["meter_provider"] is not None:
+            return Path(_state["dir"])
+        out = Path(run_dir) / "telemetry"
+        out.mkdir(parents=True, exist_ok=True)
+        mfile: TextIO = open(out / "metrics.jsonl", "a", buffering=1)
+        sfile: TextIO = open(out / "spans.jsonl", "a", buffering=1)
+        efile: TextIO = open(out / "events.jsonl", "a", buffering=1)
+        resource = Resource.create({"service.name": service})
+        readers = [PeriodicExportingMetricReader(
+            ConsoleMetricExporter(out=mfile, formatter=lambda d: d.to_json(indent=None) + "\n"),
+            export_interval_millis=export_interval_s * 1000)]
+        tp = TracerProvider(resource=resource)
+        tp.add_span_processor(SimpleSpanProcessor(
+            ConsoleSpanExporter(out=sfile, formatter=lambda s: s.to_json(indent=None) + "\n")))
+        if otlp_endpoint:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{otlp_endpoint}/v1/metrics")))
+            tp.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_endpoint}/v1/traces")))
+        mp = MeterProvider(resource=resource, metric_readers=readers)
+        metrics.set_meter_provider(mp)
+        trace.set_tracer_provider(tp)
+        _state.update(meter_provider=mp, tracer_provider=tp, files=[mfile, sfile, efile],
+                      events_file=efile, dir=str(out))
+        _instruments.clear()
+        return out
+
+
+def shutdown() -> None:
+    """Flush and close exporters (call at the end of a run)."""
+    with _lock:
+        mp, tp = _state["meter_provider"], _state["tracer_provider"]
+        if mp is not None:
+            mp.force_flush()
+            mp.shutdown()
+        if tp is not None:
+            tp.force_flush()
+            tp.shutdown()
+        for f in _state["files"]:
+            f.close()
+        _state.update(meter_provider=None, tracer_provider=None, files=[], events_file=None)
+
+
+def _meter():
+    mp = _state["meter_provider"]
+    return mp.get_meter(_METER_NAME) if mp is not None else metrics.get_meter(_METER_NAME)
+
+
+def _instrument(kind: str, name: str):
+    key = (kind, name)
+    inst = _instruments.get(key)
+    if inst is None:
+        m = _meter()
+        inst = {"counter": m.create_counter, "gauge": m.create_gauge,
+                "histogram": m.create_histogram}[kind](name)
+        _instruments[key] = inst
+    return inst
+
+
+def count(name: str, amount: float = 1, **attrs: Any) -> None:
+    """Add to a monotonic counter, e.g. ``count("engine.recreated", engine=2)``."""
+    _instrument("counter", name).add(amount, attributes=_clean(attrs))
+
+
+def gauge(name: str, value: float, **attrs: Any) -> None:
+    """Set a gauge, e.g. ``gauge("fd.open", 812, pid=123)``."""
+    _instrument("gauge", name).set(value, attributes=_clean(attrs))
+
+
+def observe(name: str, value: float, **attrs: Any) -> None:
+    """Record one value in a histogram, e.g. a detection latency."""
+    _instrument("histogram", name).record(value, attributes=_clean(attrs))
+
+
+def event(name: str, severity: str = "info", **attrs: Any) -> dict:
+    """A named guardrail event: counted, kept in memory, written to events.jsonl,
+    and attached to the current span if one is recording."""
+    rec = {"time": time.time(), "name": name, "severity": severity, **_clean(attrs)}
+    _events.append(rec)
+    count(f"event.{name}", severity=severity)
+    f = _state["events_file"]
+    if f is not None:
+        f.write(json.dumps(rec, default=str) + "\n")
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.add_event(name, attributes=_clean(attrs))
+    return rec
+
+
+def recent_events(name: str | None = None) -> list[dict]:
+    """Events recorded in this process (newest last), optionally by name."""
+    return [e for e in list(_events) if name is None or e["name"] == name]
+
+
+def span(name: str, **attrs: Any):
+    """A tracing span context manager: ``with span("step", step=3): ...``."""
+    return trace.get_tracer(_METER_NAME).start_as_current_span(name, attributes=_clean(attrs))
+
+
+def _clean(attrs: dict) -> dict:
+    """OTel attributes must be str/bool/int/float; stringify the rest."""
+    return {k: v if isinstance(v, (str, bool, int, float)) else str(v) for k, v in attrs.items() if v is not None}
