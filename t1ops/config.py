@@ -106,6 +106,14 @@ class GuardsConfig(Section):
     nccl_timeout_cp_min: float = Field(120.0, gt=0, description="NCCL timeout when context parallel > 1 (report: 120 min).")
     gloo_timeout_min: float = Field(60.0, gt=0, description="Gloo control-group timeout (report: 60 min).")
     watchdog_safety_factor: float = Field(3.0, ge=1, description="Hang bound = longest observed interval x this factor.")
+    watchdog_first_step_bound_s: float = Field(7200.0, gt=0, description="Hang bound before any micro-batch interval is observed (report: cold compile took >30 min).")
+    watchdog_min_bound_s: float = Field(60.0, gt=0, description="Floor of the learned hang bound, so fast steps do not make a hair trigger.")
+    watchdog_warmup_ratio: float = Field(2.0, gt=1, description="A rank is warming up while its longest interval is this many times its latest (report: 489 s -> 22 s).")
+    watchdog_straggler_factor: float = Field(2.0, gt=1, description="A rank is a straggler when its recent interval exceeds the peers' median by this factor.")
+    nccl_heartbeat_timeout_s: float = Field(600.0, gt=0, description="TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC set in every process (watchdog-thread liveness, not the collective timeout).")
+    collective_slow_fraction: float = Field(0.5, gt=0, lt=1, description="Report a collective as slow (not dead) after this fraction of its timeout.")
+    adam_host_bytes_per_param: float = Field(12.0, gt=0, description="Host bytes per parameter of CPU-offloaded fp32 Adam (fp32 master + exp_avg + exp_avg_sq).")
+    sandbox_host_gib: float = Field(2.0, ge=0, description="Host RAM one concurrent sandbox worker costs, for the host-memory projection.")
 
 
 class TelemetryConfig(Section):
