@@ -100,18 +100,21 @@ def register(id: str, title: str) -> Callable[[Callable[[Path], Outcome]], Calla
     return wrap
 
 
-def discover() -> dict[str, Scenario]:
-    """Import every module in ``chaos.scenarios`` and return the registry."""
+def discover(include_private: bool = False) -> dict[str, Scenario]:
+    """Import every module in ``chaos.scenarios`` and return the registry.
+
+    Ids starting with ``_`` (harness self-tests) are left out unless asked for.
+    """
     import chaos.scenarios as pkg
 
     for mod in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"chaos.scenarios.{mod.name}")
-    return dict(sorted(_REGISTRY.items()))
+    return {k: v for k, v in sorted(_REGISTRY.items()) if include_private or not k.startswith("_")}
 
 
 def run_scenario(scenario_id: str, workdir: Path | None = None) -> ScenarioResult:
     """Run one scenario in a scratch directory; a crash is a failed result, not an exception."""
-    scenarios = discover()
+    scenarios = discover(include_private=True)
     if scenario_id not in scenarios:
         known = ", ".join(scenarios) or "(none)"
         raise KeyError(f"unknown chaos scenario {scenario_id!r}; known: {known}")

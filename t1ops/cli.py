@@ -1,8 +1,11 @@
 """The ``t1ops`` command.
 
-Each subcommand is a module in ``t1ops/commands/`` exposing ``NAME``, ``HELP``,
-``add_arguments(parser)`` and ``run(args) -> int``; they are found at start-up,
-so adding a command never edits this file.
+Each subcommand is a module exposing ``NAME``, ``HELP``, ``add_arguments(parser)``
+and ``run(args) -> int``. They are found at start-up, so adding a command never
+edits this file: modules in ``t1ops/commands/``, plus modules other packages
+register under the ``t1ops.commands`` entry-point group. That is how the
+``chaos`` package adds ``t1ops chaos`` without ``t1ops`` importing ``chaos``
+(imports go one way: chaos -> t1ops -> rl).
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import argparse
 import importlib
 import pkgutil
 import sys
+from importlib.metadata import entry_points
 
 import t1ops.commands as commands_pkg
 from t1ops import __version__
@@ -24,13 +28,19 @@ Start with `t1ops doctor`, then `t1ops run examples/tiny/campaign.toml`.
 """
 
 
+def _command_modules() -> list:
+    mods = [importlib.import_module(f"t1ops.commands.{info.name}")
+            for info in pkgutil.iter_modules(commands_pkg.__path__)]
+    mods += [ep.load() for ep in entry_points(group="t1ops.commands")]
+    return sorted(mods, key=lambda m: m.NAME)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="t1ops", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"t1ops {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(commands_pkg.__path__), key=lambda m: m.name):
-        mod = importlib.import_module(f"t1ops.commands.{info.name}")
+    for mod in _command_modules():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)

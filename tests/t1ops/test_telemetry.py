@@ -1,0 +1,31 @@
+"""Telemetry writes metrics, spans and events as JSON lines in the run directory."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_jsonl_export(tmp_path):
+    # A fresh process: OpenTelemetry providers are global and set once per process.
+    code = f"""
+from t1ops import telemetry
+telemetry.setup({str(tmp_path)!r}, export_interval_s=60)
+telemetry.count("engine.recreated", engine=1)
+telemetry.gauge("fd.open", 12)
+telemetry.observe("detect.latency_s", 0.5)
+with telemetry.span("step", step=1):
+    telemetry.event("engine.dead", severity="error", engine=1)
+assert telemetry.recent_events("engine.dead")[0]["engine"] == 1
+telemetry.shutdown()
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    tel = tmp_path / "telemetry"
+    metrics = [json.loads(l) for l in (tel / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    names = {m["name"] for rec in metrics for rm in rec["resource_metrics"]
+             for sm in rm["scope_metrics"] for m in sm["metrics"]}
+    assert {"engine.recreated", "fd.open", "detect.latency_s", "event.engine.dead"} <= names
+    spans = [json.loads(l) for l in (tel / "spans.jsonl").read_text().splitlines() if l.strip()]
+    assert spans[0]["name"] == "step" and spans[0]["events"][0]["name"] == "engine.dead"
+    events = [json.loads(l) for l in (tel / "events.jsonl").read_text().splitlines()]
+    assert events[0]["name"] == "engine.dead"
