@@ -1,0 +1,1 @@
+"""Inference engines: SGLang protocol, HTTP client, embedded CPU engine."""
