@@ -1,0 +1,133 @@
+"""Advantage estimators: GAE over a critic (the T1 report's PPO) and GRPO group-centring
+(the SkyRL walkthrough).
+
+Shapes: ``B`` trajectories (chunks), ``T`` token positions. ``mask_BT`` marks
+valid positions: the loss-bearing (sampled) tokens the estimator runs over.
+Masked positions are skipped by the recursion and get advantage 0 and
+return 0, so observation tokens and padding never carry credit.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from rl import _checks
+from rl.errors import InputError, RewardError
+
+
+def place_terminal_reward(rewards_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Put each trajectory's scalar reward on its last valid (response) token.
+
+    The report's dense reward is still placed this way: "the scalar still enters
+    at the last response token of each trajectory chunk" (T1 report, section 06).
+    A row with no valid token cannot hold a reward: InputError.
+    """
+    mask_BT = _checks.bool_mask("mask", mask_BT)
+    _checks.ndim("mask", mask_BT, 2, "[B, T]")
+    rewards_B = _checks.float_tensor("rewards", rewards_B)
+    _checks.ndim("rewards", rewards_B, 1, "[B]")
+    if rewards_B.shape[0] != mask_BT.shape[0]:
+        raise InputError(f"rewards has {rewards_B.shape[0]} entries but mask has {mask_BT.shape[0]} rows "
+                         f"(shapes {list(rewards_B.shape)} vs {list(mask_BT.shape)})", argument="rewards")
+    empty = ~mask_BT.any(dim=1)
+    if bool(empty.any()):
+        raise InputError(f"mask rows {empty.nonzero().flatten().tolist()[:5]} have no valid token, so their "
+                         "reward has nowhere to go; drop those trajectories or fix the loss mask",
+                         argument="mask")
+    T = mask_BT.shape[1]
+    last_B = T - 1 - torch.flip(mask_BT.to(torch.int8), dims=[1]).argmax(dim=1)
+    out_BT = torch.zeros(mask_BT.shape, dtype=rewards_B.dtype)
+    out_BT[torch.arange(mask_BT.shape[0]), last_B] = rewards_B
+    return out_BT
+
+
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over ``[B, T]`` tensors.
+
+    ``rewards`` is ``[B, T]`` (token rewards; the report puts the whole reward on
+    the last response token) or ``[B]`` (one scalar per trajectory, placed on its
+    last valid token by :func:`place_terminal_reward`). ``values`` is ``[B, T]``:
+    the critic's pre-update values (no gradient is kept). ``mask`` is ``[B, T]``.
+
+    The recursion runs over valid positions only: ``delta_t = r_t + gamma *
+    V_next - V_t`` where ``V_next`` is the value at the next *valid* position
+    (0 after the last), and ``A_t = delta_t + gamma * lam * A_next``. With the
+    report's gamma = lambda = 1 (section 04), ``A_t = (sum of rewards from t) - V_t``.
+
+    Returns ``(advantages_BT, returns_BT)`` with ``returns = advantages + values``
+    on valid positions and 0 elsewhere.
+    """
+    gamma = _checks.unit_interval("gamma", gamma)
+    lam = _checks.unit_interval("lam", lam)
+    mask_BT = _checks.bool_mask("mask", mask)
+    _checks.ndim("mask", mask_BT, 2, "[B, T]")
+    values_BT = _checks.float_tensor("values", values).detach()
+    rewards = _checks.float_tensor("rewards", rewards).detach()
+    rewards_BT = place_terminal_reward(rewards, mask_BT) if rewards.dim() == 1 else rewards
+    _checks.same_shape(rewards=rewards_BT, values=values_BT, mask=mask_BT)
+    _checks.finite("rewards", rewards_BT, where=mask_BT, error=RewardError)
+    _checks.finite("values", values_BT, where=mask_BT)
+    stray = (rewards_BT != 0) & ~mask_BT
+    if bool(stray.any()):
+        raise RewardError(f"rewards are non-zero at {int(stray.sum())} masked position(s) "
+                          f"(first {stray.nonzero()[:3].tolist()}); a reward on a pad/observation token "
+                          "would be dropped. Put it on the last valid response token.", argument="rewards")
+
+    B, T = mask_BT.shape
+    advantages_BT = torch.zeros((B, T), dtype=values_BT.dtype)
+    next_value_B = torch.zeros(B, dtype=values_BT.dtype)
+    next_adv_B = torch.zeros(B, dtype=values_BT.dtype)
+    for t in range(T - 1, -1, -1):
+        valid_B = mask_BT[:, t]
+        delta_B = rewards_BT[:, t] + gamma * next_value_B - values_BT[:, t]
+        adv_B = delta_B + gamma * lam * next_adv_B
+        # skipping masked positions (not zeroing them) keeps credit flowing across observation tokens
+        advantages_BT[:, t] = torch.where(valid_B, adv_B, 0.0)
+        next_value_B = torch.where(valid_B, values_BT[:, t], next_value_B)
+        next_adv_B = torch.where(valid_B, adv_B, next_adv_B)
+    returns_BT = torch.where(mask_BT, advantages_BT + values_BT, 0.0)
+    return advantages_BT, returns_BT
+
+
+def _group_index(group_ids: Any, n: int) -> tuple[torch.Tensor, list[Hashable]]:
+    """Map arbitrary group ids (ints, strings, tensor) to 0..G-1."""
+    ids: Sequence[Hashable] = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
+    if len(ids) != n:
+        raise InputError(f"group_ids has {len(ids)} entries but rewards has {n}; pass one group id per "
+                         "trajectory", argument="group_ids", num_group_ids=len(ids), num_rewards=n)
+    order: dict[Hashable, int] = {}
+    index = [order.setdefault(g, len(order)) for g in ids]
+    return torch.tensor(index, dtype=torch.long), list(order)
+
+
+def grpo_advantages(rewards: torch.Tensor, group_ids: Any, norm_by_std: bool = False,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """GRPO group-centred advantage per trajectory (``[N]`` rewards -> ``[N]``).
+
+    ``A_i = r_i - mean(r_group)``, divided by ``std(r_group) + eps`` when
+    ``norm_by_std`` (unbiased std, as SkyRL's ``torch.std``). A group of one has
+    no baseline but itself, so its advantage is 0. Walkthrough section 6: rewards
+    ``[1, 1, 0 x 14]`` give 0.875 for the two successes and -0.125 for the rest.
+    Broadcast to tokens with ``adv_N[:, None] * mask_NT``.
+    """
+    rewards_N = _checks.float_tensor("rewards", rewards)
+    _checks.ndim("rewards", rewards_N, 1, "[N] (one reward per trajectory)")
+    if rewards_N.numel() == 0:
+        raise InputError("rewards is empty: GRPO needs at least one group with one trajectory",
+                         argument="rewards")
+    _checks.finite("rewards", rewards_N, error=RewardError)
+    eps = _checks.non_negative("eps", eps)
+    index_N, groups = _group_index(group_ids, rewards_N.numel())
+    G = len(groups)
+    count_G = torch.zeros(G, dtype=rewards_N.dtype).index_add_(0, index_N, torch.ones_like(rewards_N))
+    mean_G = torch.zeros(G, dtype=rewards_N.dtype).index_add_(0, index_N, rewards_N) / count_G
+    centred_N = rewards_N - mean_G[index_N]
+    if not norm_by_std:
+        return centred_N
+    sq_G = torch.zeros(G, dtype=rewards_N.dtype).index_add_(0, index_N, centred_N ** 2)
+    std_N = torch.sqrt(sq_G / (count_G - 1).clamp(min=1))[index_N]
+    # a zero-variance group (or a singleton) has no signal: 0, not 0/eps noise or 0/0 = NaN
+    return torch.where(std_N > 0, centred_N / (std_N + eps), torch.zeros_like(centred_N))
