@@ -22,7 +22,7 @@ def print_list(rows: list[dict]) -> None:
         t.add_column(col)
     for r in rows:
         t.add_row(r["id"], r["title"], r["runbook"])
-    Console().print(t)
+    Console(width=160).print(t)
 
 
 def print_table(results: list[ScenarioResult]) -> None:
@@ -33,9 +33,9 @@ def print_table(results: list[ScenarioResult]) -> None:
         outcome = ("crashed: " + r.crashed.strip().splitlines()[-1]) if r.crashed else _short(r.guarded.error)
         t.add_row(r.id, "yes" if r.fault_fired else "NO", _short(r.unguarded), outcome, _det(r),
                   "[green]pass[/]" if r.passed else "[red]FAIL[/]")
-    Console().print(t)
+    Console(width=160).print(t)
     n_pass = sum(r.passed for r in results)
-    Console().print(f"{n_pass}/{len(results)} scenarios passed")
+    Console(width=160).print(f"{n_pass}/{len(results)} scenarios passed")
 
 
 def markdown(results: list[ScenarioResult]) -> str:
