@@ -140,3 +140,7 @@ class TaskError(T1OpsError, ValueError):
 
 class LockLoopError(T1OpsError, RuntimeError):
     """An asyncio primitive was used from an event loop it was not built for."""
+
+
+class MetricError(T1OpsError, ValueError):
+    """A metric reducer disagrees with the direct computation (e.g. a wrong denominator)."""
