@@ -1,0 +1,62 @@
+"""Context budget: ``prompt + max_new_tokens <= context window``, always.
+
+The report (section 09): "The summarization call reserved 4,000 free tokens but
+requested max_new_tokens 8,192; at the observed median prompt of 78,541 tokens,
+78,541 + 8,192 = 86,733 > 86,016, so 98.3% of 1,321 full-summary attempts
+failed". Two numbers that must agree were configured separately. Here the
+reserve is derived from the request, never configured on its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rl.errors import BudgetError
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The tokens one generation call may request."""
+
+    prompt_tokens: int
+    max_new_tokens: int
+    context_window: int
+    clamped: bool  # True when max_new_tokens was lowered to fit
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.max_new_tokens
+
+
+def fit_generation(prompt_tokens: int, max_new_tokens: int, context_window: int,
+                   min_new_tokens: int = 1, *, where: str = "generation") -> Budget:
+    """Return a request that fits the context window, or raise BudgetError.
+
+    If ``prompt + max_new_tokens`` exceeds the window, ``max_new_tokens`` is
+    lowered to what is left, provided at least ``min_new_tokens`` remain; a
+    prompt that leaves less than that must be compacted first (the error says
+    by how much).
+    """
+    if min(prompt_tokens, max_new_tokens, context_window) < 0 or min_new_tokens < 1:
+        raise BudgetError(f"{where}: token counts must be non-negative (prompt={prompt_tokens}, "
+                          f"max_new_tokens={max_new_tokens}, context={context_window}, min_new={min_new_tokens})")
+    free = context_window - prompt_tokens
+    if max_new_tokens <= free:
+        return Budget(prompt_tokens, max_new_tokens, context_window, clamped=False)
+    if free >= min_new_tokens:
+        return Budget(prompt_tokens, free, context_window, clamped=True)
+    raise BudgetError(
+        f"{where}: prompt of {prompt_tokens} tokens leaves {free} free in a {context_window}-token "
+        f"context, below the {min_new_tokens} tokens this call needs; compact the history by at least "
+        f"{min_new_tokens - free} tokens before calling",
+        prompt_tokens=prompt_tokens, context_window=context_window, min_new_tokens=min_new_tokens)
+
+
+def compaction_threshold(context_window: int, summary_max_new_tokens: int) -> int:
+    """The prompt length at which history must be compacted before the summary call.
+
+    Derived from the summary request itself, so the reserve can never be smaller
+    than what the summary asks for (the report's 4,000 vs 8,192).
+    """
+    if summary_max_new_tokens >= context_window:
+        raise BudgetError(f"summary max_new_tokens {summary_max_new_tokens} >= context window {context_window}")
+    return context_window - summary_max_new_tokens

@@ -1,0 +1,1 @@
+"""The campaign: one Ray application running engines, rollout workers and the trainer."""

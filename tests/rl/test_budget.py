@@ -1,0 +1,33 @@
+"""The context budget guard: prompt + max_new_tokens never exceeds the window."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from rl.agent.budget import compaction_threshold, fit_generation
+from rl.errors import BudgetError
+
+
+def test_report_numbers_are_refused_or_clamped():
+    # 78,541 + 8,192 = 86,733 > 86,016 (the report's off-by-717)
+    b = fit_generation(78_541, 8_192, 86_016)
+    assert b.clamped and b.max_new_tokens == 86_016 - 78_541 and b.total == 86_016
+    with pytest.raises(BudgetError, match="compact the history by at least 717"):
+        fit_generation(78_541, 8_192, 86_016, min_new_tokens=8_192)
+
+
+def test_threshold_derived_from_request():
+    assert compaction_threshold(86_016, 8_192) == 77_824  # not 86,016 - 4,000
+    with pytest.raises(BudgetError):
+        compaction_threshold(100, 100)
+
+
+@given(st.integers(0, 200_000), st.integers(0, 50_000), st.integers(1, 200_000), st.integers(1, 1000))
+def test_never_exceeds_window(prompt, new, ctx, min_new):
+    try:
+        b = fit_generation(prompt, new, ctx, min_new)
+    except BudgetError:
+        assert ctx - prompt < min_new
+        return
+    assert b.total <= ctx and b.max_new_tokens <= new
+    assert b.clamped == (prompt + new > ctx)
