@@ -56,6 +56,8 @@ class EngineConfig(Section):
     request_timeout_s: float = Field(5.0, gt=0, le=3600, description="Timeout of one control-plane HTTP call.")
     request_attempts: int = Field(3, ge=1, le=20, description="Attempts of a control-plane call before it fails.")
     generate_timeout_s: float = Field(600.0, gt=0, description="Timeout of one /generate call.")
+    retry_backoff_s: float = Field(0.5, ge=0, le=60, description="Base of the exponential backoff between control-plane attempts.")
+    max_resubmits: int = Field(3, ge=0, le=100, description="Times a request is resubmitted after its engine died before it fails loudly.")
 
 
 class TrainerConfig(Section):
