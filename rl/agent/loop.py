@@ -1,0 +1,188 @@
+"""The agent loop: engine -> tool call -> sandbox -> observation -> engine.
+
+One trial, token-in/token-out: the next prompt is always the TITO stream
+itself (``TitoBuilder.tokens``), so the trainer sees exactly the ids the engine
+sampled, and routing rows are stitched turn by turn. The harness never
+re-renders parsed history.
+
+Turn protocol (Qwen tool calling): the assistant answers with one
+``<tool_call>{"name": "bash", "arguments": {"command": ...}}</tool_call>``;
+the command runs in the trial's sandbox and its output comes back as a
+``tool`` message. An answer with no tool call ends the episode. A tool call
+that does not parse gets a corrective observation (the turn still counts).
+A generation that hits ``max_new_tokens`` without a stop token ends the
+trajectory (a truncated turn cannot be followed by an observation).
+
+Context budget: every request satisfies ``prompt + max_new_tokens <=
+context_window`` (``rl.agent.budget``); a prompt that no longer leaves room
+for a useful turn ends the episode with reason ``context_exhausted``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+from rl.agent.budget import fit_generation
+from rl.chat import IM_END_ID, STOP_IDS, ChatRenderer, parse_assistant
+from rl.engines.protocol import GenerateRequest, SamplingParams
+from rl.errors import BudgetError
+from rl.tito import TitoBuilder, Trajectory
+
+SYSTEM_PROMPT = ("You are a terminal agent. Solve the task by running shell commands with the bash "
+                 "tool, one command per turn. Reply without a tool call when you are done.")
+TOOL_NAME = "bash"
+MAX_OBSERVATION_CHARS = 2000  # long outputs are cut: the tail rarely helps a small policy
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Limits of one trial (field names follow ``RolloutConfig``)."""
+
+    max_turns: int = 4
+    max_new_tokens: int = 64
+    context_window: int = 1024
+    temperature: float = 1.0
+    min_new_tokens: int = 8            # a turn with less room than this is not worth sampling
+    num_layers: int | None = None      # set both to require routing on every turn (R3)
+    topk: int | None = None
+    command_timeout_s: float = 20.0
+
+
+@dataclass
+class Episode:
+    """What the loop produced: trajectory chunks plus the facts the campaign reports."""
+
+    chunks: list[Trajectory]
+    num_turns: int
+    end_reason: str                    # done | max_turns | truncated | context_exhausted | budget_exhausted
+    commands: list[str] = field(default_factory=list)
+    parse_failures: int = 0
+    budget_clamps: int = 0
+    generate_s: float = 0.0
+
+
+def initial_messages(instruction: str) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction.strip()}]
+
+
+def tool_call_text(command: str) -> str:
+    """The exact assistant text that calls the bash tool (used by the warm start too)."""
+    args = json.dumps({"command": command}, ensure_ascii=False)
+    return '<tool_call>\n{"name": "' + TOOL_NAME + '", "arguments": ' + args + '}\n</tool_call>'
+
+
+def solution_command(solve_sh: str) -> str:
+    """The command of a task's ``solution/solve.sh`` (shebang and comments dropped)."""
+    lines = [ln for ln in solve_sh.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return " && ".join(ln.strip() for ln in lines)
+
+
+def parse_command(text: str) -> tuple[str | None, str | None]:
+    """(command, problem): command when one bash call parsed; problem text when the reply
+    tried to call a tool and failed; (None, None) for a plain final answer."""
+    msg = parse_assistant(text)
+    calls = msg.get("tool_calls") or []
+    if calls:
+        fn = calls[0]["function"]
+        args = fn.get("arguments")
+        if fn.get("name") != TOOL_NAME or not isinstance(args, dict) or not isinstance(args.get("command"), str):
+            return None, f"unknown tool or arguments {json.dumps(fn)[:120]}; call bash with {{\"command\": \"...\"}}"
+        return args["command"], None
+    if "<tool_call>" in text:
+        return None, "your tool call is not valid JSON; reply with <tool_call>{\"name\": \"bash\", \"arguments\": {\"command\": \"...\"}}</tool_call>"
+    return None, None
+
+
+def observation_text(stdout: str, stderr: str, exit_code: int | None, reason: str) -> str:
+    out = (stdout + (("\n" + stderr) if stderr else "")).strip()
+    if len(out) > MAX_OBSERVATION_CHARS:
+        out = out[:MAX_OBSERVATION_CHARS] + f"\n[... {len(out) - MAX_OBSERVATION_CHARS} chars cut]"
+    status = f"exit code {exit_code}" if reason in ("ok", "exit_nonzero") else f"stopped: {reason}"
+    return f"{out}\n[{status}]" if out else f"[{status}]"
+
+
+def run_episode(instruction: str, execute: Callable[[str], Any], generate: Callable[[GenerateRequest], Any],
+                renderer: ChatRenderer, settings: AgentSettings, *, sample_id: str, group_id: str,
+                prompt_id: str, clock: Callable[[], float] | None = None) -> Episode:
+    """Run one episode. ``execute(cmd)`` returns an object with stdout/stderr/exit_code/reason
+    (``rl.agent.sandbox.Trial.exec``); ``generate(request)`` returns a
+    ``GenerateResponse`` (an engine client or pool). Raises MissingRoutingError if
+    routing is required and absent: the caller aborts the rollout, never drops it."""
+    import time
+
+    clock = clock or time.monotonic
+    builder = TitoBuilder(renderer.render_prompt(initial_messages(instruction)), sample_id=sample_id,
+                          group_id=group_id, prompt_id=prompt_id, tokenizer=renderer.tokenizer,
+                          num_layers=settings.num_layers, topk=settings.topk)
+    ep = Episode(chunks=[], num_turns=0, end_reason="max_turns")
+    routed_upto = 0  # positions [0, routed_upto) already have routing rows
+    for turn in range(settings.max_turns):
+        prompt = builder.tokens
+        try:
+            budget = fit_generation(len(prompt), settings.max_new_tokens, settings.context_window,
+                                    settings.min_new_tokens, where=f"{sample_id} turn {turn}")
+        except BudgetError:
+            ep.end_reason = "context_exhausted"
+            break
+        ep.budget_clamps += budget.clamped
+        req = GenerateRequest(
+            input_ids=tuple(prompt), rid=f"{sample_id}-t{turn}",
+            sampling_params=SamplingParams(max_new_tokens=budget.max_new_tokens, temperature=settings.temperature,
+                                           stop_token_ids=tuple(sorted(STOP_IDS))),
+            return_logprob=True, return_routed_experts=settings.num_layers is not None,
+            routed_experts_start_len=routed_upto)
+        t0 = clock()
+        resp = generate(req)
+        ep.generate_s += clock() - t0
+        builder.add_generation(resp.output_ids, resp.output_token_logprobs or (), policy_version=_version(resp),
+                               routing_rows=resp.routed_experts_RLK, routing_start=routed_upto)
+        routed_upto = len(builder.tokens) - 1
+        ep.num_turns += 1
+        last = int(resp.output_ids[-1])
+        if last not in STOP_IDS:
+            ep.end_reason = "truncated"
+            break
+        command, problem = parse_command(renderer.decode(resp.output_ids))
+        if command is None and problem is None:
+            ep.end_reason = "done"
+            break
+        if problem is not None:
+            ep.parse_failures += 1
+            obs = f"[parse error] {problem}"
+        else:
+            ep.commands.append(command)
+            res = execute(command)
+            obs = observation_text(res.stdout, res.stderr, res.exit_code, res.reason)
+            if res.reason == "budget_exhausted":
+                ep.end_reason = "budget_exhausted"
+                break
+        if turn + 1 < settings.max_turns:
+            builder.add_observation(renderer.observation_ids([{"role": "tool", "content": obs}], last,
+                                                             sample=sample_id, turn=turn))
+    ep.chunks = builder.finish()
+    return ep
+
+
+def _version(resp) -> int:
+    try:
+        return int(resp.weight_version)
+    except (TypeError, ValueError):
+        return -1
+
+
+def sft_example(instruction: str, command: str, renderer: ChatRenderer) -> tuple[list[int], list[int]]:
+    """(tokens, loss_mask) for one warm-start example: the prompt, then the solution's tool
+    call and a closing turn, with loss only on the assistant's tokens."""
+    prompt = renderer.render_prompt(initial_messages(instruction))
+    call = renderer.encode(tool_call_text(command)) + [IM_END_ID]
+    obs = renderer.observation_ids([{"role": "tool", "content": "[exit code 0]"}], IM_END_ID)
+    done = renderer.encode("Done.") + [IM_END_ID]
+    tokens = prompt + call + obs + done
+    mask = [0] * len(prompt) + [1] * len(call) + [0] * len(obs) + [1] * len(done)
+    return tokens, mask
+
+
+__all__ = ["AgentSettings", "Episode", "run_episode", "sft_example", "solution_command", "parse_command",
+           "tool_call_text", "initial_messages", "observation_text"]
