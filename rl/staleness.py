@@ -1,0 +1,128 @@
+"""The capacity rule for fully async generation (SkyRL walkthrough, section 8.1).
+
+Units are prompt groups (one group = all samples of one prompt), not single
+trajectories. The rule bounds how far generation may run ahead of training::
+
+    consumer_capacity = (max_staleness + current_step) * batch_size
+    capacity = min(max_concurrency - running, consumer_capacity - (accepted + running))
+
+``accepted`` counts groups accepted into the buffer since the start (filtered or
+failed groups are released without being accepted); ``current_step`` is the
+1-based step the trainer is working towards, so at the start the headroom is
+``batch_size * (max_staleness + 1)``: 16 x (3 + 1) = 64 groups in the 397B script.
+
+The rule limits the steady state; it is not a per-trajectory SLA. A long-tail
+group can still finish older than ``max_staleness`` steps: it is accepted and the
+violation is recorded (walkthrough: "accepts it, records a violation and alerts"),
+never silently dropped.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl.errors import InputError
+
+
+@dataclass(frozen=True)
+class StalenessViolation:
+    """A group accepted ``staleness`` steps after it started (> ``max_staleness``)."""
+
+    started_step: int
+    accepted_step: int
+    staleness: int
+    max_staleness: int
+
+
+def _positive_int(name: str, value: Any, minimum: int) -> int:
+    if type(value) is not int or value < minimum:
+        raise InputError(f"{name} must be an int >= {minimum}, got {value!r}", argument=name)
+    return value
+
+
+@dataclass
+class StalenessManager:
+    """Counts running and accepted groups and hands out submission slots.
+
+    Call :meth:`try_start` before generating a group (it returns the step to tag
+    the group with, or None when there is no capacity), then exactly one of
+    :meth:`on_accepted` or :meth:`on_released` when it finishes, and
+    :meth:`advance` after each optimizer step's weight sync. ``lock`` guards the
+    counters when several threads call in; pass your own to share one.
+    """
+
+    max_staleness: int
+    batch_size: int
+    max_concurrency: int
+    current_step: int = 1
+    lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
+    accepted: int = field(default=0, init=False)
+    running: int = field(default=0, init=False)
+    released: int = field(default=0, init=False)
+    violations: list[StalenessViolation] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        _positive_int("max_staleness", self.max_staleness, 0)
+        _positive_int("batch_size", self.batch_size, 1)
+        _positive_int("max_concurrency", self.max_concurrency, 1)
+        _positive_int("current_step", self.current_step, 1)
+
+    def capacity(self) -> int:
+        """Groups that may start now (never negative)."""
+        with self.lock:
+            return self._capacity()
+
+    def _capacity(self) -> int:
+        consumer_capacity = (self.max_staleness + self.current_step) * self.batch_size
+        return max(0, min(self.max_concurrency - self.running,
+                          consumer_capacity - (self.accepted + self.running)))
+
+    def try_start(self) -> int | None:
+        """Reserve one slot; return the current step (tag the group with it) or None if full."""
+        with self.lock:
+            if self._capacity() <= 0:
+                return None
+            self.running += 1
+            return self.current_step
+
+    def _finish(self, what: str) -> None:
+        if self.running <= 0:
+            raise InputError(f"{what} called with no group running (accepted={self.accepted}); every "
+                             "on_accepted/on_released must match one successful try_start", argument=what)
+        self.running -= 1
+
+    def on_accepted(self, started_step: int) -> StalenessViolation | None:
+        """A group finished and entered the buffer. Returns (and records) a violation when
+        it is more than ``max_staleness`` steps old; the group is kept either way."""
+        _positive_int("started_step", started_step, 1)
+        with self.lock:
+            if started_step > self.current_step:
+                raise InputError(f"started_step {started_step} is ahead of current_step {self.current_step}",
+                                 argument="started_step")
+            self._finish("on_accepted")
+            self.accepted += 1
+            staleness = self.current_step - started_step
+            if staleness <= self.max_staleness:
+                return None
+            violation = StalenessViolation(started_step, self.current_step, staleness, self.max_staleness)
+            self.violations.append(violation)
+            return violation
+
+    def on_released(self) -> None:
+        """A group finished without entering the buffer (filtered, failed, aborted): frees its slot."""
+        with self.lock:
+            self._finish("on_released")
+            self.released += 1
+
+    def advance(self) -> int:
+        """The trainer finished a step and synced weights: one more batch of headroom."""
+        with self.lock:
+            self.current_step += 1
+            return self.current_step
+
+    def stats(self) -> dict[str, int]:
+        with self.lock:
+            return {"current_step": self.current_step, "accepted": self.accepted, "running": self.running,
+                    "released": self.released, "capacity": self._capacity(),
+                    "num_violations": len(self.violations)}
