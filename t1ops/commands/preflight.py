@@ -1,0 +1,30 @@
+"""`t1ops preflight PLAN`: predict per-GPU memory and check a cluster plan before launch."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+NAME = "preflight"
+HELP = "check a cluster plan (TOML) against the calibrated memory model before spending GPU-days"
+DESCRIPTION = ("Reads a plan file (see examples/plans/), predicts per-GPU memory by term for the critic-only, "
+               "joint-critic and joint-actor phases, and runs the structural checks of the T1 report "
+               "(expert-parallel identity, TP > 2, DP = 1, max-tokens-per-GPU, host RAM). "
+               "Exit code 0: ok; 1: the plan is refused.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", type=Path, help="plan TOML file, e.g. examples/plans/qwen35-122b-128gpu-cp4.toml")
+    p.add_argument("--json", action="store_true",
+                   help='print {"verdict", "findings": [{"id", "severity", "message"}], "memory": {...}}')
+
+
+def run(args: argparse.Namespace) -> int:
+    from t1ops.preflight import check_plan, load_plan, render
+
+    report = check_plan(load_plan(args.plan), name=args.plan.stem)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        render(report)
+    return 0 if report.verdict == "ok" else 1
