@@ -57,7 +57,8 @@ def decode_routed_experts(b64: str | None, num_layers: int, topk: int,
     ``num_tokens``: the row count the caller expects (see :func:`expected_num_rows`);
     ``num_experts``: if given, every id must lie in [0, num_experts).
     ``None``/empty input for an expected non-zero count -> MissingRoutingError.
-    Errors name ``sample``, ``turn`` and the counts.
+    Errors name ``sample``, ``turn`` and the counts. The result is read-only
+    (a view of the decoded bytes); copy it to modify.
     """
     where = f"sample {sample} turn {turn}"
     if num_layers <= 0 or topk <= 0:
@@ -79,7 +80,8 @@ def decode_routed_experts(b64: str | None, num_layers: int, topk: int,
             f"{where}: routed_experts has {len(raw)} bytes, not a multiple of 4 x layers({num_layers}) "
             f"x topk({topk}) = {row_bytes}; wrong num_layers/topk or a truncated payload",
             sample=sample, turn=turn, num_bytes=len(raw), row_bytes=row_bytes)
-    rows = np.frombuffer(raw, dtype=_LE_INT32).astype(np.int32).reshape(-1, num_layers, topk)
+    # no copy on little-endian hosts: a read-only view of the decoded bytes
+    rows = np.frombuffer(raw, dtype=_LE_INT32).astype(np.int32, copy=False).reshape(-1, num_layers, topk)
     if num_tokens is not None and rows.shape[0] != num_tokens:
         raise RoutingError(
             f"{where}: routed_experts has {rows.shape[0]} rows but {num_tokens} were expected "
@@ -118,7 +120,10 @@ def stitch_rows(segments: Sequence[tuple[int, np.ndarray]], num_tokens: int,
             raise RoutingError(f"sample {sample}: segment {i} covers [{start}, {end}) outside "
                                f"[0, {num_tokens})", sample=sample, segment=i)
         new = ~has[start:end]
-        rows[start:end][new] = seg[new]
+        if new.all():  # the common case: a turn routes only positions not seen before
+            rows[start:end] = seg
+        else:
+            rows[start:end][new] = seg[new]
         has[start:end] = True
     return rows, has
 

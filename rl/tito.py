@@ -216,9 +216,8 @@ class TitoBuilder:
                        policy_version: int, routing_rows: np.ndarray | None = None,
                        routing_start: int = 0) -> None:
         """Append one sampled turn whose prompt was exactly ``self.tokens`` (strict)."""
-        n = len(self._tok)
-        prompt_map = np.arange(n, dtype=np.int64)
-        self._record_generation("strict", prompt_map, n, output_ids, output_logprobs,
+        # identity prompt map (None): the cost stays the turn's size, not the history's
+        self._record_generation("strict", None, len(self._tok), output_ids, output_logprobs,
                                 policy_version, routing_rows, routing_start)
 
     # -- harness mode
@@ -293,7 +292,7 @@ class TitoBuilder:
                 "truncated turn must end the trajectory", sample=self.sample_id,
                 turn=self.num_turns - 1, num_tokens=len(self._tok))
 
-    def _record_generation(self, relation: str, prompt_map: np.ndarray, prompt_len: int,
+    def _record_generation(self, relation: str, prompt_map: np.ndarray | None, prompt_len: int,
                            output_ids, output_logprobs, policy_version: int,
                            routing_rows: np.ndarray | None, routing_start: int) -> None:
         turn = self.num_turns
@@ -304,14 +303,19 @@ class TitoBuilder:
         gen_start = len(self._tok)
         self._append(np.asarray(output_ids, dtype=np.int64), mask=1, version=policy_version,
                      logprobs=output_logprobs)
-        full_map = np.concatenate([prompt_map, gen_start + np.arange(len(output_ids))])
-        self._add_routing(full_map, prompt_len + len(output_ids), routing_rows, routing_start)
+        self._add_routing(prompt_map, gen_start, prompt_len + len(output_ids), routing_rows,
+                          routing_start)
         self._relations.append(relation)
         self._last_gen_end = len(self._tok)
         self.num_turns += 1
 
-    def _add_routing(self, full_map: np.ndarray, seqlen: int, rows: np.ndarray | None,
-                     start: int) -> None:
+    def _add_routing(self, prompt_map: np.ndarray | None, gen_start: int, seqlen: int,
+                     rows: np.ndarray | None, start: int) -> None:
+        """Keep this turn's rows with the stream positions they describe.
+
+        ``prompt_map[q]`` = stream position of prompt position q (-1: none;
+        ``None``: identity); generated positions follow ``gen_start``.
+        """
         if self.routing_shape is None:
             return
         turn = self.num_turns
@@ -327,7 +331,12 @@ class TitoBuilder:
                 f"({want}, {self.routing_shape[0]}, {self.routing_shape[1]}) for positions "
                 f"[{start}, {seqlen - 1})", sample=self.sample_id, turn=turn,
                 num_rows=rows.shape[0], expected_rows=want)
-        self._segments.append((full_map[start:seqlen - 1], np.asarray(rows, dtype=np.int32)))
+        if prompt_map is None:
+            positions = np.arange(start, seqlen - 1, dtype=np.int64)
+        else:
+            num_gen = seqlen - prompt_map.shape[0]
+            positions = np.concatenate([prompt_map, gen_start + np.arange(num_gen)])[start:seqlen - 1]
+        self._segments.append((positions, np.asarray(rows, dtype=np.int32)))
 
     def _stitched_routing(self, n: int, mask: np.ndarray, origin: np.ndarray) -> np.ndarray | None:
         if self.routing_shape is None:

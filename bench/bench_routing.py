@@ -1,0 +1,75 @@
+"""Benchmark: decode + stitch + CP-slice the routing of one long trajectory.
+
+Shape from the T1 report (section 05): 60 turns, ~33k tokens, 48 MoE layers,
+top-8 -> 1536 bytes per token, about 48 MiB. Each turn's SGLang response
+carries base64 int32 rows for the positions it has not routed before. The
+time is printed as a ratio to a plain memory copy of the same bytes,
+measured in the same run (so the number is machine-independent).
+
+Run: python bench/bench_routing.py [--turns 60 --tokens 33000 --cp 2 --repeat 5]
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import statistics
+import time
+
+import numpy as np
+
+from rl.routing import (
+    assert_row_count, cp_zigzag_slice, decode_routed_experts, encode_routed_experts, pad_to_multiple,
+    stitch_rows,
+)
+
+
+def payloads(num_turns: int, num_tokens: int, layers: int, topk: int, seed: int = 0):
+    """Per-turn (start position, base64 rows) covering [0, num_tokens - 1)."""
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, 256, (num_tokens - 1, layers, topk), dtype=np.int32)
+    bounds = np.linspace(0, num_tokens - 1, num_turns + 1).astype(int)
+    return rows, [(int(a), encode_routed_experts(rows[a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def pipeline(segs, num_tokens: int, layers: int, topk: int, cp: int) -> list[np.ndarray]:
+    decoded = [(start, decode_routed_experts(b64, layers, topk)) for start, b64 in segs]
+    rows, has = stitch_rows(decoded, num_tokens)
+    rows[~has] = rows[np.flatnonzero(has)[-1]]  # the last token: no gradient depends on it
+    assert_row_count(num_tokens, rows)
+    padded = pad_to_multiple(rows, 2 * cp)
+    return [cp_zigzag_slice(padded, cp, r) for r in range(cp)]
+
+
+def timed(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--turns", type=int, default=60)
+    ap.add_argument("--tokens", type=int, default=33_000)
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--cp", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=5)
+    a = ap.parse_args()
+    rows, segs = payloads(a.turns, a.tokens, a.layers, a.topk)
+    nbytes = a.tokens * a.layers * a.topk * 4
+    src = np.frombuffer(rows.tobytes() + bytes(a.layers * a.topk * 4), dtype=np.uint8)
+    t_copy = timed(lambda: src.copy(), a.repeat)
+    t_b64 = timed(lambda: [base64.b64decode(b) for _, b in segs], a.repeat)
+    t_pipe = timed(lambda: pipeline(segs, a.tokens, a.layers, a.topk, a.cp), a.repeat)
+    print(f"routing of {a.turns} turns x {a.tokens:,} tokens x {a.layers} layers x top-{a.topk}: "
+          f"{nbytes / 2**20:.1f} MiB ({a.layers * a.topk * 4} bytes/token)")
+    print(f"memcpy baseline        {t_copy * 1e3:8.2f} ms")
+    print(f"base64 decode alone    {t_b64 * 1e3:8.2f} ms   ratio to memcpy: {t_b64 / t_copy:.1f}x")
+    print(f"decode+stitch+CP({a.cp})   {t_pipe * 1e3:8.2f} ms   ratio to memcpy: {t_pipe / t_copy:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
