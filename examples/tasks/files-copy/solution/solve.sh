@@ -1,0 +1,2 @@
+#!/bin/bash
+cp data.txt backup.txt

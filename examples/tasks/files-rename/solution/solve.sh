@@ -1,0 +1,2 @@
+#!/bin/bash
+mv old.txt new.txt

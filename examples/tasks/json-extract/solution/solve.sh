@@ -1,0 +1,2 @@
+#!/bin/bash
+jq -r .version pkg.json > version.txt

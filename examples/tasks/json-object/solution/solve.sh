@@ -1,0 +1,2 @@
+#!/bin/bash
+echo '{"name": "t1"}' > config.json

@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -w < text.txt > words.txt

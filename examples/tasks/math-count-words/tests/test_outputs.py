@@ -1,0 +1,13 @@
+from pathlib import Path
+
+def test_exists():
+    assert Path("words.txt").is_file()
+
+def test_single_line():
+    assert len(Path("words.txt").read_text().splitlines()) == 1
+
+def test_is_integer():
+    assert Path("words.txt").read_text().strip().isdigit()
+
+def test_value():
+    assert int(Path("words.txt").read_text().strip()) == 6

@@ -1,0 +1,2 @@
+#!/bin/bash
+paste -sd+ nums.txt | bc > sum.txt

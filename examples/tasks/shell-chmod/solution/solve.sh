@@ -1,0 +1,2 @@
+#!/bin/bash
+chmod +x run.sh

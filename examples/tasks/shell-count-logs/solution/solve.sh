@@ -1,0 +1,2 @@
+#!/bin/bash
+ls *.log | wc -l > n.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+pwd > where.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep error log.txt > errors.txt

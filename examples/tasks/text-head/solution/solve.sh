@@ -1,0 +1,2 @@
+#!/bin/bash
+head -n 3 in.txt > out.txt

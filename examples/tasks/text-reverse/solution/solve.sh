@@ -1,0 +1,2 @@
+#!/bin/bash
+tac in.txt > out.txt

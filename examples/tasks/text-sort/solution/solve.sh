@@ -1,0 +1,2 @@
+#!/bin/bash
+sort in.txt > out.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort -u in.txt > out.txt

@@ -1,0 +1,158 @@
+"""Safe extraction of task archives (gzip tar of one task directory): untrusted input.
+
+The walkthrough's dataset rows are ``{path, task_binary}`` where ``task_binary``
+is a gzip tar of the task directory. Every member is checked before anything is
+written: absolute paths, ``..``, links that leave the root, device/fifo
+members, and size or member-count bombs are refused with an
+:class:`UnsafeArchiveError` naming the member. Extraction goes into a private
+staging dir inside the destination and is renamed into place only when the
+whole archive passed, so a refused archive leaves nothing behind.
+"""
+from __future__ import annotations
+
+import io
+import posixpath
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from rl.errors import UnsafeArchiveError
+
+MAX_MEMBERS = 2_000
+MAX_TOTAL_BYTES = 64 * 1024 * 1024     # a terminal task is KiBs; 64 MiB leaves room for data files
+MAX_MEMBER_BYTES = 32 * 1024 * 1024
+MAX_COMPRESSED_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """Bounds on one archive (checked on the header values, before extraction)."""
+
+    max_members: int = MAX_MEMBERS
+    max_total_bytes: int = MAX_TOTAL_BYTES
+    max_member_bytes: int = MAX_MEMBER_BYTES
+    max_compressed_bytes: int = MAX_COMPRESSED_BYTES
+
+
+def _normalised(name: str, archive: str) -> PurePosixPath:
+    """A member name as a relative path inside the root, or UnsafeArchiveError."""
+    if not name or "\x00" in name:
+        raise UnsafeArchiveError(f"{archive}: member {name!r} has an empty or NUL-bearing name",
+                                 archive=archive, member=name)
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise UnsafeArchiveError(f"{archive}: member {name!r} is an absolute path",
+                                 archive=archive, member=name)
+    parts = PurePosixPath(name).parts
+    if ".." in parts:
+        raise UnsafeArchiveError(f"{archive}: member {name!r} contains '..'", archive=archive, member=name)
+    return PurePosixPath(*[p for p in parts if p != "."]) if parts else PurePosixPath(".")
+
+
+def _link_stays_inside(member: tarfile.TarInfo, rel: PurePosixPath) -> bool:
+    target = member.linkname
+    if not target or target.startswith("/"):
+        return False
+    # symlinks resolve against the member's own dir; hard links against the archive root
+    base = rel.parent if member.issym() else PurePosixPath(".")
+    joined = posixpath.normpath(posixpath.join(str(base), target))
+    return not (joined == ".." or joined.startswith("../") or joined.startswith("/"))
+
+
+def check_members(tar: tarfile.TarFile, archive: str, limits: ArchiveLimits) -> list[tarfile.TarInfo]:
+    """Validate every member's header; returns the members in order or raises on the first bad one."""
+    members: list[tarfile.TarInfo] = []
+    total = 0
+    for member in tar:
+        if len(members) >= limits.max_members:
+            raise UnsafeArchiveError(f"{archive}: more than {limits.max_members} members (at "
+                                     f"{member.name!r}); refusing a member-count bomb",
+                                     archive=archive, member=member.name)
+        rel = _normalised(member.name, archive)
+        if member.ischr() or member.isblk() or member.isfifo() or member.isdev():
+            raise UnsafeArchiveError(f"{archive}: member {member.name!r} is a device or fifo",
+                                     archive=archive, member=member.name)
+        if (member.issym() or member.islnk()) and not _link_stays_inside(member, rel):
+            raise UnsafeArchiveError(f"{archive}: member {member.name!r} links to {member.linkname!r} "
+                                     "outside the task root", archive=archive, member=member.name)
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            raise UnsafeArchiveError(f"{archive}: member {member.name!r} has unsupported type "
+                                     f"{member.type!r}", archive=archive, member=member.name)
+        if member.size > limits.max_member_bytes:
+            raise UnsafeArchiveError(f"{archive}: member {member.name!r} is {member.size} bytes "
+                                     f"> {limits.max_member_bytes}", archive=archive, member=member.name)
+        total += member.size
+        if total > limits.max_total_bytes:
+            raise UnsafeArchiveError(f"{archive}: members add up to more than {limits.max_total_bytes} "
+                                     f"bytes (at {member.name!r}); refusing a size bomb",
+                                     archive=archive, member=member.name)
+        members.append(member)
+    return members
+
+
+def _open(data: bytes, archive: str) -> tarfile.TarFile:
+    try:
+        return tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
+    except (tarfile.TarError, EOFError, OSError, ValueError) as e:
+        raise UnsafeArchiveError(f"{archive}: not a readable tar archive ({e})", archive=archive,
+                                 member=None) from e
+
+
+def extract_task_bytes(data: bytes, dest: str | Path, *, name: str | None = None,
+                       archive: str = "<bytes>", limits: ArchiveLimits = ArchiveLimits()) -> Path:
+    """Extract one task archive into ``dest/<name>`` and return that path.
+
+    ``name`` defaults to the archive's single top-level directory. The target must
+    not exist yet. Nothing is written outside ``dest``; on refusal nothing stays.
+    """
+    if len(data) > limits.max_compressed_bytes:
+        raise UnsafeArchiveError(f"{archive}: {len(data)} compressed bytes > "
+                                 f"{limits.max_compressed_bytes}", archive=archive, member=None)
+    dest_dir = Path(dest)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with _open(data, archive) as tar:
+            members = check_members(tar, archive, limits)
+            parts = [_normalised(m.name, archive).parts for m in members]
+            tops = {ps[0] for ps in parts if ps}
+            strip = len(tops) == 1 and any(len(ps) > 1 for ps in parts)
+            task_name = name or (next(iter(tops)) if strip else None)
+            if not task_name or "/" in task_name or task_name in (".", ".."):
+                raise UnsafeArchiveError(f"{archive}: cannot tell the task name (top-level entries "
+                                         f"{sorted(tops)[:5]}); pass a name", archive=archive, member=None)
+            target = dest_dir / task_name
+            if target.exists():
+                raise UnsafeArchiveError(f"{archive}: {target} already exists; remove it or import "
+                                         "elsewhere", archive=archive, member=None)
+            with tempfile.TemporaryDirectory(prefix=".import-", dir=dest_dir) as staging:
+                tar.extractall(staging, members=members, filter="data")
+                src = Path(staging) / (next(iter(tops)) if strip else "")
+                shutil.move(str(src), str(target))
+    except tarfile.TarError as e:   # the stdlib "data" filter is a second line of defence
+        raise UnsafeArchiveError(f"{archive}: refused by the tar data filter ({e})", archive=archive,
+                                 member=getattr(e, "tarinfo", None) and e.tarinfo.name) from e
+    except (EOFError, OSError, ValueError, UnicodeDecodeError) as e:
+        raise UnsafeArchiveError(f"{archive}: corrupt archive ({type(e).__name__}: {e})",
+                                 archive=archive, member=None) from e
+    return target
+
+
+def extract_task_archive(path: str | Path, dest: str | Path, *, name: str | None = None,
+                         limits: ArchiveLimits = ArchiveLimits()) -> Path:
+    """:func:`extract_task_bytes` for a ``.tar.gz`` file on disk."""
+    p = Path(path)
+    size = p.stat().st_size
+    if size > limits.max_compressed_bytes:
+        raise UnsafeArchiveError(f"{p}: {size} bytes > {limits.max_compressed_bytes}", archive=str(p),
+                                 member=None)
+    return extract_task_bytes(p.read_bytes(), dest, name=name, archive=str(p), limits=limits)
+
+
+def pack_task(task_dir: str | Path) -> bytes:
+    """A gzip tar of ``task_dir`` with the directory as its single top-level entry."""
+    src = Path(task_dir)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(src, arcname=src.name)
+    return buf.getvalue()
