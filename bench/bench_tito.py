@@ -8,7 +8,7 @@ does), so its per-turn cost grows with the turn index. Both use the real
 Qwen3.5 tokenizer and are measured in the same run; the printed numbers
 are ratios.
 
-Run: python bench/bench_tito.py [--turns 60 --obs-words 70 --repeat 3]
+Run: python bench/bench_tito.py [--turns 60 --obs-words 70 --repeat 5]
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ SYSTEM = [{"role": "system", "content": "You are a terminal agent."},
 
 
 def turn_content(t: int, obs_words: int) -> tuple[dict, dict]:
-    call = {"function": {"name": "bash", "arguments": {"cmd": f"pytest -x tests/test_{t}.py"}}}
-    asst = {"role": "assistant", "content": f"Step {t}: run the tests.", "tool_calls": [call]}
-    tool = {"role": "tool", "content": " ".join(f"line{t}_{i} ok" for i in range(obs_words))}
+    call = {"function": {"name": "bash", "arguments": {"cmd": f"pytest -x tests/test_{t:03d}.py"}}}
+    asst = {"role": "assistant", "content": f"Step {t:03d}: run the tests.", "tool_calls": [call]}
+    tool = {"role": "tool", "content": " ".join(f"line{t:03d}_{i:03d} ok" for i in range(obs_words))}
     return asst, tool
 
 
@@ -35,7 +35,7 @@ def run_tito(r: ChatRenderer, turns: int, obs_words: int) -> list[float]:
     times, prev_tool = [], None
     for t in range(turns):
         asst, tool = turn_content(t, obs_words)
-        gen = r.encode(f"Step {t}: run the tests.") + [IM_END_ID]  # what the engine sampled
+        gen = r.encode(f"Step {t:03d}: run the tests.") + [IM_END_ID]  # what the engine sampled
         t0 = time.perf_counter()
         if prev_tool is not None:
             b.add_observation(r.observation_ids([prev_tool], IM_END_ID))
@@ -60,15 +60,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=60)
     ap.add_argument("--obs-words", type=int, default=70)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
     r = ChatRenderer.default()
     run_tito(r, 3, a.obs_words)  # warm-up: tokenizer caches, first allocations
     runs_tito = [run_tito(r, a.turns, a.obs_words) for _ in range(a.repeat)]
     runs_naive = [run_naive(r, a.turns, a.obs_words) for _ in range(a.repeat)]
 
-    def at(runs, i):  # median over repeats of the mean of 3 neighbouring turns
-        return statistics.median(statistics.mean(run[max(i - 1, 0):i + 2]) for run in runs)
+    def at(runs, i):  # per turn: min over repeats (least disturbed); then median of 3 turns
+        return statistics.median(min(run[j] for run in runs) for j in range(max(i - 1, 0), i + 2))
 
     first, last = 1, a.turns - 2
     tito_1, tito_n = at(runs_tito, first), at(runs_tito, last)
