@@ -6,6 +6,8 @@ GPU-days; ``report.raise_if_refused()`` turns a refusal into
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from t1ops import telemetry
 from t1ops.preflight.checks import ALL_CHECKS, Finding, effective_ep
 from t1ops.preflight.host import host_ram_terms_gib
@@ -13,7 +15,8 @@ from t1ops.preflight.memory import MemoryEstimate, estimate
 from t1ops.preflight.plan import Plan, load_plan
 from t1ops.preflight.report import Report, render
 
-__all__ = ["Finding", "MemoryEstimate", "Plan", "Report", "check_plan", "estimate", "load_plan", "render"]
+__all__ = ["Finding", "MemoryEstimate", "Plan", "Report", "check_plan", "estimate", "load_plan", "render",
+           "require_ok"]
 
 
 def _expert_layout(plan: Plan) -> tuple[int, list[Finding]]:
@@ -42,4 +45,14 @@ def check_plan(plan: Plan, name: str = "plan") -> Report:
     if report.verdict == "refuse":
         telemetry.event("preflight.refused", severity="error", plan=name,
                         finding_ids=",".join(f.id for f in report.errors))
+    return report
+
+
+def require_ok(plan_or_path: Plan | str | Path) -> Report:
+    """Launch gate: load (if a path), check, and raise PreflightRefusal unless the verdict is ok."""
+    if isinstance(plan_or_path, Plan):
+        report = check_plan(plan_or_path)
+    else:
+        report = check_plan(load_plan(plan_or_path), name=Path(plan_or_path).stem)
+    report.raise_if_refused()
     return report

@@ -44,7 +44,7 @@ def check_memory(plan: Plan, est: MemoryEstimate) -> list[Finding]:
     return [Finding("memory", "error",
                     f"predicted CUDA OOM at {where}: peak {_gib(b.peak_bytes)} > {plan.hardware.gpu_memory_gib:g} GiB. "
                     f"The failing request is ~{est.failing_request_bytes / cal.MIB:.0f} MiB in {b.binding_transient} "
-                    f"with {_gib(est.in_use_at_failure_bytes)} in use (report 08's 56-GPU crash: 632 MiB with 90.56 GiB).")]
+                    f"with {_gib(est.in_use_at_failure_bytes)} in use. Raise cp or pp, or add train GPUs (report 08)")]
 
 
 def max_valid_ep(plan: Plan) -> int:

@@ -133,3 +133,13 @@ def test_cli_json_and_exit_codes(capsys):
     assert out["verdict"] == "ok" and out["memory"]["fits"] is True
     assert main(["preflight", str(PLANS / "qwen35-122b-dp1.toml")]) == 1
     assert "dp1-incompatible" in capsys.readouterr().out
+
+
+def test_require_ok_gate_for_launchers(tmp_path):
+    from t1ops.preflight import require_ok
+
+    assert require_ok(PLANS / "qwen35-122b-128gpu-cp4.toml").verdict == "ok"
+    with pytest.raises(PreflightRefusal, match="dp1-incompatible"):
+        require_ok(PLANS / "qwen35-122b-dp1.toml")
+    with pytest.raises(PreflightRefusal):
+        require_ok(plan("56gpu"))
