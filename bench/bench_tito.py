@@ -8,7 +8,7 @@ does), so its per-turn cost grows with the turn index. Both use the real
 Qwen3.5 tokenizer and are measured in the same run; the printed numbers
 are ratios.
 
-Run: python bench/bench_tito.py [--turns 60 --obs-words 70 --repeat 5]
+Run: python bench/bench_tito.py [--turns 60 --obs-words 55 --repeat 5]
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def run_naive(r: ChatRenderer, turns: int, obs_words: int) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=60)
-    ap.add_argument("--obs-words", type=int, default=70)
+    ap.add_argument("--obs-words", type=int, default=55)
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
     r = ChatRenderer.default()

@@ -155,7 +155,10 @@ class TitoBuilder:
 
     ``num_layers``/``topk`` set: routing is required on every turn (absent ->
     MissingRoutingError naming the sample). ``tokenizer`` is needed for the
-    retokenized relation (byte-offset map).
+    retokenized relation (byte-offset map); without it that relation is
+    skipped and such a turn splits. Routing rows are stitched at :meth:`finish`:
+    a position no turn routed gets a neighbour's row only if no loss-bearing
+    token follows it (the last sampled token), otherwise RoutingError.
     """
 
     def __init__(self, prompt_ids: Sequence[int], *, sample_id: str, group_id: str = "",

@@ -217,6 +217,19 @@ def test_routing_for_wrong_token_count(renderer):
         b.add_generation([5, IM_END_ID], [-0.1, -0.1], policy_version=0, routing_rows=rows)
 
 
+def test_row_in_no_capture_before_loss_tokens_raises(renderer):
+    p = renderer.render_prompt(SYSTEM)
+    b = TitoBuilder(p, sample_id="s5", num_layers=L, topk=K)
+    gen = [5, IM_END_ID]
+    b.add_generation(gen, [-0.1, -0.1], policy_version=0, routing_rows=routing_for(p + gen, 0))
+    b.add_observation([7, 8])
+    start = len(b.tokens)  # skips the rows of the stop token and the observation
+    b.add_generation(gen, [-0.1, -0.1], policy_version=0,
+                     routing_rows=routing_for(b.tokens + gen, start), routing_start=start)
+    with pytest.raises(RoutingError, match="sample s5: 4 position.*no routing row.*3 of them"):
+        b.finish()
+
+
 def test_generation_without_stop_token(renderer):
     p = renderer.render_prompt(SYSTEM)
     b = TitoBuilder(p, sample_id="s2")
