@@ -8,6 +8,7 @@ return 0, so observation tokens and padding never carry credit.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -76,21 +77,43 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                           f"(first {stray.nonzero()[:3].tolist()}); a reward on a pad/observation token "
                           "would be dropped. Put it on the last valid response token.", argument="rewards")
 
-    B, T = mask_BT.shape
-    advantages_BT = torch.zeros((B, T), dtype=values_BT.dtype)
-    next_value_B = torch.zeros(B, dtype=values_BT.dtype)
-    next_adv_B = torch.zeros(B, dtype=values_BT.dtype)
-    for t in range(T - 1, -1, -1):
-        valid_B = mask_BT[:, t]
-        delta_B = rewards_BT[:, t] + gamma * next_value_B - values_BT[:, t]
-        adv_B = delta_B + gamma * lam * next_adv_B
-        # skipping masked positions (not zeroing them) keeps credit flowing across observation tokens
-        advantages_BT[:, t] = torch.where(valid_B, adv_B, 0.0)
-        next_value_B = torch.where(valid_B, values_BT[:, t], next_value_B)
-        next_adv_B = torch.where(valid_B, adv_B, next_adv_B)
+    # Skipping masked positions (not zeroing them) keeps credit flowing across observation
+    # tokens: move each row's valid positions to the front, run GAE there, scatter back.
+    order_BT = torch.argsort((~mask_BT).to(torch.int8), dim=1, stable=True)
+    valid_BT = torch.gather(mask_BT, 1, order_BT)
+    r_BT = torch.gather(rewards_BT, 1, order_BT).to(torch.float64)
+    v_BT = torch.where(valid_BT, torch.gather(values_BT, 1, order_BT).to(torch.float64), 0.0)
+    v_next_BT = torch.nn.functional.pad(v_BT[:, 1:], (0, 1))  # 0 after the last valid token
+    delta_BT = torch.where(valid_BT, r_BT + gamma * v_next_BT - v_BT, 0.0)
+    adv_sorted_BT = _discounted_reverse_cumsum(delta_BT, gamma * lam)
+    advantages_BT = torch.zeros(mask_BT.shape, dtype=torch.float64).scatter_(1, order_BT, adv_sorted_BT)
+    advantages_BT = torch.where(mask_BT, advantages_BT, 0.0).to(values_BT.dtype)
     returns_BT = torch.where(mask_BT, advantages_BT + values_BT, 0.0)
     return advantages_BT, returns_BT
 
+
+def _discounted_reverse_cumsum(x_BT: torch.Tensor, c: float) -> torch.Tensor:
+    """``out_t = sum_{k >= 0} c^k x_{t+k}`` along dim 1 (float64), without a python loop over T.
+
+    Inside a block ``out_t = c^-t * revcumsum(c^s x_s)_t``; blocks are sized so ``c^L``
+    stays above 1e-300 (no underflow) and chained by carrying ``out`` at a block's start.
+    """
+    if c == 1.0:
+        return x_BT.flip(1).cumsum(1).flip(1)
+    if c == 0.0:
+        return x_BT.clone()
+    B, T = x_BT.shape
+    L = int(min(4096, max(1, 300 / -math.log10(c))))
+    out_BT = torch.empty_like(x_BT)
+    carry_B = torch.zeros(B, dtype=x_BT.dtype)  # out at the first position of the next block
+    pow_L = c ** torch.arange(L + 1, dtype=x_BT.dtype)
+    for start in range((T - 1) // L * L, -1, -L):
+        n = min(L, T - start)
+        scaled_Bn = (x_BT[:, start:start + n] * pow_L[:n]).flip(1).cumsum(1).flip(1)
+        out_Bn = scaled_Bn / pow_L[:n] + carry_B[:, None] * pow_L[1:n + 1].flip(0)
+        out_BT[:, start:start + n] = out_Bn
+        carry_B = out_Bn[:, 0]
+    return out_BT
 
 def _group_index(group_ids: Any, n: int) -> tuple[torch.Tensor, list[Hashable]]:
     """Map arbitrary group ids (ints, strings, tensor) to 0..G-1."""

@@ -98,6 +98,40 @@ def test_gae_ignores_masked_positions_and_inserted_pads(batch, gamma, lam):
         assert torch.allclose(a_row[0], adv[b, idx], atol=1e-5)
 
 
+def reference_gae(rewards_BT, values_BT, mask_BT, gamma, lam):
+    """Textbook recursion, one python step per token, skipping masked positions."""
+    adv = torch.zeros_like(values_BT, dtype=torch.float64)
+    for b in range(mask_BT.shape[0]):
+        next_v = next_a = 0.0
+        for t in reversed(range(mask_BT.shape[1])):
+            if not mask_BT[b, t]:
+                continue
+            delta = float(rewards_BT[b, t]) + gamma * next_v - float(values_BT[b, t])
+            next_a = delta + gamma * lam * next_a
+            next_v = float(values_BT[b, t])
+            adv[b, t] = next_a
+    return adv
+
+
+@FAST
+@given(gae_batch(), st.floats(0, 1), st.floats(0, 1))
+def test_gae_matches_textbook_recursion(batch, gamma, lam):
+    rewards, values, mask = batch
+    adv, _ = compute_gae(rewards, values, mask, gamma, lam)
+    expected = reference_gae(place_terminal_reward(rewards, mask), values, mask, gamma, lam)
+    assert torch.allclose(adv.double(), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (0.3, 0.2), (0.1, 0.1), (1.0, 0.0)])
+def test_gae_long_rows_span_several_blocks(gamma, lam):
+    torch.manual_seed(1)
+    mask = torch.rand(2, 1500) > 0.3
+    mask[:, 0] = True
+    values, token_rewards = torch.randn(2, 1500), torch.where(mask, torch.randn(2, 1500) * 0.1, 0.0)
+    adv, _ = compute_gae(token_rewards, values, mask, gamma, lam)
+    assert torch.allclose(adv.double(), reference_gae(token_rewards, values, mask, gamma, lam), atol=1e-4)
+
+
 # --- GRPO --------------------------------------------------------------------
 def test_grpo_walkthrough_example():
     adv = grpo_advantages(torch.tensor([1.0, 1.0] + [0.0] * 14), ["p"] * 16)
