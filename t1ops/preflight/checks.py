@@ -82,7 +82,7 @@ def check_expert_identity(plan: Plan, est: MemoryEstimate) -> list[Finding]:
 def check_tensor_parallel(plan: Plan, est: MemoryEstimate) -> list[Finding]:
     """TP beyond 2 buys nothing for this model (report 08)."""
     m, tp = plan.model, plan.parallelism.tp
-    if tp <= 2:
+    if tp <= 2 or m.num_gdn_layers == 0:  # the argument rests on the replicated GatedDeltaNet blocks
         return []
     gdn_b = m.num_gdn_layers * layer_params(m).gdn / 1e9
     kv = f"; tp {tp} > {m.num_kv_groups} KV groups enters the KV-replication branch" if tp > m.num_kv_groups else ""

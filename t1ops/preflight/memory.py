@@ -62,6 +62,19 @@ def binding_tokens_per_gpu(plan: Plan) -> int:
     return max(sample, plan.batch.max_tokens_per_gpu)
 
 
+def _stored_bytes_per_token_layer(plan: Plan) -> int:
+    """Activation bytes a layer keeps per token until its backward.
+
+    Full recompute keeps each layer's input, [tokens/CP, hidden] bf16, not split by
+    TP: the GatedDeltaNet wrapper all-gathers the sequence before its blocks (report
+    08). Without recompute every layer keeps its intermediates, which we bound by
+    the measured per-layer GatedDeltaNet peak (~330 KiB/token).
+    """
+    if plan.precision.full_recompute:
+        return plan.model.hidden_size * plan.precision.param_bytes
+    return cal.GDN_ACTIVATION_BYTES_PER_TOKEN
+
+
 @dataclass(frozen=True)
 class Phase:
     name: str
@@ -115,10 +128,7 @@ def stage_memory(plan: Plan, phase: Phase, stage: int, ep: int | None = None) ->
         "weights": (params.expert + params.dense) * prec.param_bytes,
         "grads": (params.expert + params.dense) * prec.main_grad_bytes,
         "optimizer": int(opt_params * prec.optimizer_bytes_per_param * (1 - prec.optimizer_offload_fraction)),
-        # Full recompute keeps each layer's input, [tokens/CP, hidden] bf16, not split by TP:
-        # the GatedDeltaNet wrapper all-gathers the sequence before its blocks (report 08).
-        "activations": in_flight_tokens * m.hidden_size * prec.param_bytes * plan.layers_per_stage
-        * (1 if prec.full_recompute else 4),
+        "activations": in_flight_tokens * plan.layers_per_stage * _stored_bytes_per_token_layer(plan),
         # Each stage stages the rows of its own MoE layers for replay.
         "routing_replay": routing_record_bytes(staged_tokens, plan.layers_per_stage, m.moe_router_topk)
         if phase.routing_staged else 0,
