@@ -12,6 +12,22 @@ constants; ``tests/t1ops/test_preflight.py`` tabulates, for every published
 figure, the model's value, the difference, and whether it was a fit or a
 prediction.
 
+Ledger (values from ``pytest tests/t1ops/test_preflight.py -s -k table``):
+
+- fits (no evidence): logits 29.8 GiB -> 6 B/element; GDN CP4 2.70 GiB ->
+  exchange bytes; 56-GPU crash 90.56 GiB in use -> offload residue, and its
+  boundary -> allocator reserve; host 259/2265 GB free -> sandbox worker size.
+- predictions: logits 14.9 at CP 4 (14.92); peaks 100.3 / 81.8 (99.95 / 82.08);
+  the 56-GPU plan surviving critic-only steps and failing first in the joint
+  step's critic GatedDeltaNet forward; the failing request's shape
+  (632 MiB = [40,448 tokens, 8,192] bf16, the length inferred from it);
+  1536 B/token and 48 MiB per 33k tokens; 38-44 GB with the optimizer offloaded.
+- assumptions (not published, stated in each plan file): 128 GPUs = 64 train
+  (pp 2) + 64 rollout; 56 GPUs = 32 train (pp 2) + 24 rollout with a quarter of
+  the optimizer on the host; mean trajectory 33k tokens; the GatedDeltaNet head
+  layout (16 key / 64 value heads of 128), which gives 3.19B GatedDeltaNet
+  parameters against the report's 2.94B (unexplained, 8 %).
+
 The report (section 08) writes "GB" for the per-GPU figures; they are GiB:
 86,016 x 124,160 x 6 B = 29.84 GiB, and the 95 "GB" budget is the 95 GiB of
 section 05. This module reads every report "GB" of GPU memory as GiB.
