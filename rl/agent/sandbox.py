@@ -20,6 +20,7 @@ the caller continues with the next command or trial.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -133,8 +134,10 @@ def _make_preexec(limits: Limits, *, netns: bool, uid: int | None) -> Callable[[
     return preexec
 
 
+@functools.lru_cache(maxsize=4)
 def probe_isolation(*, isolate_network: bool = True, drop_privileges: bool = True) -> Isolation:
-    """Find out whether a private network namespace and a uid drop work here (logged if not)."""
+    """Find out whether a private network namespace and a uid drop work here (logged if not;
+    probed once per process and setting)."""
     net_ok, net_reason = False, "network isolation disabled by the caller"
     if isolate_network:
         try:
@@ -190,23 +193,34 @@ def _classify(rc: int | None, stderr: str, timed_out: bool, budget_cut: bool) ->
     return "ok" if rc == 0 else "exit_nonzero"
 
 
-def sweep(marker: str, pgid: int | None = None) -> int:
+def sweep(marker: str, pgid: int | None = None, *, max_rounds: int = 5) -> int:
     """SIGKILL the process group and every process whose environment carries ``marker``
-    (catches processes that left the group with setsid). Returns how many were killed."""
-    if pgid is not None:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    killed = 0
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get(MARKER_ENV) == marker:
+    (catches processes that left the group with setsid), repeating while a fork bomb still
+    spawns. Returns how many were found alive."""
+    found = 0
+    for _ in range(max_rounds):
+        alive = [p for p in psutil.process_iter(["pid"]) if _carries(p, marker)]
+        if pgid is not None:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in alive:
+            try:
                 proc.kill()
-                killed += 1
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return killed
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        found += len(alive)
+        if not alive:
+            break
+    return found
+
+
+def _carries(proc: psutil.Process, marker: str) -> bool:
+    try:
+        return proc.environ().get(MARKER_ENV) == marker
+    except (psutil.Error, OSError):
+        return False
 
 
 def run_limited(argv: list[str], *, cwd: Path, env: Mapping[str, str], limits: Limits,
@@ -233,11 +247,13 @@ def run_limited(argv: list[str], *, cwd: Path, env: Mapping[str, str], limits: L
             timed_out = True
             sweep(marker, proc.pid)
             rc = proc.wait()
-    sweep(marker, proc.pid)   # background children outlive a clean exit too
+    num_left = sweep(marker, proc.pid)   # background children outlive a clean exit too
     duration_s = time.monotonic() - t0
     stdout, t_out = _read_capped(out_path, limits.max_output_bytes)
     stderr, t_err = _read_capped(err_path, limits.max_output_bytes)
     reason = _classify(rc, stderr, timed_out, budget_cut)
+    if reason in ("ok", "exit_nonzero") and num_left >= limits.num_procs // 2:
+        reason = "process_limit"   # a swarm of leftovers near the cap: a fork bomb, cut short
     if reason != "ok" and reason != "exit_nonzero":
         log.warning("sandbox %s: command ended by %s after %.2fs (exit %s)", marker, reason,
                     duration_s, rc)

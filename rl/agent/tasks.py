@@ -62,6 +62,8 @@ class Task:
     verifier_env: dict[str, str] = field(default_factory=dict)
     tests_sha256: dict[str, str] = field(default_factory=dict)   # relpath -> sha256
     tests_digest: str = ""
+    # the bytes hashed at load time: the verifier installs these, never re-reads the disk
+    tests_snapshot: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
     solution: str | None = None                                  # solve.sh text
 
     @property
@@ -82,22 +84,33 @@ class Budget:
     reason: str
 
 
-def hash_tree(root: Path) -> tuple[str, dict[str, str]]:
-    """sha256 of every regular file under ``root``: (digest over all, {relpath: sha256}).
+def snapshot_tree(root: Path) -> dict[str, bytes]:
+    """{relpath: bytes} of every regular file under ``root``.
 
     A symlink or special file inside the tree is a TaskError: the verifier must not
     follow links the task author (or an agent) planted.
     """
-    files: dict[str, str] = {}
+    files: dict[str, bytes] = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
         if p.is_symlink() or not (p.is_file() or p.is_dir()):
             raise TaskError(f"{root}: {rel} is a link or special file; tests/ may hold only "
                             "regular files and directories", path=str(root), member=rel)
         if p.is_file():
-            files[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    outer = hashlib.sha256("\n".join(f"{k} {v}" for k, v in files.items()).encode()).hexdigest()
-    return outer, files
+            files[rel] = p.read_bytes()
+    return files
+
+
+def digest_files(files: dict[str, bytes]) -> tuple[str, dict[str, str]]:
+    """(digest over all files, {relpath: sha256}) for a :func:`snapshot_tree` result."""
+    shas = {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())}
+    outer = hashlib.sha256("\n".join(f"{k} {v}" for k, v in shas.items()).encode()).hexdigest()
+    return outer, shas
+
+
+def hash_tree(root: Path) -> tuple[str, dict[str, str]]:
+    """sha256 of every regular file under ``root``: (digest over all, {relpath: sha256})."""
+    return digest_files(snapshot_tree(root))
 
 
 def parse_task_toml(text: str, *, source: str = "task.toml") -> dict[str, Any]:
@@ -172,7 +185,8 @@ def load_task(path: str | Path) -> Task:
     data = parse_task_toml(toml_path.read_text(errors="replace"), source=str(toml_path))
     meta, agent = data.get("metadata", {}), data.get("agent", {})
     verifier, env = data.get("verifier", {}), data.get("environment", {})
-    digest, files = hash_tree(root / "tests")
+    snapshot = snapshot_tree(root / "tests")
+    digest, files = digest_files(snapshot)
     sol = root / "solution" / "solve.sh"
     return Task(
         name=root.name, path=root.resolve(),
@@ -184,7 +198,7 @@ def load_task(path: str | Path) -> Task:
         memory_mb=env.get("memory_mb"), max_turns=agent.get("max_turns"),
         allow_network=bool(env.get("allow_network", False)),
         verifier_env=dict(verifier.get("env", {})),
-        tests_sha256=files, tests_digest=digest,
+        tests_sha256=files, tests_digest=digest, tests_snapshot=snapshot,
         solution=sol.read_text() if sol.is_file() else None,
     )
 

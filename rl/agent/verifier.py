@@ -28,11 +28,9 @@ import json
 import logging
 import os
 import secrets as _secrets
-import shutil
-import stat
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,10 +126,13 @@ def _quarantine(path: Path) -> None:
         path.rename(path.with_name(f"{path.name}.tampered-{_secrets.token_hex(3)}"))
 
 
-def _install_tests(trial: Trial, uid: int | None) -> Path:
-    """Copy the task's tests/ in, read-only, and check the copy against the load-time digest."""
+def _install_tests(trial: Trial) -> Path:
+    """Write the load-time snapshot of tests/ in, read-only, checked against the load-time digest."""
     dst = trial.dir / "tests"
-    shutil.copytree(trial.task.tests_dir, dst, symlinks=True)
+    dst.mkdir()
+    for rel, data in trial.task.tests_snapshot.items():
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dst / rel).write_bytes(data)
     digest, _ = hash_tree(dst)
     if digest != trial.task.tests_digest:
         raise TaskError(f"{trial.task.name}: tests/ digest {digest[:12]} != load-time "
@@ -196,7 +197,7 @@ def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.
     events = scan_for_tampering(trial)
     for name in ("tests", "verifier"):
         _quarantine(trial.dir / name)
-    tests = _install_tests(trial, trial.isolation.verifier_uid)
+    tests = _install_tests(trial)
     vdir = trial.dir / "verifier"
     vdir.mkdir(mode=0o755)
     (vdir / "run_tag").write_text(tag + "\n")
@@ -204,6 +205,8 @@ def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.
     uid = trial.isolation.verifier_uid
     if uid is not None:
         os.chown(vdir, uid, uid)
+    if events:   # a forgery voids the trial: run nothing the agent may have prepared
+        return _finish(trial, tag, vdir, events, None, t_start, scale)
     t0_ms = time.time() * 1000
     out = run_limited(["/bin/bash", str(tests / "test.sh")], cwd=trial.workspace,
                       env=_verifier_env(trial, tests, vdir, tag), limits=limits,
@@ -212,10 +215,23 @@ def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.
                       secrets=trial.secrets)
     t1_ms = time.time() * 1000
     events += _post_checks(trial, tests)
+    if events:
+        return _finish(trial, tag, vdir, events, out, t_start, scale)
     reward, reason = _reward(trial, vdir, tag, t0_ms, t1_ms, out, events, scale)
+    return _finish(trial, tag, vdir, events, out, t_start, scale, reward, reason)
+
+
+def _finish(trial: Trial, tag: str, vdir: Path, events: list[TamperEvent], out: ExecResult | None,
+            t_start: float, scale: float, reward: RewardResult | None = None,
+            reason: str = "tamper") -> VerifierResult:
+    if reward is None or events:
+        kinds = ",".join(sorted({e.kind for e in events}))
+        base = ctrf_reward(None, solved=False, scale=scale)
+        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}"), "tamper"
     for ev in events:
         log.warning("tamper event in trial %s: %s at %s (%s)", ev.trial_id, ev.kind, ev.path, ev.detail)
-    result = VerifierResult(trial.trial_id, tag, reward, tuple(events), out.exit_code, reason,
+    result = VerifierResult(trial.trial_id, tag, reward, tuple(events),
+                            None if out is None else out.exit_code, reason,
                             time.monotonic() - t_start, out)
     _write_result(vdir, result)
     return result
@@ -227,20 +243,15 @@ def _post_checks(trial: Trial, tests: Path) -> list[TamperEvent]:
 
 
 def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out: ExecResult,
-            events: list[TamperEvent], scale: float) -> tuple[RewardResult, str]:
+            events: list[TamperEvent], scale: float) -> tuple[RewardResult | None, str]:
     solved = out.exit_code == 0
-    if events:
-        kinds = ",".join(sorted({e.kind for e in events}))
-        base = ctrf_reward(None, solved=False, scale=scale)
-        return dataclasses.replace(base, source=f"tamper:{kinds}"), "tamper"
     if out.reason in ("timeout", "budget_exhausted"):
         return ctrf_reward(None, solved=False, scale=scale), "verifier-timeout"
     try:
         doc = accept_ctrf(vdir, tag, t0_ms, t1_ms)
     except TrialDirError as e:
         events.append(TamperEvent(trial.trial_id, "stale-ctrf", str(vdir), str(e)))
-        base = ctrf_reward(None, solved=False, scale=scale)
-        return dataclasses.replace(base, source="tamper:stale-ctrf"), "tamper"
+        return None, "tamper"
     except ParseError as e:
         exists = (vdir / "ctrf.json").exists()
         base = ctrf_reward(None, solved=solved, scale=scale)

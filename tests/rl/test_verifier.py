@@ -1,0 +1,113 @@
+"""The CTRF verifier: honest rewards, partial credit, each forgery caught, stale outputs refused."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from rl.agent.sandbox import Sandbox
+from rl.agent.tasks import load_task
+from rl.agent.verifier import accept_ctrf, read_verifier_result, run_tag_for, verify
+from rl.errors import TrialDirError
+
+POOL = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+PASSING_CTRF = json.dumps({"results": {"summary": {"tests": 4, "passed": 4, "failed": 0,
+                                                   "start": 1, "stop": 2},
+                                       "tests": [{"name": f"t{i}", "status": "passed"} for i in range(4)]}})
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    # a private copy, so the tests-edit forgery below cannot touch the shipped pool
+    dst = tmp_path_factory.mktemp("pool") / "text-sort"
+    shutil.copytree(POOL / "text-sort", dst)
+    return load_task(dst)
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    return Sandbox(tmp_path_factory.mktemp("sbx"), "run-v")
+
+
+@pytest.fixture(scope="module")
+def open_sandbox(tmp_path_factory):
+    """Agent on the host uid: forgeries succeed on disk, so only the verifier's checks stop them."""
+    return Sandbox(tmp_path_factory.mktemp("sbx-open"), "run-open", drop_privileges=False)
+
+
+def test_honest_solution_gets_full_ctrf_reward(sandbox, task):
+    trial = sandbox.create(task, 0)
+    trial.exec("sort in.txt > out.txt")
+    v = verify(trial)
+    assert (v.reason, v.reward.source, v.reward.passed, v.reward.total) == ("ok", "ctrf", 4, 4)
+    assert v.reward.value == pytest.approx(4 / 20)
+    assert not v.tamper_events and (trial.dir / "tests" / "test.sh").stat().st_mode & 0o222 == 0
+    assert read_verifier_result(trial.dir, run_tag_for(trial))["reason"] == "ok"
+
+
+def test_near_miss_gets_partial_credit(sandbox, task):
+    trial = sandbox.create(task, 1)
+    trial.exec("cat in.txt > out.txt")      # same lines, wrong order: 2 of 4 tests
+    v = verify(trial)
+    assert (v.reward.source, v.reward.passed, v.reward.total) == ("ctrf", 2, 4)
+
+
+def test_no_output_at_all_scores_zero_from_ctrf(sandbox, task):
+    v = verify(sandbox.create(task, 2))
+    assert (v.reward.source, v.reward.passed, v.reward.value) == ("ctrf", 0, 0.0)
+
+
+@pytest.mark.parametrize("attack, kind", [
+    ("echo '{ctrf}' > ctrf.json", "precreated-ctrf"),
+    ("printf 'import pytest\\n' > conftest.py", "conftest"),
+    ("mkdir -p bin && printf '#!/bin/sh\\nexit 0\\n' > bin/pytest && chmod +x bin/pytest", "shadow-exec"),
+    ("mkdir -p {dir}/verifier && echo '{ctrf}' > {dir}/verifier/ctrf.json", "precreated-dir"),
+    ("echo 'def test_x(): pass' > {dir}/conftest.py", "foreign-file"),
+    ("echo 'def test_free(): pass' >> {src}/tests/test_outputs.py", "tests-modified"),
+])
+def test_each_forgery_is_recorded_and_never_pays(open_sandbox, task, tmp_path, attack, kind):
+    src = tmp_path / "task"
+    shutil.copytree(task.path, src)
+    t = load_task(src)
+    trial = open_sandbox.create(t, 0)
+    cmd = attack.format(ctrf=PASSING_CTRF, dir=trial.dir, src=src)
+    assert trial.exec(f"sort in.txt > out.txt; {cmd}").reason == "ok"
+    v = verify(trial)
+    kinds = {e.kind for e in v.tamper_events}
+    assert kind in kinds and all(e.trial_id == trial.trial_id for e in v.tamper_events)
+    assert v.reason == "tamper" and v.reward.source.startswith("tamper:") and kind in v.reward.source
+    assert v.reward.value == 0.0
+    assert json.loads((trial.dir / "verifier" / "result.json").read_text())["tamper_events"]
+
+
+def test_stale_ctrf_from_another_run_is_refused(sandbox, task, tmp_path):
+    vdir = tmp_path / "verifier"
+    vdir.mkdir()
+    (vdir / "run_tag").write_text("old-run/text-sort-0\n")
+    (vdir / "ctrf.json").write_text(PASSING_CTRF)
+    now_ms = time.time() * 1000
+    with pytest.raises(TrialDirError, match="run tag"):
+        accept_ctrf(vdir, "new-run/text-sort-0", now_ms - 1000, now_ms)
+    (vdir / "run_tag").write_text("new-run/text-sort-0\n")      # right tag, old timestamps
+    with pytest.raises(TrialDirError, match="stale"):
+        accept_ctrf(vdir, "new-run/text-sort-0", now_ms - 1000, now_ms)
+
+
+def test_recorded_result_is_refused_under_another_run_tag(sandbox, task):
+    trial = sandbox.create(task, 5)
+    verify(trial)
+    with pytest.raises(TrialDirError, match="run tag"):
+        read_verifier_result(trial.dir, "some-other-run/" + trial.trial_id)
+
+
+def test_missing_ctrf_falls_back_to_binary(open_sandbox, tmp_path):
+    src = tmp_path / "noctrf"
+    shutil.copytree(POOL / "files-hello", src)
+    (src / "tests" / "test.sh").write_text("#!/bin/bash\ntest -f \"$T1_WORKSPACE/out.txt\"\n")
+    trial = open_sandbox.create(load_task(src), 0)
+    trial.exec("echo hello > out.txt")
+    v = verify(trial)
+    assert (v.reason, v.reward.source, v.reward.value) == ("no-ctrf", "fallback:missing", 1.0)
