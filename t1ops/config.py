@@ -29,6 +29,7 @@ class RunConfig(Section):
     steps: int = Field(8, ge=1, le=100_000, description="RL steps to run (after warm start).")
     ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None: all).")
+    one_step_pipeline: bool = Field(True, description="Generate batch t+1 while step t trains (False: strictly sequential).")
 
 
 class ModelConfig(Section):
