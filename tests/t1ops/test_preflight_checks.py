@@ -53,20 +53,18 @@ def test_unknown_key_and_bad_layout_are_config_errors(tmp_path):
         load_plan(tmp_path / "dp.toml")
 
 
-@settings(max_examples=25, deadline=None)
-@given(ep=st.sampled_from([2, 4, 8, 16, 32]), gpus=st.sampled_from([64, 128, 256]))
-def test_expert_optimizer_bytes_depend_only_on_train_gpus(ep, gpus):
-    p = with_(plan("128gpu-cp4"), "parallelism", train_gpus=gpus, ep=ep)
+@settings(max_examples=10, deadline=None)
+@given(gpus=st.sampled_from([64, 128, 256, 512]), stage=st.sampled_from([0, 1]))
+def test_expert_optimizer_bytes_depend_only_on_train_gpus(gpus, stage):
+    p = with_(plan("128gpu-cp4"), "parallelism", train_gpus=gpus)
     ph = phases(p)[0]
-    layer = p.layers_per_stage
-    per_gpu = stage_memory(p, ph, 0, ep).terms
-    expert_params_per_gpu = layer * (256 // ep) * 3 * 3072 * 1024
-    expert_opt = expert_params_per_gpu * 12 / (gpus / (p.parallelism.pp * ep))
-    assert expert_opt == pytest.approx(115_964_116_992 * 12 / gpus)
-    # weights scale 1/EP: halving EP doubles expert weight bytes
-    half = stage_memory(p, ph, 0, max(1, ep // 2)).terms if ep > 2 else None
-    if half is not None:
-        assert half["weights"] > per_gpu["weights"]
+    by_ep = {ep: stage_memory(p, ph, stage, ep).terms for ep in (2, 4, 8, 16, 32)}
+    optimizer = {t["optimizer"] for t in by_ep.values()}
+    assert max(optimizer) - min(optimizer) <= 16  # EP cancels, up to integer rounding
+    weights = [by_ep[ep]["weights"] for ep in sorted(by_ep)]
+    assert weights == sorted(weights, reverse=True)  # ...while lowering EP only adds weight bytes
+    more = with_(p, "parallelism", train_gpus=2 * gpus)
+    assert stage_memory(more, ph, stage, 16).terms["optimizer"] < by_ep[16]["optimizer"]
 
 
 def test_lowering_ep_warns_with_doubling_and_tp4_warns():
