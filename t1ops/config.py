@@ -50,7 +50,7 @@ class EngineConfig(Section):
     kind: Literal["embedded", "sglang"] = Field("embedded", description="Embedded CPU engine or external SGLang servers.")
     num_engines: int = Field(1, ge=1, le=1024, description="Engines to run (embedded) or expect (sglang).")
     urls: list[str] = Field(default_factory=list, description="SGLang server URLs when kind = 'sglang'.")
-    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Engine precision; differs from the trainer's fp32 as SGLang's does.")
+    dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Engine precision; differs from the trainer's fp32 as SGLang's does.")
     health_interval_s: float = Field(2.0, gt=0, le=600, description="Seconds between /health_generate pings.")
     failure_threshold: int = Field(3, ge=1, le=100, description="Consecutive failed pings before an engine is declared dead.")
     warmup_grace_s: float = Field(120.0, ge=0, description="Missed pings tolerated this long after engine start (first compile).")
