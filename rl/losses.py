@@ -143,6 +143,8 @@ def reduction_weights(mask: torch.Tensor, mode: str, prompt_ids=None) -> torch.T
       advantage pre-scaling (walkthrough section 7: a prompt with 10,000 tokens
       and one with 100,000 each get total weight 1/2).
 
+    Rows (``seq_mean``) and prompts (``prompt_mean``) with no valid token hold no
+    loss and are left out of the count; an all-masked batch is an InputError.
     Compute weights over the WHOLE batch, then slice them per micro-batch and sum
     ``weights * loss``: a per-micro-batch denominator is how reducers go wrong.
     """
