@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from rl.errors import UnsafeArchiveError
+from rl.errors import InputError, UnsafeArchiveError
 
 MAX_MEMBERS = 2_000
 MAX_TOTAL_BYTES = 64 * 1024 * 1024     # a terminal task is KiBs; 64 MiB leaves room for data files
@@ -34,6 +34,12 @@ class ArchiveLimits:
     max_total_bytes: int = MAX_TOTAL_BYTES
     max_member_bytes: int = MAX_MEMBER_BYTES
     max_compressed_bytes: int = MAX_COMPRESSED_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("max_members", "max_total_bytes", "max_member_bytes", "max_compressed_bytes"):
+            if getattr(self, name) <= 0:
+                raise InputError(f"ArchiveLimits.{name} = {getattr(self, name)} must be > 0",
+                                 argument=name)
 
 
 def _normalised(name: str, archive: str) -> PurePosixPath:
@@ -129,6 +135,8 @@ def extract_task_bytes(data: bytes, dest: str | Path, *, name: str | None = None
                 tar.extractall(staging, members=members, filter="data")
                 src = Path(staging) / (next(iter(tops)) if strip else "")
                 shutil.move(str(src), str(target))
+    except UnsafeArchiveError:
+        raise
     except tarfile.TarError as e:   # the stdlib "data" filter is a second line of defence
         raise UnsafeArchiveError(f"{archive}: refused by the tar data filter ({e})", archive=archive,
                                  member=getattr(e, "tarinfo", None) and e.tarinfo.name) from e
