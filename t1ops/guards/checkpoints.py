@@ -152,6 +152,20 @@ def _refuse_foreign_dir(role_dir: Path, role: str) -> None:
                 role=role, found_role=other, path=str(role_dir))
 
 
+def _split_state(state_dict: Mapping[str, object]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Tensors (on CPU) and the keys whose value is None (megatron's ``_extra_state``)."""
+    tensors, none_keys = {}, []
+    for k, v in state_dict.items():
+        if isinstance(v, torch.Tensor):
+            tensors[k] = v.detach().to("cpu").contiguous()
+        elif v is None:
+            none_keys.append(k)
+        else:
+            raise InputError(f"state_dict entry {k!r} is a {type(v).__name__}; weights-only checkpoints hold "
+                             "tensors (and None extra states) only", argument="state_dict", key=k)
+    return tensors, none_keys
+
+
 def save_checkpoint(role_dir: str | Path, role: str, step: int,
                     state_dict: Mapping[str, torch.Tensor]) -> Path:
     """Atomically write ``state_dict`` as ``<role_dir>/step_<step>``; return that directory.
@@ -168,14 +182,15 @@ def save_checkpoint(role_dir: str | Path, role: str, step: int,
     if final.exists():
         raise CheckpointError(f"checkpoint {final} already exists and is never overwritten; resume from "
                               "it or remove it by hand", path=str(final), role=role, step=step)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    tensors, none_keys = _split_state(state_dict)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=role_dir))
     try:
-        _write_synced(tmp / WEIGHTS_FILE, lambda f: torch.save(tensors, f))
+        _write_synced(tmp / WEIGHTS_FILE, lambda f: torch.save({**tensors, **dict.fromkeys(none_keys)}, f))
         manifest = {"version": MANIFEST_VERSION, "role": role, "step": step,
                     "file_sha256": file_sha256(tmp / WEIGHTS_FILE),
                     "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch."),
-                                    "sha256": tensor_sha256(v)} for k, v in tensors.items()}}
+                                    "sha256": tensor_sha256(v)} for k, v in tensors.items()},
+                    "none_keys": none_keys}
         _write_synced(tmp / MANIFEST_FILE, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
         _fsync_dir(tmp)
         os.rename(tmp, final)
@@ -217,8 +232,9 @@ def load_checkpoint(step_dir: str | Path, role: str) -> tuple[dict[str, torch.Te
 
 def _verify_tensors(state: dict, manifest: dict, weights: Path) -> None:
     expected = manifest["tensors"]
-    if set(state) != set(expected):
-        diff = sorted(set(state) ^ set(expected))[:5]
+    none_keys = set(manifest.get("none_keys", []))
+    if set(state) != set(expected) | none_keys or any(state[k] is not None for k in none_keys):
+        diff = sorted(set(state) ^ (set(expected) | none_keys))[:5]
         raise CheckpointError(f"checkpoint {weights} tensor names differ from its manifest (e.g. {diff})",
                               path=str(weights))
     for name, meta in expected.items():

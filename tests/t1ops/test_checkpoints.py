@@ -20,18 +20,22 @@ def _actor_state(seed: int = 0) -> dict[str, torch.Tensor]:
             "output_layer.weight": torch.randn(16, 8, generator=g).to(torch.bfloat16)}
 
 
+def _megatron_like_state(seed: int = 0) -> dict:
+    return {**_actor_state(seed), "decoder.layers.0.self_attention.linear_qkv._extra_state": None}
+
+
 def _critic_state(seed: int = 1) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {"embedding.weight": torch.randn(16, 8, generator=g), "value_head.weight": torch.randn(1, 8, generator=g)}
 
 
-def test_checkpoint_from_base_dirs_are_role_suffixed_siblings(tmp_path):
+def test_trainer_checkpoint_from_base_dirs_are_role_suffixed_siblings(tmp_path):
     m = CheckpointManager.from_base(tmp_path / "ckpt")
     assert m.actor_dir.name == "actor" and m.critic_dir.name == "critic"
     assert m.actor_dir.parent == m.critic_dir.parent
 
 
-def test_checkpoint_identical_dirs_refused_before_anything_is_written(tmp_path):
+def test_trainer_checkpoint_identical_dirs_refused_before_anything_is_written(tmp_path):
     actor_args = {"save": str(tmp_path / "run"), "lr": 1e-6}
     critic_args = copy.deepcopy(actor_args)  # the report's bug: the copy keeps the save dir
     critic_args["lr"] = 1.5e-5
@@ -41,15 +45,15 @@ def test_checkpoint_identical_dirs_refused_before_anything_is_written(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_checkpoint_nested_and_equivalent_paths_refused(tmp_path):
+def test_trainer_checkpoint_nested_and_equivalent_paths_refused(tmp_path):
     with pytest.raises(CheckpointRoleError, match="nested"):
         check_role_dirs(tmp_path / "a", tmp_path / "a" / "critic")
     with pytest.raises(CheckpointRoleError, match="identical"):
         check_role_dirs(tmp_path / "a", tmp_path / "b" / ".." / "a")
 
 
-def test_checkpoint_roundtrip_with_manifest(tmp_path):
-    state = _actor_state()
+def test_trainer_checkpoint_roundtrip_with_manifest(tmp_path):
+    state = _megatron_like_state()
     step_dir = save_checkpoint(tmp_path / "actor", "actor", 4, state)
     assert step_dir.name == step_dir_name(4)
     manifest = read_manifest(step_dir)
@@ -59,19 +63,20 @@ def test_checkpoint_roundtrip_with_manifest(tmp_path):
     assert manifest["file_sha256"] == file_sha256(step_dir / "weights.pt")
     loaded, _ = load_checkpoint(step_dir, "actor")
     assert set(loaded) == set(state)
-    for k in state:
+    assert manifest["none_keys"] == ["decoder.layers.0.self_attention.linear_qkv._extra_state"]
+    for k in _actor_state():
         assert torch.equal(loaded[k], state[k]) and loaded[k].dtype == state[k].dtype
     assert not [p for p in (tmp_path / "actor").iterdir() if p.name.startswith(".tmp")]
 
 
-def test_checkpoint_load_of_other_role_refused(tmp_path):
+def test_trainer_checkpoint_load_of_other_role_refused(tmp_path):
     step_dir = save_checkpoint(tmp_path / "critic", "critic", 2, _critic_state())
     with pytest.raises(CheckpointRoleError, match="critic's weights, not the actor's") as err:
         load_checkpoint(step_dir, "actor")
     assert err.value.context["found_role"] == "critic"
 
 
-def test_checkpoint_save_into_other_roles_dir_refused(tmp_path):
+def test_trainer_checkpoint_save_into_other_roles_dir_refused(tmp_path):
     save_checkpoint(tmp_path / "shared", "actor", 1, _actor_state())
     before = file_sha256(tmp_path / "shared" / step_dir_name(1) / "weights.pt")
     with pytest.raises(CheckpointRoleError, match="already holds actor"):
@@ -80,7 +85,7 @@ def test_checkpoint_save_into_other_roles_dir_refused(tmp_path):
     assert file_sha256(tmp_path / "shared" / step_dir_name(1) / "weights.pt") == before
 
 
-def test_checkpoint_existing_step_never_overwritten(tmp_path):
+def test_trainer_checkpoint_existing_step_never_overwritten(tmp_path):
     save_checkpoint(tmp_path / "actor", "actor", 3, _actor_state(0))
     with pytest.raises(CheckpointError, match="never overwritten"):
         save_checkpoint(tmp_path / "actor", "actor", 3, _actor_state(1))
@@ -89,7 +94,7 @@ def test_checkpoint_existing_step_never_overwritten(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "manifest"])
-def test_checkpoint_corrupt_refused_and_left_in_place(tmp_path, damage):
+def test_trainer_checkpoint_corrupt_refused_and_left_in_place(tmp_path, damage):
     step_dir = save_checkpoint(tmp_path / "actor", "actor", 1, _actor_state())
     weights = step_dir / "weights.pt"
     if damage == "truncate":
@@ -109,7 +114,7 @@ def test_checkpoint_corrupt_refused_and_left_in_place(tmp_path, damage):
     assert sorted(p.name for p in step_dir.iterdir()) == files_before
 
 
-def test_checkpoint_manifest_tensor_mismatch_refused(tmp_path):
+def test_trainer_checkpoint_manifest_tensor_mismatch_refused(tmp_path):
     step_dir = save_checkpoint(tmp_path / "actor", "actor", 1, _actor_state())
     manifest = json.loads((step_dir / "manifest.json").read_text())
     manifest["tensors"]["embedding.weight"]["shape"] = [8, 16]
@@ -118,7 +123,7 @@ def test_checkpoint_manifest_tensor_mismatch_refused(tmp_path):
         load_checkpoint(step_dir, "actor")
 
 
-def test_checkpoint_weights_only_every_n_and_resume(tmp_path):
+def test_trainer_checkpoint_weights_only_every_n_and_resume(tmp_path):
     m = CheckpointManager.from_base(tmp_path, save_every=2)
     saved = [s for s in range(1, 6) if m.maybe_save(s, _actor_state(s), _critic_state(s))]
     assert saved == [2, 4]
@@ -131,11 +136,11 @@ def test_checkpoint_weights_only_every_n_and_resume(tmp_path):
     assert "value_head.weight" in critic and "value_head.weight" not in actor
 
 
-def test_checkpoint_resume_of_fresh_dir_is_none(tmp_path):
+def test_trainer_checkpoint_resume_of_fresh_dir_is_none(tmp_path):
     assert CheckpointManager.from_base(tmp_path / "new").resume() is None
 
 
-def test_checkpoint_warm_load_resolves_sibling(tmp_path):
+def test_trainer_checkpoint_warm_load_resolves_sibling(tmp_path):
     m = CheckpointManager.from_base(tmp_path / "prev")
     m.maybe_save(1, _actor_state(), _critic_state())
     m.maybe_save(2, _actor_state(), _critic_state())
@@ -148,15 +153,17 @@ def test_checkpoint_warm_load_resolves_sibling(tmp_path):
     assert manifest["role"] == "critic" and "value_head.weight" in state
 
 
-def test_checkpoint_warm_load_missing_is_clear(tmp_path):
+def test_trainer_checkpoint_warm_load_missing_is_clear(tmp_path):
     with pytest.raises(CheckpointError, match="no critic checkpoint"):
         resolve_warm_load(tmp_path / "nothing", "critic")
 
 
-def test_checkpoint_bad_role_and_step_named(tmp_path):
+def test_trainer_checkpoint_bad_role_and_step_named(tmp_path):
     with pytest.raises(ValueError, match="role"):
         save_checkpoint(tmp_path, "reference", 1, _actor_state())
     with pytest.raises(ValueError, match="step"):
         save_checkpoint(tmp_path / "actor", "actor", -1, _actor_state())
+    with pytest.raises(ValueError, match="weights-only"):
+        save_checkpoint(tmp_path / "actor", "actor", 1, {"opt": {"lr": 1.0}})
     with pytest.raises(ValueError, match="save_every"):
         CheckpointManager.from_base(tmp_path, save_every=0)

@@ -1,0 +1,85 @@
+"""One update of the critic and one of the actor (pure orchestration over rl core).
+
+T1 report, section 03: the critic runs first; its pre-update values feed
+both GAE and its own clipped value loss. The actor then recomputes old
+log-probs under the behaviour snapshot (done by the caller) and takes the
+clipped step. GRPO mode (SkyRL walkthrough, section 6): group-centred
+advantages, the DPPO binary-TV mask against the per-token rollout log-probs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rl.advantages import compute_gae, grpo_advantages
+from rl.losses import dppo_loss, ppo_clip_loss, reduce_loss, value_loss
+from rl.metrics import explained_variance
+from rl.trainer.batch import TrainBatch
+from rl.trainer.forward import actor_logprobs, critic_values
+from rl.trainer.optim import clip_and_step
+from rl.trainer.settings import TrainerSettings
+
+
+@dataclass
+class CriticUpdate:
+    """What the critic step hands to the actor step, plus its stats."""
+
+    advantages_BT: torch.Tensor
+    returns_BT: torch.Tensor
+    explained_variance: float  # of the pre-update values against the GAE returns
+    value_loss: float
+    grad_norm: float
+    value_clip_fraction: float
+
+
+@dataclass
+class ActorUpdate:
+    policy_loss: float
+    grad_norm: float
+    clip_fraction: float  # PPO: clipped-branch share; GRPO: DPPO TV-masked share
+    ratio_mean: float
+
+
+def critic_step(critic, optimizer, batch: TrainBatch, s: TrainerSettings) -> CriticUpdate:
+    """Pre-update values -> GAE; then ``ppo_epochs`` clipped value-loss steps anchored to them."""
+    mask_BT = batch.loss_mask_BT
+    with torch.no_grad():
+        old_values_BT = critic_values(critic, batch)
+    advantages_BT, returns_BT = compute_gae(batch.rewards_B, old_values_BT, mask_BT, s.gamma, s.lam)
+    ev = explained_variance(old_values_BT, returns_BT, mask_BT)
+    critic.train()
+    for _ in range(s.ppo_epochs):
+        loss_BT, stats = value_loss(critic_values(critic, batch), old_values_BT, returns_BT, mask_BT,
+                                    clip=s.value_clip)
+        loss = reduce_loss(loss_BT, mask_BT, s.loss_reduction, batch.prompt_ids)
+        loss.backward()
+        grad_norm = clip_and_step(critic, optimizer, s.grad_clip)
+    return CriticUpdate(advantages_BT, returns_BT, float(ev), float(loss.detach()), grad_norm,
+                        stats["clip_fraction"])
+
+
+def grpo_token_advantages(batch: TrainBatch) -> torch.Tensor:
+    """Group-centred advantage per trajectory (no std normalisation, as the walkthrough), ``[B]``."""
+    return grpo_advantages(batch.rewards_B, batch.group_ids, norm_by_std=False)
+
+
+def actor_step(actor, optimizer, batch: TrainBatch, advantages: torch.Tensor, old_logprobs_BT: torch.Tensor,
+               s: TrainerSettings) -> ActorUpdate:
+    """``ppo_epochs`` clipped steps: PPO against ``old_logprobs_BT``, or DPPO against the rollout's."""
+    mask_BT = batch.loss_mask_BT
+    actor.train()
+    for _ in range(s.ppo_epochs):
+        logprobs_BT = actor_logprobs(actor, batch, replay=s.r3)
+        if s.mode == "ppo":
+            loss_BT, stats = ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages, mask_BT,
+                                           s.clip_low, s.clip_high)
+            clip_fraction = stats["clip_fraction"]
+        else:
+            loss_BT, stats = dppo_loss(logprobs_BT, batch.rollout_logprobs_BT, advantages, mask_BT,
+                                       s.dppo_delta, s.dppo_delta)
+            clip_fraction = stats["tv_masked_fraction"]
+        loss = reduce_loss(loss_BT, mask_BT, s.loss_reduction, batch.prompt_ids)
+        loss.backward()
+        grad_norm = clip_and_step(actor, optimizer, s.grad_clip)
+    return ActorUpdate(float(loss.detach()), grad_norm, clip_fraction, stats["ratio_mean"])
