@@ -69,6 +69,9 @@ def decode_routed_experts(b64: str | None, num_layers: int, topk: int,
             "the rollout aborts rather than dropping the sample. Check that the engine runs with "
             "--enable-return-routed-experts and the request sets return_routed_experts",
             sample=sample, turn=turn, expected_rows=num_tokens)
+    if not isinstance(b64, str):
+        raise RoutingError(f"{where}: routed_experts must be a base64 string, got {type(b64).__name__}",
+                           sample=sample, turn=turn)
     try:
         raw = base64.b64decode(b64, validate=True)
     except (binascii.Error, ValueError) as exc:

@@ -251,8 +251,11 @@ class FinishReason:
         kind = _req(d, "type", w)
         if kind not in ("stop", "length", "abort"):
             raise ParseError(f"{w}.type: {kind!r} is not one of stop/length/abort", field=f"{w}.type")
-        status = d.get("status_code")
-        return cls(type=kind, matched=d.get("matched"),
+        status, matched = d.get("status_code"), d.get("matched")
+        if isinstance(matched, bool) or not isinstance(matched, (int, str, type(None))):
+            raise ParseError(f"{w}.matched: expected a token id, a stop string or null, got {matched!r}",
+                             field=f"{w}.matched")
+        return cls(type=kind, matched=matched,
                    length=None if d.get("length") is None else _int(d["length"], f"{w}.length"),
                    message=None if d.get("message") is None else _str(d["message"], f"{w}.message"),
                    status_code=None if status is None else _int(status, f"{w}.status_code"))
@@ -327,6 +330,23 @@ def _parse_logprobs(meta: dict, output_ids: tuple[int, ...]) -> tuple[float, ...
     return tuple(out)
 
 
+def _opt_str(v: Any, name: str) -> str | None:
+    return None if v is None else _str(v, name)
+
+
+def _parse_spans(spans: Any) -> tuple[WeightVersionSpan, ...]:
+    w = "meta_info.weight_versions"
+    if spans is None:
+        return ()
+    if not isinstance(spans, list):
+        raise ParseError(f"{w}: expected a list of {{version, start, end}} objects, got {type(spans).__name__}",
+                         field=w)
+    return tuple(WeightVersionSpan(version=_str(_req(s, "version", f"{w}[{i}]"), f"{w}[{i}].version"),
+                                   start=_int(_req(s, "start", f"{w}[{i}]"), f"{w}[{i}].start"),
+                                   end=_int(_req(s, "end", f"{w}[{i}]"), f"{w}[{i}].end"))
+                 for i, s in enumerate(spans))
+
+
 def parse_generate_response(payload: Any, request: GenerateRequest, *, num_moe_layers: int | None = None,
                             topk: int | None = None, num_experts: int | None = None) -> GenerateResponse:
     """Client side: validate a ``/generate`` body against the request that produced it.
@@ -342,16 +362,14 @@ def parse_generate_response(payload: Any, request: GenerateRequest, *, num_moe_l
     meta = _req(payload, "meta_info", "response")
     output_ids = _ids(_req(payload, "output_ids", "response"), "output_ids")
     finish = FinishReason.from_json(_req(meta, "finish_reason", "meta_info"))
-    spans = tuple(WeightVersionSpan(version=_str(_req(s, "version", "weight_versions[]"), "version"),
-                                    start=_int(_req(s, "start", "weight_versions[]"), "start"),
-                                    end=_int(_req(s, "end", "weight_versions[]"), "end"))
-                  for s in meta.get("weight_versions") or [])
+    spans = _parse_spans(meta.get("weight_versions"))
     base = dict(output_ids=output_ids, finish_reason=finish,
                 weight_version=_str(_req(meta, "weight_version", "meta_info"), "meta_info.weight_version"),
                 prompt_tokens=_int(_req(meta, "prompt_tokens", "meta_info"), "meta_info.prompt_tokens"),
                 completion_tokens=_int(_req(meta, "completion_tokens", "meta_info"),
                                        "meta_info.completion_tokens"),
-                rid=meta.get("id"), text=payload.get("text"), weight_versions=spans)
+                rid=_opt_str(meta.get("id"), "meta_info.id"), text=_opt_str(payload.get("text"), "text"),
+                weight_versions=spans)
     if finish.is_abort:
         return GenerateResponse(**base)
     if base["completion_tokens"] != len(output_ids):
