@@ -15,8 +15,6 @@ model-parallel RNG seeded. Both functions are idempotent.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 from datetime import timedelta
 
 import torch
@@ -104,12 +102,6 @@ def apply_cpu_shims() -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def init_single_process(backend: str = "gloo", seed: int = 1234, timeout_s: float = 60.0) -> None:
     """Make a world of 1 for megatron-core: process group, parallel state, RNG.
 
@@ -122,10 +114,11 @@ def init_single_process(backend: str = "gloo", seed: int = 1234, timeout_s: floa
 
     apply_cpu_shims()
     if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        # An in-process HashStore: no TCP port to collide with (a parent's
+        # MASTER_PORT leaks into child processes) and no environment edits.
         torch.distributed.init_process_group(
-            backend=backend, rank=0, world_size=1, timeout=timedelta(seconds=timeout_s)
+            backend=backend, store=torch.distributed.HashStore(), rank=0, world_size=1,
+            timeout=timedelta(seconds=timeout_s),
         )
     world_size = torch.distributed.get_world_size()
     if world_size != 1:
