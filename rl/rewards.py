@@ -123,7 +123,7 @@ def ctrf_reward(ctrf: Any, *, solved: bool | None = None, scale: float = DEFAULT
     0). Without ``solved`` a fallback scores 0.0 and ``detail`` says so.
     ``scale`` <= 0 or not finite, or a non-bool ``solved``: RewardError.
     """
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise RewardError(f"scale must be a finite number > 0 (the report uses {DEFAULT_SCALE}), got {scale!r}",
                           argument="scale")
     if solved is not None and not isinstance(solved, bool):
