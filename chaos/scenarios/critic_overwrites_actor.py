@@ -8,10 +8,12 @@ saved iteration held only a value head."
 Fault: the critic's args are ``copy.deepcopy`` of the actor's with only the
 head and learning rate changed, so ``save_dir`` is the same path.
 
-- Unguarded: both roles save through a role-agnostic writer (one
-  ``weights.pt`` per directory, like Megatron's); the actor saves, then the
-  critic. Observed: the actor's file checksum changed and the file now holds
-  a value head and no LM head.
+- Unguarded: both roles are built with the real model layer (``rl.model``:
+  megatron-core policy and critic) and saved through its role-agnostic
+  writer ``rl.model.save_weights`` (one ``weights.pt`` per directory, like
+  Megatron's); the actor saves, then the critic. Observed: the actor's file
+  changed checksum, its ``output_layer`` is now a 1-row value head, and
+  loading it into the actor fails.
 - Guarded: :class:`t1ops.guards.checkpoints.CheckpointManager` is built from
   the two configs *before* any model; it refuses the identical directories,
   so no model is built and nothing is written. A second line is also
@@ -28,11 +30,13 @@ from pathlib import Path
 import torch
 
 from chaos.harness import Guarded, Outcome, register
-from t1ops.errors import CheckpointRoleError
+from rl import model as rmodel
+from t1ops.errors import CheckpointError, CheckpointRoleError
 from t1ops.guards.checkpoints import (CheckpointManager, file_sha256, load_checkpoint, save_checkpoint,
                                       step_dir_name)
 
-_VOCAB, _HIDDEN = 32, 16
+_SPEC = rmodel.ModelSpec(num_layers=1, hidden_size=16, num_attention_heads=2, ffn_hidden_size=32, num_experts=4,
+                         moe_router_topk=2, moe_ffn_hidden_size=16, max_seq_len=32, vocab_size=32)
 
 
 @dataclass
@@ -45,20 +49,9 @@ class RoleArgs:
 
 
 def _build(args: RoleArgs, builds: list[str]) -> torch.nn.Module:
-    """A small stand-in with the two roles' distinguishing heads; records that it was built."""
+    """The real tiny megatron-core model of the role; records that it was built."""
     builds.append(args.head)
-    torch.manual_seed(0 if args.head == "lm" else 1)
-    out = _VOCAB if args.head == "lm" else 1
-    return torch.nn.ModuleDict({"embedding": torch.nn.Embedding(_VOCAB, _HIDDEN),
-                                f"{args.head}_head": torch.nn.Linear(_HIDDEN, out, bias=False)})
-
-
-def _role_agnostic_save(model: torch.nn.Module, save_dir: str) -> Path:
-    """What Megatron's writer does: the same file name whatever the role."""
-    path = Path(save_dir) / "weights.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), path)
-    return path
+    return rmodel.build_policy(_SPEC, 0) if args.head == "lm" else rmodel.build_critic(_SPEC, 1)
 
 
 def _configs(tmp: Path) -> tuple[RoleArgs, RoleArgs]:
@@ -71,13 +64,19 @@ def _configs(tmp: Path) -> tuple[RoleArgs, RoleArgs]:
 def _unguarded(tmp: Path) -> dict:
     actor_args, critic_args = _configs(tmp / "unguarded")
     builds: list[str] = []
-    actor_path = _role_agnostic_save(_build(actor_args, builds), actor_args.save_dir)
+    actor = _build(actor_args, builds)
+    actor_path = rmodel.save_weights(actor, actor_args.save_dir)  # role-agnostic: dir/weights.pt
     sha_before = file_sha256(actor_path)
-    _role_agnostic_save(_build(critic_args, builds), critic_args.save_dir)  # the critic saves last
-    keys = sorted(torch.load(actor_path, weights_only=True))
-    return {"save_dir": actor_args.save_dir, "same_dir": actor_args.save_dir == critic_args.save_dir, "sha_changed": file_sha256(actor_path) != sha_before,
-            "actor_file_keys": keys, "holds_value_head": "value_head.weight" in keys,
-            "lm_head_lost": "lm_head.weight" not in keys, "builds": builds}
+    rmodel.save_weights(_build(critic_args, builds), critic_args.save_dir)  # the critic saves last
+    head_rows = int(torch.load(actor_path, weights_only=True)["output_layer.weight"].shape[0])
+    try:
+        rmodel.load_weights(actor, actor_args.save_dir)
+        resume_error = ""
+    except CheckpointError as err:
+        resume_error = str(err).splitlines()[0][:200]
+    return {"save_dir": actor_args.save_dir, "same_dir": actor_args.save_dir == critic_args.save_dir,
+            "sha_changed": file_sha256(actor_path) != sha_before, "output_layer_rows": head_rows,
+            "holds_value_head": head_rows == 1, "actor_resume_error": resume_error, "builds": builds}
 
 
 def _guarded(tmp: Path) -> dict:
@@ -108,7 +107,8 @@ def _second_line(tmp: Path) -> dict:
         refused = True
     state, manifest = load_checkpoint(mgr.actor_dir / step_dir_name(1), "actor")
     return {"refused": refused, "actor_sha_unchanged": file_sha256(actor_step / "weights.pt") == sha,
-            "actor_still_lm": manifest["role"] == "actor" and "lm_head.weight" in state}
+            "actor_still_lm": manifest["role"] == "actor"
+            and state["output_layer.weight"].shape[0] == _SPEC.vocab_size}
 
 
 @register("critic-overwrites-actor", "a critic config deep-copied from the actor's saves over the actor")
@@ -117,9 +117,10 @@ def run(tmp: Path) -> Outcome:
     good = _guarded(tmp)
     second = _second_line(tmp)
     fired = bad["same_dir"] and bad["sha_changed"] and bad["holds_value_head"]
-    unguarded = (f"actor and critic shared save dir {bad['save_dir']}; after the "
-                 f"critic saved, the actor's weights.pt changed checksum and holds {bad['actor_file_keys']} "
-                 "(a value head, no LM head): the actor's weights are lost")
+    unguarded = (f"actor and critic shared save dir {bad['save_dir']}; after the critic saved, the actor's "
+                 f"weights.pt changed checksum and its output_layer has {bad['output_layer_rows']} row (a value "
+                 f"head, not the {_SPEC.vocab_size}-row LM head); resuming the actor fails: "
+                 f"{bad['actor_resume_error'] or 'it loaded'}")
     return Outcome(
         fault_fired=fired,
         unguarded=unguarded,
