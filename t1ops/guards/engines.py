@@ -82,7 +82,7 @@ class _Ticket:
 @dataclass
 class _Slot:
     index: int
-    handle: EngineHandle
+    handle: EngineHandle | None  # None while the factory is still starting the engine
     started_at: float
     status: Status = "starting"
     consecutive_failures: int = 0
@@ -128,12 +128,13 @@ def spawn_factory(spawn: Callable[[int], subprocess.Popen], http: Any, *, host: 
 class EnginePool:
     """Engines behind one ``generate`` call, guarded as the module docstring says.
 
-    ``version`` is the weight version the engines start with; ``checkpoint_dir``
+    ``version`` is the weight version the engines start with (SGLang's default
+    is ``"default"``); ``checkpoint_dir``
     (optional) is loaded into an engine that starts at another version.
     ``clock`` is injectable for tests (monotonic seconds).
     """
 
-    def __init__(self, factory: EngineFactory, cfg: EngineConfig, *, version: str = "0",
+    def __init__(self, factory: EngineFactory, cfg: EngineConfig, *, version: str = "default",
                  checkpoint_dir: str | None = None, clock: Callable[[], float] = time.monotonic,
                  max_concurrency: int = 64) -> None:
         self.factory, self.cfg, self.clock = factory, cfg, clock
@@ -145,15 +146,21 @@ class EnginePool:
         self._tickets = itertools.count()
         self._gen_pool = cf.ThreadPoolExecutor(max_concurrency, thread_name_prefix="engine-gen")
         self._ping_pool = cf.ThreadPoolExecutor(max(4, cfg.num_engines), thread_name_prefix="engine-ping")
+        self._spawner = cf.ThreadPoolExecutor(max(2, cfg.num_engines), thread_name_prefix="engine-spawn")
         self._stop = threading.Event()
         self._pinger: threading.Thread | None = None
 
     # --- lifecycle -----------------------------------------------------------------
     def start(self, *, pinger: bool = True) -> None:
-        """Start ``cfg.num_engines`` engines and (by default) the background pinger."""
+        """Start ``cfg.num_engines`` engines concurrently, then (by default) the background pinger.
+
+        Returns once every factory call has returned (or failed: that slot is dead);
+        engines join rotation when the pinger admits them (:meth:`wait_until_live`).
+        """
         with self._cond:
-            for i in range(self.cfg.num_engines):
-                self._slots.append(_Slot(index=i, handle=self.factory(i), started_at=self.clock()))
+            self._slots = [_Slot(index=i, handle=None, started_at=self.clock())
+                           for i in range(self.cfg.num_engines)]
+        cf.wait([self._spawner.submit(self._spawn_into, i) for i in range(self.cfg.num_engines)])
         if pinger:
             self._pinger = threading.Thread(target=self._ping_loop, name="engine-pinger", daemon=True)
             self._pinger.start()
@@ -177,8 +184,9 @@ class EnginePool:
         self._stop.set()
         if self._pinger is not None:
             self._pinger.join(timeout=self.cfg.request_timeout_s * self.cfg.request_attempts + 5)
+        self._spawner.shutdown(wait=True, cancel_futures=True)
         for s in self._slots:
-            _kill(s.handle.process)
+            _kill(s.handle.process if s.handle else None)
         self._gen_pool.shutdown(wait=False, cancel_futures=True)
         self._ping_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -189,9 +197,25 @@ class EnginePool:
         return ", ".join(f"engine {s.index} {s.status}" + (f" ({s.dead_reason})" if s.dead_reason else "")
                          for s in self._slots)
 
-    def slot(self, index: int) -> EngineHandle:
-        """The current handle of slot ``index`` (a recreated engine gets a new handle)."""
+    def slot(self, index: int) -> EngineHandle | None:
+        """The current handle of slot ``index`` (a recreated engine gets a new one; None while starting)."""
         return self._slots[index].handle
+
+    def _spawn_into(self, index: int) -> None:
+        """Run the factory for slot ``index`` (spawner thread); the pinger admits the engine later."""
+        try:
+            handle = self.factory(index)
+        except Exception as err:  # any start failure is this slot's failure: reported, retried next sync
+            self._declare_dead(self._slots[index], f"start failed: {type(err).__name__}: {err}")
+            return
+        if self._stop.is_set():
+            _kill(handle.process)
+            return
+        with self._cond:
+            s = self._slots[index]
+            s.handle, s.started_at = handle, self.clock()
+        telemetry.event("engine.started", slot=index, url=handle.url,
+                        pid=handle.process.pid if handle.process else None)
 
     # --- health ----------------------------------------------------------------------
     def _ping_loop(self) -> None:
@@ -203,7 +227,7 @@ class EnginePool:
         futures = []
         with self._cond:
             for s in self._slots:
-                if s.status != "dead" and not s.ping_pending and not self._syncing:
+                if s.status != "dead" and s.handle is not None and not s.ping_pending and not self._syncing:
                     s.ping_pending = True
                     futures.append(self._ping_pool.submit(self._ping, s))
         if wait:
@@ -241,7 +265,7 @@ class EnginePool:
                                   f"(threshold {self.cfg.failure_threshold}); last: {err[:200]}")
 
     def _exited(self, s: _Slot) -> bool:
-        proc = s.handle.process
+        proc = s.handle.process if s.handle else None
         if proc is not None and proc.poll() is not None:
             code = proc.returncode
             how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
@@ -282,10 +306,11 @@ class EnginePool:
             self._cond.notify_all()
         for t in tickets:
             t.wake.set()  # callers abandon the call and resubmit
-        _kill(s.handle.process)
+        _kill(s.handle.process if s.handle else None)
         telemetry.count("engine.dead", slot=s.index)
         telemetry.gauge("engine.live", len(self.live_slots()))
-        telemetry.event("engine.dead", severity="error", slot=s.index, url=s.handle.url, reason=reason,
+        telemetry.event("engine.dead", severity="error", slot=s.index, url=s.handle.url if s.handle else None,
+                        reason=reason,
                         num_in_flight=len(tickets), age_s=round(self.clock() - s.started_at, 3))
 
     # --- generation --------------------------------------------------------------------
@@ -441,17 +466,17 @@ class EnginePool:
                             waited_s=limit_s)
 
     def _recreate_dead(self) -> tuple[int, ...]:
+        """Start a replacement for every dead slot (in the background; admitted by the pinger)."""
         recreated = []
-        for s in list(self._slots):
-            if s.status != "dead":
+        for old in list(self._slots):
+            if old.status != "dead":
                 continue
-            handle = self.factory(s.index)
             with self._cond:
-                self._slots[s.index] = _Slot(index=s.index, handle=handle, started_at=self.clock())
-            recreated.append(s.index)
-            telemetry.count("engine.recreated", slot=s.index)
-            telemetry.event("engine.recreated", severity="warning", slot=s.index, url=handle.url,
-                            previous=s.dead_reason[:200])
+                self._slots[old.index] = _Slot(index=old.index, handle=None, started_at=self.clock())
+            self._spawner.submit(self._spawn_into, old.index)
+            recreated.append(old.index)
+            telemetry.count("engine.recreated", slot=old.index)
+            telemetry.event("engine.recreated", severity="warning", slot=old.index, previous=old.dead_reason[:200])
         return tuple(recreated)
 
 

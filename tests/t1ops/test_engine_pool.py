@@ -1,126 +1,56 @@
-"""EnginePool against real engine processes: pings, grace, SIGKILL, resubmission, the barrier."""
+"""EnginePool against real embedded engines: pings, grace, SIGKILL, resubmission, the barrier.
+
+Engine processes are real (``rl.engines.embedded.spawn``: megatron-core MoE on CPU),
+so these tests are few and each covers a whole story; pool logic that needs no
+process (resubmission budget) runs against an httpx MockTransport.
+"""
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from rl.engines import protocol as P
+from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, InputError
-from t1ops.guards.engines import EnginePool, spawn_factory
+from t1ops.guards.engines import EngineHandle, EnginePool, spawn_factory
 from t1ops.guards.http import BoundedHttp
 
-STANDIN = Path(__file__).with_name("engine_standin.py")
-L, K = 2, 2
+pytestmark = pytest.mark.slow
 
 
-def spawn_standin(port: int, token_delay_s: float = 0.02) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(STANDIN), str(port), "--token-delay-s", str(token_delay_s)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+@pytest.fixture(scope="module")
+def spec():
+    from rl.model import ModelSpec
+    return ModelSpec(vocab_size=512, max_seq_len=128)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(spec, tmp_path_factory) -> str:
+    """A real actor checkpoint (other seed than the engines' initial weights)."""
+    from rl.model import build_policy, weights_state_dict
+    from t1ops.guards.checkpoints import save_checkpoint
+    role_dir = tmp_path_factory.mktemp("ckpt") / "actor"
+    return str(save_checkpoint(role_dir, "actor", 1, weights_state_dict(build_policy(spec, seed=1))))
 
 
 def _cfg(**kw) -> EngineConfig:
-    base = dict(num_engines=2, health_interval_s=0.2, failure_threshold=2, warmup_grace_s=30.0,
-                request_timeout_s=0.5, request_attempts=2, retry_backoff_s=0.01, generate_timeout_s=20.0,
+    base = dict(num_engines=2, health_interval_s=0.5, failure_threshold=2, warmup_grace_s=30.0,
+                request_timeout_s=2.0, request_attempts=2, retry_backoff_s=0.05, generate_timeout_s=120.0,
                 max_resubmits=2)
     base.update(kw)
     return EngineConfig(**base)
 
 
-@pytest.fixture
-def make_pool():
-    pools = []
-
-    def make(cfg: EngineConfig, *, pinger: bool = True, spawn=spawn_standin, wait: bool = True,
-             clock=None) -> EnginePool:
-        http = BoundedHttp.from_config(cfg)
-        pool = EnginePool(spawn_factory(spawn, http, num_moe_layers=L, topk=K), cfg,
-                          **({"clock": clock} if clock else {}))
-        pools.append(pool)
-        pool.start(pinger=pinger)
-        if wait:
-            pool.wait_until_live(timeout_s=30)
-        return pool
-    yield make
-    for p in pools:
-        p.close()
-
-
-def _req(rid: str, n: int = 4) -> P.GenerateRequest:
-    return P.GenerateRequest(input_ids=(1, 2, 3), sampling_params=P.SamplingParams(max_new_tokens=n),
-                             return_routed_experts=True, rid=rid)
-
-
-def test_generate_then_barrier_publishes_and_rotates_inside(make_pool, tmp_path):
-    pool = make_pool(_cfg())
-    first = pool.generate(_req("a"))
-    assert first.weight_version == "0" and first.routed_experts_RLK.shape == (3 + 4 - 1, L, K)
-    seen = {}
-
-    def rotate(version: str) -> None:  # must run with the gate closed and nothing in flight
-        seen.update(version=version, gate_open=pool._gate_open,
-                    in_flight=sum(len(s.in_flight) for s in pool._slots),
-                    engine_versions=[pool.slot(i).client.weight_version() for i in pool.live_slots()])
-    report = pool.sync_weights(str(tmp_path), "1", rotate)
-    assert seen == {"version": "1", "gate_open": False, "in_flight": 0, "engine_versions": ["1", "1"]}
-    assert report.live_slots == (0, 1) and report.recreated_slots == ()
-    assert pool.generate(_req("b")).weight_version == "1"
-    with pytest.raises(InputError, match="must be new"):
-        pool.sync_weights(str(tmp_path), "1")
-
-
-def test_barrier_aborts_in_flight_and_resubmits_under_the_new_version(make_pool, tmp_path):
-    pool = make_pool(_cfg(num_engines=1))
-    results = []
-    t = threading.Thread(target=lambda: results.append(pool.generate(_req("long", n=40))))
-    t.start()
-    while not any(s.in_flight for s in pool._slots):
-        threading.Event().wait(0.01)
-    threading.Event().wait(0.1)  # the request is generating
-    report = pool.sync_weights(str(tmp_path), "1")
-    t.join(timeout=20)
-    assert report.num_aborted_in_flight == 1
-    assert len(results) == 1 and results[0].weight_version == "1" and len(results[0].output_ids) == 40
-    assert not results[0].spans_versions
-
-
-def test_sigkill_mid_rollout_loses_nothing_and_recreates_at_sync(make_pool, tmp_path):
-    pool = make_pool(_cfg())
-    victim = pool.slot(0).process
-    results, errors = [], []
-
-    def work(i):
-        try:
-            results.append(pool.generate(_req(f"r{i}", n=25)))
-        except Exception as e:  # recorded: the test asserts there are none
-            errors.append(e)
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
-    for th in threads:
-        th.start()
-    while not pool._slots[0].in_flight:
-        threading.Event().wait(0.01)
-    os.kill(victim.pid, signal.SIGKILL)
-    for th in threads:
-        th.join(timeout=30)
-    assert not errors and len(results) == 6
-    assert pool.live_slots() == [1]
-    dead = [e for e in telemetry.recent_events("engine.dead") if e["url"] == pool.slot(0).url]
-    assert dead and "signal 9" in dead[-1]["reason"]
-    report = pool.sync_weights(str(tmp_path), "1")
-    assert report.recreated_slots == (0,) and pool.slot(0).process.pid != victim.pid
-    pool.wait_until_live(timeout_s=30)
-    assert pool.slot(0).client.weight_version() == "1"  # the replacement loaded the new checkpoint
-
-
 class FakeClock:
-    """Monotonic seconds the test moves by hand: the grace window is a clock reading, not a sleep."""
+    """Monotonic seconds moved by hand: the grace window is a clock reading, not a sleep."""
 
     def __init__(self):
         self.now = 1000.0
@@ -129,10 +59,102 @@ class FakeClock:
         return self.now
 
 
-def test_warmup_grace_keeps_a_frozen_engine_then_expires(make_pool):
+@pytest.fixture
+def make_pool(spec, tmp_path):
+    from rl.engines.embedded import spawn
+    pools = []
+
+    def make(cfg: EngineConfig, *, pinger: bool = True, clock=time.monotonic) -> EnginePool:
+        http = BoundedHttp.from_config(cfg)
+        factory = spawn_factory(lambda port: spawn(port, spec, log_path=tmp_path / f"engine-{port}.log"), http,
+                                num_moe_layers=spec.num_layers, topk=spec.moe_router_topk,
+                                num_experts=spec.num_experts)
+        pool = EnginePool(factory, cfg, clock=clock)
+        pools.append(pool)
+        pool.start(pinger=pinger)
+        return pool
+    yield make
+    for p in pools:
+        p.close()
+
+
+def _req(rid: str, n: int = 4) -> P.GenerateRequest:
+    return P.GenerateRequest(input_ids=(5, 6, 7), sampling_params=P.SamplingParams(max_new_tokens=n),
+                             return_routed_experts=True, rid=rid)
+
+
+def _wait_for(pred, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_sigkill_resubmit_barrier_recreate(make_pool, checkpoint, spec):
+    cfg = _cfg()
+    pool = make_pool(cfg)
+    pool.wait_until_live(timeout_s=120)
+    first = pool.generate(_req("first"))
+    assert first.weight_version == "default"
+    assert first.routed_experts_RLK.shape == (3 + 4 - 1, spec.num_layers, spec.moe_router_topk)
+
+    # SIGKILL engine 0 mid-rollout: nothing lost, detected within two ping intervals.
+    victim = pool.slot(0).process
+    results, errors = [], []
+
+    def work(i: int) -> None:
+        try:
+            results.append(pool.generate(_req(f"r{i}", n=12)))
+        except Exception as e:  # recorded: asserted empty below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for th in threads:
+        th.start()
+    _wait_for(lambda: pool._slots[0].in_flight)
+    killed_at = time.time()
+    os.kill(victim.pid, signal.SIGKILL)
+    for th in threads:
+        th.join(timeout=120)
+    assert not errors and len(results) == 6 and all(len(r.output_ids) == 12 for r in results)
+    assert pool.live_slots() == [1]
+    dead = telemetry.recent_events("engine.dead")[-1]
+    assert "signal 9" in dead["reason"] and dead["time"] - killed_at < 2 * cfg.health_interval_s
+
+    # The barrier: a request in flight is aborted and resubmitted under the new version.
+    held = []
+    t = threading.Thread(target=lambda: held.append(pool.generate(_req("held", n=40))))
+    t.start()
+    _wait_for(lambda: pool._slots[1].in_flight)
+    _wait_for(lambda: not pool.slot(1).client.flush_cache())  # SGLang refuses a flush while requests run
+    seen = {}
+
+    def rotate(version: str) -> None:
+        seen.update(version=version, gate_open=pool._gate_open,
+                    in_flight=sum(len(s.in_flight) for s in pool._slots),
+                    engine_version=pool.slot(1).client.weight_version())
+    report = pool.sync_weights(checkpoint, "1", rotate)
+    t.join(timeout=120)
+    assert seen == {"version": "1", "gate_open": False, "in_flight": 0, "engine_version": "1"}
+    assert report.recreated_slots == (0,) and report.num_aborted_in_flight == 1
+    assert held[0].weight_version == "1" and not held[0].spans_versions and len(held[0].output_ids) == 40
+    with pytest.raises(InputError, match="must be new"):
+        pool.sync_weights(checkpoint, "1")
+
+    # The replacement joins at the new version.
+    pool.wait_until_live(2, timeout_s=120)
+    assert pool.slot(0).process.pid != victim.pid and pool.slot(0).client.weight_version() == "1"
+    assert {pool.generate(_req(f"after{i}")).weight_version for i in range(2)} == {"1"}
+
+    # An engine whose weights change behind the pool's back is taken out, its request resubmitted.
+    pool.slot(1).client.update_weights_from_disk(checkpoint, "9")
+    assert {pool.generate(_req(f"v{i}")).weight_version for i in range(3)} == {"1"}
+    assert pool.live_slots() == [0] and "missed a weight sync" in pool._slots[1].dead_reason
+
+
+def test_warmup_grace_then_threshold(make_pool):
     clock = FakeClock()
-    pool = make_pool(_cfg(num_engines=1, warmup_grace_s=60.0, request_attempts=1, request_timeout_s=0.3),
-                     pinger=False, wait=False, clock=clock)
+    pool = make_pool(_cfg(num_engines=1, warmup_grace_s=60.0, request_attempts=1, request_timeout_s=0.5),
+                     pinger=False, clock=clock)
     proc = pool.slot(0).process
     os.kill(proc.pid, signal.SIGSTOP)  # frozen as in a first compile
     try:
@@ -142,13 +164,13 @@ def test_warmup_grace_keeps_a_frozen_engine_then_expires(make_pool):
         assert telemetry.recent_events("engine.ping_missed_in_grace")[-1]["grace_s"] == 60.0
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-    for _ in range(100):  # the process needs a moment to start serving once continued
+
+    def thawed() -> bool:  # the thawed engine first drains the pings queued while it was stopped
         pool.ping_round()
-        if pool.live_slots():
-            break
-        threading.Event().wait(0.05)
-    assert pool.live_slots() == [0]
-    clock.now += 61  # grace over: misses now count
+        return pool.live_slots() == [0]
+    _wait_for(thawed)
+
+    clock.now += 61  # grace over: misses count toward the threshold
     os.kill(proc.pid, signal.SIGSTOP)
     pool.ping_round()
     assert pool._slots[0].consecutive_failures == 1 and pool._slots[0].status == "live"
@@ -157,30 +179,27 @@ def test_warmup_grace_keeps_a_frozen_engine_then_expires(make_pool):
     assert proc.wait(timeout=10) == -signal.SIGKILL  # the pool killed the hung process
 
 
-def test_request_fails_loudly_when_resubmits_run_out(make_pool):
-    pool = make_pool(_cfg(num_engines=1, max_resubmits=0))
-    proc = pool.slot(0).process
-    out = []
-    t = threading.Thread(target=lambda: out.append(_catch(lambda: pool.generate(_req("x", n=200)))))
-    t.start()
-    while not pool._slots[0].in_flight:
-        threading.Event().wait(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    t.join(timeout=20)
-    assert isinstance(out[0], EngineDeadError) and "max_resubmits 0" in str(out[0])
+def _fake_engine(url: str, calls: list[str]) -> EngineHandle:
+    """An engine that is healthy but drops every /generate connection."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(f"{url}{request.url.path}")
+        if request.url.path == P.GENERATE:
+            raise httpx.RemoteProtocolError("server disconnected", request=request)
+        if request.url.path == P.MODEL_INFO:
+            return httpx.Response(200, json={"weight_version": "default"})
+        return httpx.Response(200)
+    http = BoundedHttp(timeout_s=1, attempts=1, generate_timeout_s=1,
+                       client=httpx.Client(transport=httpx.MockTransport(handler)))
+    return EngineHandle(url=url, client=EngineClient(url, http))
 
 
-def test_engine_that_missed_a_sync_is_taken_out(make_pool):
-    pool = make_pool(_cfg())
-    pool.slot(1).client.update_weights_from_disk("/elsewhere", "9")  # behind the pool's back
-    for i in range(4):
-        assert pool.generate(_req(f"v{i}")).weight_version == "0"
-    assert pool.live_slots() == [0]
-    assert "missed a weight sync" in pool._slots[1].dead_reason
-
-
-def _catch(fn):
-    try:
-        return fn()
-    except Exception as e:  # returned for the assertion
-        return e
+def test_request_fails_loudly_when_resubmits_run_out():
+    calls: list[str] = []
+    pool = EnginePool(lambda i: _fake_engine(f"http://e{i}", calls), _cfg(max_resubmits=1))
+    pool.start(pinger=False)
+    pool.ping_round()
+    assert pool.live_slots() == [0, 1]
+    with pytest.raises(EngineDeadError, match=r"failed on 2 engines \(max_resubmits 1\)"):
+        pool.generate(_req("doomed"))
+    assert sorted(c for c in calls if c.endswith("/generate")) == ["http://e0/generate", "http://e1/generate"]
+    pool.close()
