@@ -15,6 +15,8 @@ defences, each usable alone:
 """
 from __future__ import annotations
 
+import errno
+import os
 import resource
 import threading
 import time
@@ -87,12 +89,24 @@ class FdUsage:
 
 
 def fd_usage(pid: int | None = None) -> FdUsage:
-    """Open fds and soft nofile limit of ``pid`` (default: this process)."""
-    proc = psutil.Process(pid)
-    soft, _hard = proc.rlimit(psutil.RLIMIT_NOFILE)
+    """Open fds and soft nofile limit of ``pid`` (default: this process).
+
+    Reading ``/proc`` needs an fd: when *this* process's table is full that
+    fails with EMFILE, which is itself the answer, reported as this process
+    at its soft limit (``num_open == soft_limit``).
+    """
+    try:
+        proc = psutil.Process(pid)
+        soft, _hard = proc.rlimit(psutil.RLIMIT_NOFILE)
+        num_open = proc.num_fds()
+    except OSError as err:
+        if err.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return FdUsage(pid=os.getpid(), num_open=soft, soft_limit=soft)
     if soft == resource.RLIM_INFINITY:
         soft = 2 ** 31 - 1
-    return FdUsage(pid=proc.pid, num_open=proc.num_fds(), soft_limit=soft)
+    return FdUsage(pid=proc.pid, num_open=num_open, soft_limit=soft)
 
 
 class FdGuard:

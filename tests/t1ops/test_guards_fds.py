@@ -146,3 +146,11 @@ def test_stall_detector_rejects_bad_input():
 def test_doctor_shows_fd_usage():
     c = fds.fd_usage_check()
     assert c.name == "fd_usage" and "hard=" in c.detail and f"pid {os.getpid()}" in c.detail
+
+
+def test_fd_usage_reports_a_full_table_as_at_the_limit():
+    out = _child("import json, os\nfrom t1ops.guards.fds import fd_usage\nheld = []\n"
+                 "while True:\n    try:\n        held.append(os.open(os.devnull, os.O_RDONLY))\n"
+                 "    except OSError:\n        break\n"
+                 "u = fd_usage()\nprint(json.dumps([u.num_open, u.soft_limit]))", soft=32)
+    assert out == [32, 32]
