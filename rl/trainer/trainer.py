@@ -148,6 +148,20 @@ class Trainer:
     def critic_state(self) -> dict[str, torch.Tensor] | None:
         return None if self.critic is None else self.critic.state_dict()
 
+    def warm_load(self, *, actor_state: Mapping[str, torch.Tensor] | None = None,
+                  critic_state: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Start from another run's weights (either role or both); the step count stays at 0,
+        so ``critic_warmup_steps`` recalibrate a warm-loaded critic (report: 2 steps)."""
+        if actor_state is None and critic_state is None:
+            raise InputError("warm_load needs actor_state, critic_state or both", argument="actor_state")
+        if actor_state is not None:
+            self.actor.load_state_dict(actor_state)
+        if critic_state is not None:
+            if self.critic is None:
+                raise InputError("GRPO mode has no critic to warm-load", argument="critic_state")
+            self.critic.load_state_dict(critic_state)
+        self._behaviour = None
+
     def load_weights(self, actor_state: Mapping[str, torch.Tensor],
                      critic_state: Mapping[str, torch.Tensor] | None, step: int) -> None:
         """Resume from weights only (the report's checkpoints carry no optimizer state)."""

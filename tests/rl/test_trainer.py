@@ -105,8 +105,7 @@ def test_trainer_r3_lowers_logprob_gap_bf16_sampler_fp32_trainer():
     sampler = build_policy(SPEC, 0, dtype=torch.bfloat16)
     sampler.load_state_dict(actor.state_dict())  # same weights, other numerics (as SGLang vs Megatron)
     g = torch.Generator().manual_seed(0)
-    prompts = _prompts(g, 16)
-    seqs = sample_responses(sampler, prompts, 14, generator=g)
+    seqs = sample_responses(sampler, _prompts(g, 32), 14, generator=g)  # ~1000 routing rows: flips occur
     ids = list(range(len(seqs)))
     batch = rollout_batch(sampler, seqs, [PROMPT_LEN] * len(seqs), [0.0] * len(seqs), ids, ids)
     gap = measure_routing_gap(actor, batch)
@@ -196,6 +195,18 @@ def test_trainer_resume_from_weights_checkpoint(tmp_path):
         assert torch.equal(actor_logprobs(fresh.actor, batch, replay=True),
                            actor_logprobs(trainer.actor, batch, replay=True))
         assert torch.equal(critic_values(fresh.critic, batch), critic_values(trainer.critic, batch))
+
+
+def test_trainer_warm_load_critic_only_then_warmup():
+    donor = Trainer(SPEC, TrainerSettings(mode="ppo"), seed=3)
+    trainer = Trainer(SPEC, TrainerSettings(mode="ppo", critic_warmup_steps=2), seed=0)
+    actor0 = copy_state(trainer.actor_state())
+    trainer.warm_load(critic_state=donor.critic_state())
+    assert not _moved(trainer.critic_state(), donor.critic_state()) and not _moved(trainer.actor_state(), actor0)
+    stats = trainer.train_step(_toy_batch(trainer.actor, torch.Generator().manual_seed(8), 4, 1))
+    assert stats.step == 1 and not stats.actor_updated
+    with pytest.raises(ValueError, match="no critic"):
+        Trainer(SPEC, TrainerSettings(mode="grpo"), seed=0).warm_load(critic_state=donor.critic_state())
 
 
 def test_trainer_settings_mirror_trainer_config():
