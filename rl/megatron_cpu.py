@@ -8,6 +8,10 @@ files are never edited (STYLE.md 9). Each shim says why it exists, and
 ``tests/rl/test_megatron_cpu.py`` fails if an upgrade makes one unnecessary
 or insufficient.
 
+Two more CUDA paths are avoided by the callers instead of patched:
+``rl.model`` passes its own causal attention mask (megatron's default one is
+built with ``device="cuda"``) and builds without linear biases.
+
 ``init_single_process()`` makes the gloo world of 1 that megatron's
 parallel_state needs, with tensor/pipeline parallel size 1 and the
 model-parallel RNG seeded. Both functions are idempotent.

@@ -40,7 +40,6 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from rl.errors import CheckpointError, InputError, RoutingError
@@ -181,9 +180,10 @@ def _check_ids(model, ids_BT: torch.Tensor, name: str = "ids_BT") -> None:
 
 def _model_inputs(ids_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     num_positions = ids_BT.shape[1]
-    position_ids_BT = torch.arange(num_positions).unsqueeze(0).expand_as(ids_BT)
+    device = ids_BT.device
+    position_ids_BT = torch.arange(num_positions, device=device).unsqueeze(0).expand_as(ids_BT)
     # megatron's default causal mask is built on "cuda"; pass our own (True = masked).
-    mask_11TT = torch.triu(torch.ones(num_positions, num_positions, dtype=torch.bool), 1)
+    mask_11TT = torch.triu(torch.ones(num_positions, num_positions, dtype=torch.bool, device=device), 1)
     return ids_BT.long(), position_ids_BT, mask_11TT.view(1, 1, num_positions, num_positions)
 
 

@@ -155,3 +155,34 @@ def test_pause_abort_and_abort_request(setup) -> None:
 def test_over_budget_request_is_refused(setup) -> None:
     resp = setup["http"].post(setup["url"] + "/generate", json=_request(SPEC.max_seq_len).to_json())
     assert resp.status_code == 400 and "context window" in resp.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_cli_serve_smoke() -> None:
+    """`t1ops engine serve` starts a healthy fp32 engine with a random init."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    spec = ModelSpec(num_layers=1, hidden_size=32, num_attention_heads=2, ffn_hidden_size=32, num_experts=4,
+                     moe_router_topk=2, moe_ffn_hidden_size=16, max_seq_len=32, vocab_size=300)
+    port = free_port()
+    cli = Path(sys.executable).with_name("t1ops")  # the console script installed with the package
+    command = [str(cli), "engine", "serve", "--port", str(port), "--dtype", "fp32",
+               "--spec-json", json.dumps(spec.to_dict())]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(1200):
+            assert proc.poll() is None, "t1ops engine serve exited during startup"
+            try:
+                info = httpx.get(url + "/model_info", timeout=2.0).json()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert info["dtype"] == "float32" and info["spec"]["vocab_size"] == 300
+        assert info["weight_version"] == "default"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
