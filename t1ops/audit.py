@@ -34,7 +34,9 @@ on ~99.9% of trajectories.
 from __future__ import annotations
 
 import json
+import struct
 import zipfile
+import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,29 +64,74 @@ def write_trajectory(traj: Trajectory, dump_dir: Path, **extra_meta) -> Path:
     return path
 
 
-def read_trajectory(path: Path) -> Trajectory:
-    """Read one dump file; a malformed file is a ParseError naming the file and the key."""
+#: What a corrupt, truncated or hostile npz raises from numpy, zipfile and zlib.
+_CORRUPT = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError,
+            struct.error)
+#: dtype kinds each array may have (i/u: integers, b: bool, f: float).
+_KINDS = {"tokens": "iu", "loss_mask": "iub", "rollout_logprobs": "f", "engine_tokens": "iu", "origin": "iu",
+          "policy_version": "iu", "routing": "iu"}
+
+
+def _load_members(path: Path) -> dict[str, np.ndarray]:
+    """Every array and ``meta`` of a dump file, loaded without pickles; ParseError naming the member."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in ARRAY_KEYS + ("meta",) if k not in z.files]
-            if missing:
-                raise ParseError(f"{path}: dump file lacks {missing}; see t1ops/audit.py for the format",
-                                 path=str(path), missing=missing)
-            arrays = {k: z[k] for k in ARRAY_KEYS}
-            meta = json.loads(str(z["meta"]))
-    except (OSError, ValueError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
-        if isinstance(exc, ParseError):
-            raise
+        z = np.load(path, allow_pickle=False)
+    except _CORRUPT as exc:
         raise ParseError(f"{path}: not a readable trajectory dump ({exc})", path=str(path)) from None
-    routing = arrays.pop("routing")
-    traj = Trajectory(**arrays, routing=routing if routing.ndim == 3 else None, meta=meta)
-    n = len(traj)
-    for key in ARRAY_KEYS:
-        arr = getattr(traj, key)
-        if arr is not None and arr.shape[0] != n:
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ParseError(f"{path}: a single .npy array, not an npz trajectory dump; see t1ops/audit.py for "
+                         "the format", path=str(path))
+    with z:
+        missing = [k for k in ARRAY_KEYS + ("meta",) if k not in z.files]
+        if missing:
+            raise ParseError(f"{path}: dump file lacks {missing}; see t1ops/audit.py for the format",
+                             path=str(path), missing=missing)
+        members = {}
+        for key in ARRAY_KEYS + ("meta",):
+            try:
+                members[key] = z[key]
+            except _CORRUPT as exc:
+                raise ParseError(f"{path}: member {key!r} is unreadable ({exc}); the file is corrupt or holds "
+                                 "pickled objects, which are never loaded", path=str(path), key=key) from None
+    return members
+
+
+def _parse_meta(path: Path, meta: np.ndarray) -> dict:
+    if meta.ndim != 0 or meta.dtype.kind != "U":
+        raise ParseError(f"{path}: meta must be a 0-d JSON string, got dtype {meta.dtype} shape {meta.shape}",
+                         path=str(path), key="meta")
+    try:
+        out = json.loads(str(meta))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ParseError(f"{path}: meta is not valid JSON ({exc})", path=str(path), key="meta") from None
+    rels = out.get("relations", []) if isinstance(out, dict) else None
+    if not isinstance(rels, list) or not all(isinstance(r, str) and r in RELATIONS for r in rels):
+        raise ParseError(f"{path}: meta must be a JSON object whose 'relations' is a list of {RELATIONS}, "
+                         f"got {str(meta)[:120]!r}", path=str(path), key="meta")
+    return out
+
+
+def read_trajectory(path: Path) -> Trajectory:
+    """Read one dump file; a malformed file is a ParseError naming the file and the key.
+
+    Every array must be 1-D of its documented dtype kind and as long as
+    ``tokens`` (``routing``: (N, L, K), or shape (0,) without R3); ``meta``
+    a JSON object. Pickled members are refused, never loaded.
+    """
+    arrays = _load_members(path)
+    meta = _parse_meta(path, arrays.pop("meta"))
+    for key, arr in arrays.items():
+        no_r3 = key == "routing" and arr.shape == (0,)
+        ndim = 3 if key == "routing" and not no_r3 else 1
+        if arr.dtype.kind not in _KINDS[key] or arr.ndim != ndim:
+            raise ParseError(f"{path}: {key} has dtype {arr.dtype} and shape {arr.shape}; expected a "
+                             f"{ndim}-D array of dtype kind {_KINDS[key]!r}", path=str(path), key=key)
+        n = arrays["tokens"].shape[0]
+        if arr.shape[0] != n and not no_r3:
             raise ParseError(f"{path}: {key} has {arr.shape[0]} entries, tokens has {n}; "
                              "the arrays of a dump must be aligned", path=str(path), key=key)
-    return traj
+    routing = arrays.pop("routing")
+    return Trajectory(**arrays, routing=routing if routing.ndim == 3 else None, meta=meta)
 
 
 @dataclass
