@@ -136,6 +136,11 @@ class Trainer:
         """Remember the actor's current weights as the policy that samples the next batch."""
         self._behaviour = copy_state(self.actor.state_dict())
 
+    def set_behaviour(self, state: Mapping[str, torch.Tensor] | None) -> None:
+        """Use ``state`` (the weights published to the engines that sampled the next batch) as the
+        behaviour policy; None means the current weights (a synchronous loop)."""
+        self._behaviour = None if state is None else copy_state(state)
+
     # --- supervised warm start ------------------------------------------------------
     def sft_step(self, tokens, loss_mask) -> SftStats:
         """One supervised step of the actor on token sequences (cross-entropy where loss_mask = 1)."""

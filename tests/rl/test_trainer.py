@@ -169,6 +169,10 @@ def test_trainer_behaviour_snapshot_is_the_ratio_denominator():
     mask_BT = batch.loss_mask_BT
     assert torch.equal(old[mask_BT], batch.rollout_logprobs_BT[mask_BT])  # same weights and routing: bit-exact
     assert not _moved(trainer.actor_state(), current)  # the actor's own weights were restored
+    trainer.set_behaviour(None)  # synchronous loop: the current weights are the behaviour policy
+    assert not torch.equal(trainer.behaviour_logprobs(batch)[mask_BT], old[mask_BT])
+    trainer.set_behaviour(trainer.actor_state())
+    assert torch.equal(trainer.behaviour_logprobs(batch), actor_logprobs(trainer.actor, batch, replay=True).detach())
 
 
 def test_trainer_sft_step_lowers_loss():
