@@ -1,0 +1,67 @@
+"""The engine router: the engine pool as one Ray actor that rollout workers call.
+
+Every generation goes through :class:`~t1ops.guards.engines.EnginePool` (health
+pings, warm-up grace, resubmission when an engine dies, the weight-sync gate),
+so the pool must see every request. It lives in its own actor, like SGLang's
+router, not in the coordinator, so trial traffic stays off the coordinator.
+The engine processes are this actor's children (the embedded CPU engine by
+default; ``engine.kind = "sglang"`` points the pool at running servers).
+"""
+from __future__ import annotations
+
+import subprocess
+from functools import partial
+
+from rl.engines.client import EngineClient
+from t1ops.config import EngineConfig
+from t1ops.guards.engines import EngineHandle, EnginePool, spawn_factory
+from t1ops.guards.http import BoundedHttp
+
+
+class EngineRouter:
+    def __init__(self, *, engine_cfg: dict, spec: dict, vocab_path: str, checkpoint_dir: str, version: str,
+                 num_moe_layers: int, topk: int, num_experts: int, log_path: str | None = None) -> None:
+        self.cfg = EngineConfig(**engine_cfg)
+        self.http = BoundedHttp(timeout_s=self.cfg.request_timeout_s, attempts=self.cfg.request_attempts,
+                                generate_timeout_s=self.cfg.generate_timeout_s)
+        client_kw = dict(num_moe_layers=num_moe_layers, topk=topk, num_experts=num_experts)
+        if self.cfg.kind == "embedded":
+            from rl.engines.embedded import spawn
+            from rl.model import ModelSpec
+
+            launch = partial(spawn, spec=ModelSpec(**spec), checkpoint=checkpoint_dir, vocab_path=vocab_path,
+                             dtype=self.cfg.dtype, log_path=log_path)
+            factory = spawn_factory(launch, self.http, **client_kw)
+        else:
+            urls = self.cfg.urls
+
+            def factory(slot: int) -> EngineHandle:  # external servers: the pool cannot restart them
+                return EngineHandle(url=urls[slot], client=EngineClient(urls[slot], self.http, **client_kw))
+        self.pool = EnginePool(factory, self.cfg, version=version, checkpoint_dir=checkpoint_dir)
+        self.pool.start()
+
+    def wait_until_live(self) -> str:
+        self.pool.wait_until_live()
+        return self.pool.describe()
+
+    def generate(self, request):
+        return self.pool.generate(request)
+
+    def sync_weights(self, checkpoint_dir: str, version: str) -> dict:
+        report = self.pool.sync_weights(checkpoint_dir, version)
+        return {"duration_s": report.duration_s, "live": list(report.live_slots), "dead": list(report.dead_slots),
+                "recreated": list(report.recreated_slots), "aborted": report.num_aborted_in_flight}
+
+    def describe(self) -> str:
+        return self.pool.describe()
+
+    def dead_engines(self) -> list[str]:
+        return [part for part in self.pool.describe().split(", ") if " dead" in part]
+
+    def engine_pids(self) -> list[int]:
+        """Pids of the engine processes this router owns (for chaos and host guards)."""
+        return [self.pool.slot(i).process.pid for i in range(self.cfg.num_engines)
+                if isinstance(self.pool.slot(i).process, subprocess.Popen)]
+
+    def close(self) -> None:
+        self.pool.close()

@@ -1,0 +1,78 @@
+"""The guardrails a campaign runs with, wired in one place.
+
+- fds: soft nofile raised in the coordinator and (via the Ray set-up hook) in
+  every worker; usage sampled each step; a stall detector on rollout results.
+- host RAM: projected before launch, sampled each step; a Ray actor that dies
+  is checked for an OS OOM kill and reported as such.
+- trainer watchdog: the trainer reports progress per step; a slow step is
+  classified (warming up / hung) instead of waited on forever; a hung trainer
+  gets its Python stacks dumped.
+Checkpoint roles, engine health, the bounded control plane, loop-keyed
+pacing, ledgers, run-tagged trials, the context budget and task timeouts are
+guarded where they happen (trainer host, engine fleet, workers, agent loop).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+
+from t1ops import telemetry
+from t1ops.config import CampaignConfig
+from t1ops.errors import HangError
+from t1ops.guards.fds import FdGuard, StallDetector
+from t1ops.guards.watchdog import Watchdog, signal_stack_dumper
+
+POLL_S = 0.5
+TRAINER_RANK = 0
+
+
+class CampaignGuards:
+    def __init__(self, cfg: CampaignConfig, run_dir: Path, dead_engines) -> None:
+        self.cfg = cfg
+        self.fd_guard = FdGuard(cfg.guards.fd_warn_fraction).start()
+        self.stall = StallDetector(cfg.guards.stall_timeout_s, fd_guard=self.fd_guard,
+                                   dead_engines=dead_engines, what="rollout batches")
+        self.run_dir = run_dir
+        self.watchdog: Watchdog | None = None
+        self.trainer_pid: int | None = None
+
+    def attach_trainer(self, pid: int, stack_path: Path) -> None:
+        """Watch the trainer process (it installed a faulthandler dump on SIGUSR1)."""
+        self.trainer_pid = pid
+        self.watchdog = Watchdog.from_config(self.cfg.guards, [TRAINER_RANK],
+                                             dump_stacks=signal_stack_dumper({TRAINER_RANK: pid},
+                                                                             {TRAINER_RANK: stack_path}))
+
+    def wait(self, ref, what: str):
+        """``ray.get`` that polls the watchdog (trainer) instead of blocking forever."""
+        import ray
+
+        while True:
+            ready, _ = ray.wait([ref], timeout=POLL_S)
+            if ready:
+                return ray.get(ready[0])
+            if self.watchdog is not None and what == "train":
+                try:
+                    self.watchdog.check()
+                except HangError:
+                    telemetry.event("campaign.trainer_hung", severity="error")
+                    raise
+
+    def wait_train(self, ref, step: int) -> dict:
+        stats = self.wait(ref, "train")
+        if self.watchdog is not None:
+            self.watchdog.report(TRAINER_RANK, step)
+        return stats
+
+    def after_step(self, step: int) -> None:
+        self.fd_guard.sample()
+        vm = psutil.virtual_memory()
+        telemetry.gauge("host.available_bytes", vm.available, step=step)
+        if vm.available / vm.total < 1 - self.cfg.guards.host_ram_warn_fraction:
+            telemetry.event("host.ram_low", severity="warn", available_gib=round(vm.available / 2**30, 2),
+                            step=step)
+
+    def stop(self) -> None:
+        self.fd_guard.stop()

@@ -1,0 +1,142 @@
+"""Start a campaign's roles on Ray and run it (`t1ops run`).
+
+Order: run directory and telemetry; guards that act before launch (nofile,
+host-RAM projection); Ray; the compact vocabulary; the trainer (checkpoint
+roles refused before any model is built) and its warm start; the engine router
+loaded with the warm-started weights; one rollout worker per Ray node; then
+the step loop.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rl.agent.loop import AgentSettings, sft_example, solution_command
+from rl.agent.tasks import load_pool
+from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
+from rl.vocab import CompactVocab
+from t1ops import telemetry
+from t1ops.campaign.engines import EngineRouter
+from t1ops.campaign.guarding import CampaignGuards
+from t1ops.campaign.progress import Progress
+from t1ops.campaign.rollouts import Rollouts
+from t1ops.campaign.rundir import RunDir
+from t1ops.campaign.runner import Campaign, step_loop
+from t1ops.campaign.summary import Summary, plot
+from t1ops.campaign.trainer_host import TrainerHost
+from t1ops.campaign.worker import RolloutWorker, WorkerSettings
+from t1ops.config import CampaignConfig
+from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
+
+# Observations a tiny policy should be able to read back (other output maps to UNK).
+_OBSERVATION_TEXTS = ("[exit code 0]", "[exit code 1]", "[exit code 2]", "[stopped: timeout]",
+                      "[parse error] your tool call is not valid JSON")
+
+
+def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int) -> CompactVocab:
+    """The compact vocabulary: every id the pool's prompts, warm-start examples and the chat
+    template produce. Anything else a sandbox prints maps to UNK (input only, never sampled)."""
+    ids: set[int] = {IM_START_ID, IM_END_ID, ENDOFTEXT_ID}
+    for t in tasks:
+        command = solution_command(t.solution) if t.solution else "ls"
+        tokens, _ = sft_example(t.instruction, command, renderer)
+        ids.update(tokens)
+    for text in _OBSERVATION_TEXTS:
+        ids.update(renderer.observation_ids([{"role": "tool", "content": text}], IM_END_ID))
+    return CompactVocab(ids, full_vocab_size, has_unk=True)
+
+
+def _init_ray(cfg: CampaignConfig):
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.run.ray_address, num_cpus=None if cfg.run.ray_address else cfg.run.num_cpus,
+                 include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env=ray_runtime_env({"env_vars": {"OMP_NUM_THREADS": "1"}}))
+    return ray
+
+
+def start_roles(cfg: CampaignConfig, run: RunDir, progress: Progress) -> Campaign:
+    ray = _init_ray(cfg)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    c = Campaign(cfg=cfg, run=run)
+    tasks = load_pool(cfg.rollout.tasks_dir)
+    renderer = ChatRenderer.default()
+    vocab = build_vocab(tasks, renderer, cfg.model.vocab_size)
+    vocab.save(run.vocab)
+    spec = {**cfg.model.model_dump(), "vocab_size": vocab.size}
+    progress.log(f"run {run.run_id}: {len(tasks)} tasks, compact vocabulary {vocab.size} ids, dir {run.path}")
+    c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
+        spec=spec, settings=cfg.trainer.model_dump(), vocab_path=str(run.vocab),
+        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=2)
+    examples = [(t.instruction, solution_command(t.solution)) for t in tasks if t.solution]
+    c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
+    if c.warm_start_loss:
+        progress.log(f"warm start: {len(c.warm_start_loss)} supervised steps, loss "
+                     f"{c.warm_start_loss[0]:.2f} -> {c.warm_start_loss[-1]:.2f}")
+    ckpt0 = ray.get(c.trainer.publish.remote(0))
+    c.router = ray.remote(EngineRouter).options(num_cpus=0, max_concurrency=256).remote(
+        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0,
+        version="0", num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
+        num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"))
+    progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
+    c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()))
+    pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
+    c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
+    settings = _worker_settings(cfg)
+    for node in [n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]:
+        c.workers.append(ray.remote(RolloutWorker).options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+            run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
+            settings=settings, router=c.router, node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8]))
+    ray.get([w.ping.remote() for w in c.workers])
+    c.rollouts = Rollouts(cfg, c.workers, [t.name for t in tasks], c.guards.stall)
+    return c
+
+
+def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
+    r = cfg.rollout
+    agent = AgentSettings(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, context_window=r.context_window,
+                          temperature=r.temperature, num_layers=cfg.model.num_layers if cfg.trainer.r3 else None,
+                          topk=cfg.model.moe_router_topk if cfg.trainer.r3 else None)
+    return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
+                          skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
+                          timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts)
+
+
+def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True) -> Path:
+    """Run a whole campaign; returns the run directory (summary.json, report.png, dumps, ...)."""
+    run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)
+    (run.path / "config.json").write_text(cfg.model_dump_json(indent=2))
+    telemetry.setup(run.path, otlp_endpoint=cfg.telemetry.otlp_endpoint,
+                    export_interval_s=cfg.telemetry.export_interval_s)
+    raise_nofile_limit()
+    progress = Progress(cfg.run.steps, enabled=show_progress)
+    c = None
+    try:
+        c = start_roles(cfg, run, progress)
+        summary = Summary(run.path, run.run_id, cfg.model_dump(),
+                          extra={"warm_start_loss": c.warm_start_loss, "num_workers": len(c.workers)})
+        with progress:
+            step_loop(c, summary, progress)
+        plot(summary.save())
+        return run.path
+    finally:
+        _shutdown(c)
+        telemetry.shutdown()
+
+
+def _shutdown(c: Campaign | None) -> None:
+    import ray
+
+    if c is not None and c.router is not None:
+        try:
+            ray.get(c.router.close.remote(), timeout=30)
+        except Exception as err:  # still shut Ray down; the engines die with their parent
+            telemetry.event("campaign.shutdown_error", severity="warn", error=str(err))
+    if c is not None and c.guards is not None:
+        c.guards.stop()
+    if ray.is_initialized():
+        ray.shutdown()
+    os.environ.pop("RAY_ADDRESS", None)

@@ -1,0 +1,49 @@
+"""The live progress display of `t1ops run` (rich), quiet when not on a terminal."""
+from __future__ import annotations
+
+import math
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+
+def _fmt(x, spec=".3f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+class Progress:
+    """One bar over RL steps, its description carrying the step's numbers."""
+
+    def __init__(self, total_steps: int, enabled: bool = True) -> None:
+        self.console = Console(stderr=True)
+        self.enabled = enabled
+        self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=self.console, transient=False,
+                                 disable=not enabled)
+        self._task = self._bar.add_task("starting", total=total_steps)
+        self.engines = ""
+
+    def __enter__(self) -> "Progress":
+        self._bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._bar.stop()
+
+    def log(self, text: str) -> None:
+        self.console.print(text) if self.enabled else print(text, file=sys.stderr)
+
+    def update(self, *, step: int, phase: str, row: dict | None = None, in_flight: int | None = None,
+               engines: str | None = None) -> None:
+        self.engines = engines or self.engines
+        if row is not None:
+            desc = (f"step {step} reward {_fmt(row['reward_mean'])} EV {_fmt(row['explained_variance'], '.2f')} "
+                    f"gap {_fmt(row['logprob_gap'], '.4f')} turns {_fmt(row['turns_mean'], '.1f')} "
+                    f"{row['step_s']:.1f}s/step | engines {self.engines}")
+            self._bar.update(self._task, completed=step, description=desc)
+            if not self.enabled or not sys.stderr.isatty():
+                print(desc, file=sys.stderr, flush=True)
+        else:
+            self._bar.update(self._task, description=f"step {step}: {phase} (trials in flight {in_flight}) "
+                                                     f"| engines {self.engines}")

@@ -1,0 +1,112 @@
+"""The coordinator: the campaign's step loop on Ray.
+
+Roles (DESIGN.md, runtime topology): engines (SGLang-protocol servers; the
+embedded CPU engine by default), one rollout worker per node (agent loop and
+sandboxes), the trainer (actor + critic), and this coordinator (step loop,
+weight-sync barrier, guardrails, telemetry).
+
+The one-step pipeline: while the trainer takes step t on batch t, the workers
+already generate batch t+1 with the weights they have. When both are done the
+barrier pauses the engines, publishes the trainer's weights (the actor's
+checkpoint directory, loaded by ``/update_weights_from_disk``), rotates the
+behaviour snapshot and resumes. Step time is max(rollout, train) + sync, and
+each batch is trained with its real behaviour policy as the PPO denominator.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from t1ops import telemetry
+from t1ops.audit import write_trajectory
+from t1ops.campaign.guarding import CampaignGuards
+from t1ops.campaign.progress import Progress
+from t1ops.campaign.rollouts import Rollouts
+from t1ops.campaign.rundir import RunDir
+from t1ops.campaign.summary import Summary
+from t1ops.config import CampaignConfig
+
+
+@dataclass
+class Campaign:
+    """Handles on the running roles (filled in by :func:`start_roles`)."""
+
+    cfg: CampaignConfig
+    run: RunDir
+    trainer: object = None            # Ray actor: t1ops.campaign.trainer_host.TrainerHost
+    router: object = None             # Ray actor: t1ops.campaign.engines.EngineRouter
+    workers: list = field(default_factory=list)   # Ray actors: RolloutWorker, one per node
+    rollouts: Rollouts | None = None
+    guards: CampaignGuards | None = None
+    warm_start_loss: list[float] = field(default_factory=list)
+
+
+def _metrics_row(step: int, results: list[dict], stats: dict, rollout_s: float, train_s: float,
+                 step_s: float, sync_s: float) -> dict:
+    rewards = [r["reward"] for r in results]
+    return {"step": step, "reward_mean": float(np.mean(rewards)) if rewards else math.nan,
+            "explained_variance": stats.get("explained_variance", math.nan),
+            "logprob_gap": stats.get("logprob_gap", math.nan),
+            "turns_mean": float(np.mean([r["num_turns"] for r in results])) if results else math.nan,
+            "tokens": int(stats.get("num_tokens", 0)), "rollout_s": round(rollout_s, 3),
+            "train_s": round(train_s, 3), "step_s": round(step_s, 3), "sync_s": round(sync_s, 3),
+            "solved_share": float(np.mean([r["passed"] == r["total"] and r["total"] > 0 for r in results])),
+            "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
+            "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
+            "reward_sources": _count(r["reward_source"] for r in results),
+            "end_reasons": _count(r["end_reason"] for r in results)}
+
+
+def _count(items) -> dict:
+    out: dict = {}
+    for it in items:
+        out[it] = out.get(it, 0) + 1
+    return out
+
+
+def dump_results(run: RunDir, step: int, results: list[dict]) -> int:
+    """Write every trajectory chunk of a step in the audit dump format; returns the count."""
+    n = 0
+    for r in results:
+        for chunk in r["chunks"]:
+            write_trajectory(chunk, run.dumps, step=step, reward=r["reward"], reward_source=r["reward_source"],
+                             task=r["task"], trial_id=r["trial_id"], end_reason=r["end_reason"])
+            n += 1
+    return n
+
+
+def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
+    """Run ``cfg.run.steps`` RL steps with the one-step pipeline (see module docstring)."""
+    import ray
+
+    steps, pipelined = c.cfg.run.steps, c.cfg.run.one_step_pipeline
+    pending = c.rollouts.submit(1)
+    for step in range(1, steps + 1):
+        t_step = time.monotonic()
+        if pending is None:  # sequential mode: generate this step's batch now
+            pending = c.rollouts.submit(step)
+        results, rollout_s, books = c.rollouts.collect(pending)
+        pending = c.rollouts.submit(step + 1) if pipelined and step < steps else None  # t+1 generates ...
+        progress.update(step=step, phase="train", in_flight=c.rollouts.in_flight)
+        t_train = time.monotonic()
+        stats = c.guards.wait_train(c.trainer.train.remote(results), step)  # ... while step t trains
+        train_s = time.monotonic() - t_train
+        if pending is not None:
+            c.rollouts.wait_done(pending)  # no request may span the weight sync
+        t_sync = time.monotonic()
+        ckpt = ray.get(c.trainer.publish.remote(step))
+        sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
+        sync_s = time.monotonic() - t_sync
+        dump_results(c.run, step, results)
+        row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
+        row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"])
+        summary.add_step(row)
+        c.guards.after_step(step)
+        for key in ("reward_mean", "explained_variance", "logprob_gap", "step_s"):
+            if not math.isnan(row[key]):  # NaN: not defined this step (e.g. EV with constant returns)
+                telemetry.gauge(f"campaign.{key}", row[key], step=step)
+        progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()))

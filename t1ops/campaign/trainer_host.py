@@ -1,0 +1,112 @@
+"""The trainer role: actor + critic on megatron-core, their checkpoints, batch assembly.
+
+Wrapped as a Ray actor by the runner. It turns rollout results (TITO chunks in
+tokenizer ids) into a :class:`~rl.trainer.batch.TrainBatch` in the model's
+compact ids, takes the step, and writes role-separated checkpoints: the actor
+every step (that directory is what the engines load at the weight sync), the
+critic every ``save_every`` steps (weights only, as the report chose).
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rl.agent.loop import sft_example
+from rl.chat import ChatRenderer
+from rl.errors import DataContractError
+from rl.model import ModelSpec, weights_state_dict
+from rl.trainer.batch import TrainBatch
+from rl.trainer.settings import TrainerSettings
+from rl.trainer.trainer import Trainer
+from rl.vocab import CompactVocab
+from t1ops.guards.checkpoints import CheckpointManager
+
+
+class TrainerHost:
+    def __init__(self, *, spec: dict, settings: dict, vocab_path: str, ckpt_base: str, seed: int,
+                 num_threads: int = 1) -> None:
+        torch.set_num_threads(num_threads)
+        self.vocab = CompactVocab.load(vocab_path)
+        self.spec = ModelSpec(**{**spec, "vocab_size": self.vocab.size})
+        self.settings = TrainerSettings.from_mapping(settings)
+        # Refuse a bad checkpoint layout before any model exists (critic-overwrites-actor).
+        self.ckpt = CheckpointManager.from_base(ckpt_base, save_every=self.settings.save_every)
+        self.trainer = Trainer(self.spec, self.settings, seed=seed, unk_id=self.vocab.unk_id)
+        self.seed = seed
+        self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> actor weights (behaviour snapshots)
+
+    # --- warm start ----------------------------------------------------------------
+    def warm_start(self, examples: list[tuple[str, str]], num_steps: int, batch_size: int = 16) -> list[float]:
+        """Supervised steps on (instruction, solution command) pairs; returns the loss curve."""
+        renderer = ChatRenderer.default()
+        seqs = [sft_example(instr, cmd, renderer) for instr, cmd in examples]
+        seqs = [(self.vocab.encode_inputs(t), m) for t, m in seqs]
+        rng = random.Random(self.seed)
+        losses = []
+        for _ in range(num_steps):
+            batch = rng.sample(seqs, min(batch_size, len(seqs)))
+            stats = self.trainer.sft_step([np.asarray(t) for t, _ in batch], [np.asarray(m) for _, m in batch])
+            losses.append(float(stats.loss))
+        return losses
+
+    # --- RL ----------------------------------------------------------------------------
+    def build_batch(self, results: list[dict]) -> TrainBatch:
+        chunks = [(c, r) for r in results for c in r["chunks"]]
+        tokens, masks, lps, rewards, groups, prompts, routing = [], [], [], [], [], [], []
+        for c, r in chunks:
+            loss = c.loss_mask.astype(bool)
+            self.vocab.encode_targets(c.tokens[loss])  # sampled ids must be sampleable: else a named error
+            tokens.append(np.asarray(self.vocab.encode_inputs(c.tokens), dtype=np.int64))
+            masks.append(c.loss_mask)
+            lps.append(c.rollout_logprobs)
+            rewards.append(float(r["reward"]))
+            groups.append(r["group_id"])
+            prompts.append(r["task"])
+            routing.append(c.routing)
+        has_routing = all(x is not None for x in routing)
+        return TrainBatch.from_sequences(tokens=tokens, loss_mask=masks, rollout_logprobs=lps, rewards=rewards,
+                                         group_ids=groups, prompt_ids=prompts,
+                                         routing=routing if has_routing else None)
+
+    def train(self, results: list[dict]) -> dict:
+        """One RL step on a batch; old log-probs are recomputed under the weights that sampled it."""
+        versions = {int(v) for r in results for c in r["chunks"] for v in c.policy_version[c.loss_mask == 1]}
+        if len(versions) != 1 or next(iter(versions)) not in self.published:
+            raise DataContractError(f"batch sampled by policy versions {sorted(versions)}; the trainer holds "
+                                    f"snapshots of {sorted(self.published)} (one version per batch expected)")
+        # The behaviour policy is the snapshot of the version that sampled this batch: with the
+        # one-step pipeline that is one version behind the trainer's current weights.
+        self.trainer._behaviour = self.published[next(iter(versions))]
+        stats = self.trainer.train_step(self.build_batch(results))
+        return {**stats.as_dict(), "behaviour_version": next(iter(versions))}
+
+    def publish(self, version: int) -> str:
+        """Save the actor for the engines (and both roles every save_every); return the actor dir.
+
+        Called inside the weight-sync barrier. It also rotates the behaviour snapshots: the
+        weights published now are the behaviour policy of the batch the engines sample next;
+        snapshots older than the previous one can no longer be needed and are dropped."""
+        path = self.ckpt.save("actor", version, weights_state_dict(self.trainer.actor))
+        if self.trainer.critic is not None and version % self.ckpt.save_every == 0:
+            self.ckpt.save("critic", version, weights_state_dict(self.trainer.critic))
+        self.published[version] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                                   for k, v in self.trainer.actor_state().items()}
+        for old in sorted(self.published)[:-2]:
+            del self.published[old]
+        return str(path)
+
+    def checkpoint_dirs(self) -> dict:
+        return {"actor": str(self.ckpt.actor_dir), "critic": str(self.ckpt.critic_dir)}
+
+    # --- guard hooks -----------------------------------------------------------------
+    def install_stack_dump(self, path: str) -> int:
+        """Let the watchdog dump this process's Python stacks (SIGUSR1); returns the pid."""
+        import os
+
+        from t1ops.guards.watchdog import install_stack_dump
+
+        self._stack_file = install_stack_dump(path)
+        return os.getpid()

@@ -1,0 +1,175 @@
+"""The rollout worker: one per node, hosting the agent loop and its sandboxes.
+
+Trials run here, not on the coordinator, so trial traffic stays off it (the
+report: "trials are hosted by per-node Ray auxiliary workers pinned to rollout
+nodes"). A worker runs one step's trials concurrently on an asyncio loop:
+sandbox creation goes through the loop-keyed :class:`TokenBucket`, every trial
+is booked in a :class:`TrialLedger` (completed, failed with its error, or
+cancelled with a reason: nothing vanishes), and skim over-sampling accepts the
+first groups to finish and cancels the tail, counted per family.
+
+Generation goes through the engine router (``t1ops.campaign.engines``): a
+request whose engine died is resubmitted to a live engine, never lost; when
+the pool runs out of engines the trial fails loudly and the ledger names it.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+from rl.agent.loop import AgentSettings, run_episode
+from rl.agent.sandbox import Limits, Sandbox
+from rl.agent.tasks import load_pool
+from rl.agent.verifier import verify
+from rl.chat import ChatRenderer
+from rl.errors import MissingRoutingError
+from t1ops import telemetry
+from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
+
+
+class Cancelled(Exception):
+    """A skimmed trial stopped at its next turn boundary."""
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    task: str
+    group_id: str
+    sample_idx: int
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    agent: AgentSettings
+    max_concurrency: int = 8
+    sandbox_rate_per_s: float = 20.0
+    skim_overprovision: float = 1.0
+    reward_scale: float = 20.0
+    timeout_override_s: float | None = None
+    allow_lower_timeouts: bool = False
+
+
+class RolloutWorker:
+    """Runs trials for the coordinator (wrapped as a Ray actor by the runner)."""
+
+    def __init__(self, *, run_id: str, trials_root: str, tasks_dir: str, settings: WorkerSettings,
+                 router, node: str = "local") -> None:
+        from t1ops.guards.fds import raise_nofile_limit
+
+        raise_nofile_limit()
+        self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
+        self.tasks = {t.name: t for t in load_pool(tasks_dir)}
+        self.renderer = ChatRenderer.default()
+        self.sandbox = Sandbox(trials_root, run_id, limits=Limits(),
+                               agent_timeout_override_s=settings.timeout_override_s,
+                               allow_lower_timeout=settings.allow_lower_timeouts)
+        self.bucket = TokenBucket(settings.sandbox_rate_per_s, burst=max(1, settings.max_concurrency))
+
+    def ping(self) -> str:
+        return self.node
+
+    async def rollout(self, step: int, groups: list[list[TrialSpec]], accept_groups: int | None = None) -> dict:
+        """Run ``groups`` of trials; accept the first ``accept_groups`` to finish (skim).
+
+        Returns ``{"results": [...], "ledger": {...}, "skim": {...}, "node": ...}``.
+        A MissingRoutingError in any trial is re-raised: the rollout aborts.
+        """
+        return await self._rollout(step, groups, accept_groups or len(groups))
+
+    async def _rollout(self, step: int, groups, accept_groups: int) -> dict:
+        ledger = TrialLedger(name=f"rollout-step{step}@{self.node}")
+        skim = SkimAccounting()
+        cancel = threading.Event()
+        sem = asyncio.Semaphore(self.settings.max_concurrency)
+
+        async def one(spec: TrialSpec, idx: int) -> dict:
+            async with sem:
+                await self.bucket.acquire()
+                return await asyncio.to_thread(self._trial, spec, idx, cancel)
+
+        group_futs = []
+        for g, specs in enumerate(groups):
+            for spec in specs:
+                ledger.expect(f"{spec.group_id}/{spec.sample_idx}")
+            group_futs.append(asyncio.ensure_future(
+                asyncio.gather(*(one(s, g * 1000 + s.sample_idx) for s in specs), return_exceptions=True)))
+        accepted, pending = [], set(group_futs)
+        while pending and len(accepted) < accept_groups:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            accepted += sorted(done, key=group_futs.index)
+        cancel.set()  # the tail stops at its next turn boundary
+        tail = await asyncio.gather(*pending) if pending else []
+        results = []
+        for fut in accepted[:accept_groups]:
+            results += self._book(fut.result(), groups[group_futs.index(fut)], ledger, skim, accepted=True)
+        for fut in accepted[accept_groups:]:
+            self._book(fut.result(), groups[group_futs.index(fut)], ledger, skim, accepted=False)
+        for res, fut in zip(tail, pending):
+            self._book(res, groups[group_futs.index(fut)], ledger, skim, accepted=False)
+        books = ledger.close()
+        skim.check()
+        return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": self.node,
+                "skim": {"accepted": dict(skim.accepted), "cancelled": dict(skim.cancelled)}}
+
+    def _book(self, outcomes, specs, ledger: TrialLedger, skim: SkimAccounting, accepted: bool) -> list[dict]:
+        """Settle one group's trials in the ledger; abort on missing routing (never drop)."""
+        kept = []
+        for spec, out in zip(specs, outcomes):
+            tid = f"{spec.group_id}/{spec.sample_idx}"
+            if isinstance(out, MissingRoutingError):
+                ledger.fail(tid, out)
+                raise out
+            if isinstance(out, Cancelled) or (not accepted and not isinstance(out, BaseException)):
+                ledger.cancel(tid, "skim: tail cancelled")
+            elif isinstance(out, BaseException):
+                ledger.fail(tid, out)
+            else:
+                ledger.complete(tid)
+                kept.append(out)
+        skim.record(self.tasks[specs[0].task].family, accepted=accepted)
+        return kept if accepted else []
+
+    def _trial(self, spec: TrialSpec, idx: int, cancel: threading.Event) -> dict:
+        task = self.tasks[spec.task]
+        trial = self.sandbox.create(task, idx)
+        sample_id = f"{spec.group_id}-s{spec.sample_idx}"
+
+        def generate(req):
+            if cancel.is_set():
+                raise Cancelled(sample_id)
+            import ray
+
+            return ray.get(self.router.generate.remote(req))
+
+        try:
+            ep = run_episode(task.instruction, trial.exec, generate, self.renderer, self.settings.agent,
+                             sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name)
+        finally:
+            trial.finish()
+        verdict = verify(trial, scale=self.settings.reward_scale)
+        for ev in verdict.tamper_events:
+            telemetry.event("verifier.tamper", severity="error", trial=ev.trial_id, kind=ev.kind, path=ev.path)
+        return {"trial_id": trial.trial_id, "task": task.name, "family": task.family, "group_id": spec.group_id,
+                "sample_id": sample_id, "reward": verdict.reward.value, "reward_source": verdict.reward.source,
+                "passed": verdict.reward.passed, "total": verdict.reward.total, "num_turns": ep.num_turns,
+                "end_reason": ep.end_reason, "commands": ep.commands, "parse_failures": ep.parse_failures,
+                "generate_s": ep.generate_s, "tamper": [asdict(e) for e in verdict.tamper_events],
+                "chunks": ep.chunks}
+
+
+def plan_groups(task_names: list[str], step: int, batch_size: int, n_samples: int, seed: int,
+                overprovision: float = 1.0) -> tuple[list[list[TrialSpec]], int]:
+    """Pick tasks for one step: ``batch_size`` trajectories in groups of ``n_samples``
+    (plus skim over-provisioning). Returns (groups, groups to accept)."""
+    import random
+
+    num_groups = max(1, batch_size // n_samples)
+    launch = max(num_groups, math.ceil(num_groups * overprovision))
+    rng = random.Random(seed * 100_003 + step)
+    picked = [task_names[rng.randrange(len(task_names))] for _ in range(launch)]
+    groups = [[TrialSpec(t, f"st{step}-g{g}-{t}", s) for s in range(n_samples)] for g, t in enumerate(picked)]
+    return groups, num_groups
