@@ -69,7 +69,7 @@ def start_roles(cfg: CampaignConfig, run: RunDir, progress: Progress) -> Campaig
     progress.log(f"run {run.run_id}: {len(tasks)} tasks, compact vocabulary {vocab.size} ids, dir {run.path}")
     c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
         spec=spec, settings=cfg.trainer.model_dump(), vocab_path=str(run.vocab),
-        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=2)
+        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1)
     examples = [(t.instruction, solution_command(t.solution)) for t in tasks if t.solution]
     c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
     if c.warm_start_loss:

@@ -79,7 +79,7 @@ class TrainerHost:
                                     f"snapshots of {sorted(self.published)} (one version per batch expected)")
         # The behaviour policy is the snapshot of the version that sampled this batch: with the
         # one-step pipeline that is one version behind the trainer's current weights.
-        self.trainer._behaviour = self.published[next(iter(versions))]
+        self.trainer.set_behaviour(self.published[next(iter(versions))])
         stats = self.trainer.train_step(self.build_batch(results))
         return {**stats.as_dict(), "behaviour_version": next(iter(versions))}
 
