@@ -19,7 +19,8 @@ from t1ops.errors import ConfigError
 class Section(BaseModel):
     """Base for every config section: unknown keys are errors, values validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    # allow_inf_nan=False: an inf timeout or size would silently disable its guard; None means "no limit"
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 class RunConfig(Section):
@@ -151,9 +152,13 @@ def _explain(err: ValidationError, source: str) -> str:
 
 
 def parse_config(data: dict[str, Any], model: type[BaseModel] = CampaignConfig, source: str = "<dict>") -> Any:
-    """Validate ``data`` into ``model``; raise ConfigError naming each bad key."""
+    """Validate ``data`` into ``model``; raise ConfigError naming each bad key.
+
+    Strict types: outside data is never coerced (``"8"``, ``true`` or ``8.5``
+    for an integer are errors, not 8 / 1 / 8); an integer is a valid float.
+    """
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=True)
     except ValidationError as err:
         raise ConfigError(_explain(err, source), source=source) from None
 
@@ -165,6 +170,8 @@ def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig) -> Any:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist", path=str(path)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {err}", path=str(path)) from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}", path=str(path)) from None
     return parse_config(data, model, source=str(path))
