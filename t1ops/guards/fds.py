@@ -123,7 +123,7 @@ class FdGuard:
             raise InputError(f"FdGuard(warn_fraction={warn_fraction}) must be in (0, 1]",
                              warn_fraction=warn_fraction)
         self.warn_fraction = warn_fraction
-        self._pids = pids or (lambda: [psutil.Process().pid])
+        self._pids = pids or (lambda: [os.getpid()])
         self._clock = clock
         self.peak: FdUsage | None = None
         self.peak_at: float | None = None
