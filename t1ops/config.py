@@ -140,21 +140,22 @@ class CampaignConfig(Section):
 def _explain(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
             lines.append(f"  unknown key '{key}' (check spelling; see `t1ops config --help` for the schema)")
             continue
         ctx = e.get("ctx") or {}
         bounds = ", ".join(f"{k} {v}" for k, v in ctx.items() if k in ("ge", "gt", "le", "lt", "expected"))
         allowed = f" (allowed: {bounds})" if bounds else ""
-        lines.append(f"  '{key}': {e['msg']}; got {e.get('input')!r}{allowed}")
+        got = "" if isinstance(e.get("input"), dict) else f"; got {e.get('input')!r}"  # a section: msg names it
+        lines.append(f"  '{key}': {e['msg']}{got}{allowed}")
     return "\n".join(lines)
 
 
 def parse_config(data: dict[str, Any], model: type[BaseModel] = CampaignConfig, source: str = "<dict>") -> Any:
     """Validate ``data`` into ``model``; raise ConfigError naming each bad key.
 
-    Strict types: outside data is never coerced (``"8"``, ``true`` or ``8.5``
+    Strict types: outside data is never coerced (``"8"``, ``true`` or ``8.0``
     for an integer are errors, not 8 / 1 / 8); an integer is a valid float.
     """
     try:
