@@ -120,14 +120,50 @@ def read_manifest(step_dir: str | Path) -> dict:
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {step_dir} has no {MANIFEST_FILE}: not a t1ops checkpoint, "
                               "or a save that never completed", path=str(step_dir)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"checkpoint manifest {path} is corrupt ({err}); the directory was left "
-                              "as is: restore it or resume from an earlier step", path=str(path)) from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise CheckpointError(f"checkpoint manifest {path} is corrupt ({type(err).__name__}: {err}); the "
+                              "directory was left as is: restore it or resume from an earlier step",
+                              path=str(path)) from None
     missing = {"role", "step", "tensors", "file_sha256"} - set(manifest) if isinstance(manifest, dict) else {"*"}
     if missing:
         raise CheckpointError(f"checkpoint manifest {path} lacks {sorted(missing)}; the directory was "
                               "left as is", path=str(path))
+    _check_manifest_types(manifest, path)
     return manifest
+
+
+def _check_manifest_types(manifest: dict, path: Path) -> None:
+    """The manifest's fields have the types save_checkpoint writes (CheckpointError naming the field)."""
+    def bad(field: str, want: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint manifest {path}: {field} must be {want}, got "
+                               f"{str(_get(manifest, field))[:80]!r}; the directory was left as is",
+                               path=str(path), field=field)
+
+    step = manifest["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise bad("step", "an int >= 0")
+    m = _STEP_RE.match(path.parent.name)
+    if m and int(m.group(1)) != step:
+        raise bad("step", f"{int(m.group(1))} (the directory's step; was it copied from another step?)")
+    for field in ("role", "file_sha256"):
+        if not isinstance(manifest[field], str):
+            raise bad(field, "a string")
+    tensors = manifest["tensors"]
+    if not isinstance(tensors, dict):
+        raise bad("tensors", "an object of {name: {shape, dtype, sha256}}")
+    for name, meta in tensors.items():
+        shape = meta.get("shape") if isinstance(meta, dict) else None
+        if (not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape)
+                or not isinstance(meta.get("sha256"), str)):
+            raise bad(f"tensors.{name}", "an object with shape (a list of ints >= 0) and sha256 (a string)")
+    none_keys = manifest.get("none_keys", [])
+    if not isinstance(none_keys, list) or not all(isinstance(k, str) for k in none_keys):
+        raise bad("none_keys", "a list of tensor names")
+
+
+def _get(d: dict, dotted: str):
+    head, _, rest = dotted.partition(".")
+    return d.get(head) if not rest else d.get(head, {}).get(rest)
 
 
 def list_steps(role_dir: str | Path) -> list[int]:
@@ -225,7 +261,12 @@ def load_checkpoint(step_dir: str | Path, role: str) -> tuple[dict[str, torch.Te
             f"checkpoint {weights} is missing, truncated or corrupt (sha256 differs from {MANIFEST_FILE}); "
             "nothing was loaded and the files were left as they are: resume from an earlier step",
             path=str(weights), role=role, step=manifest["step"])
-    state = torch.load(weights, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch.load's failure modes on a bad file are not a documented set
+        raise CheckpointError(f"checkpoint {weights} matches its manifest's sha256 but cannot be loaded as "
+                              f"weights ({type(err).__name__}: {str(err)[:200]}); nothing was loaded (pickled "
+                              "code is never run): resume from an earlier step", path=str(weights)) from None
     _verify_tensors(state, manifest, weights)
     return state, manifest
 
@@ -233,9 +274,14 @@ def load_checkpoint(step_dir: str | Path, role: str) -> tuple[dict[str, torch.Te
 def _verify_tensors(state: dict, manifest: dict, weights: Path) -> None:
     expected = manifest["tensors"]
     none_keys = set(manifest.get("none_keys", []))
-    if set(state) != set(expected) | none_keys or any(state[k] is not None for k in none_keys):
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {weights} holds a {type(state).__name__}, not a state dict",
+                              path=str(weights))
+    if (set(state) != set(expected) | none_keys or any(state[k] is not None for k in none_keys)
+            or not all(isinstance(state[k], torch.Tensor) for k in expected)):
         diff = sorted(set(state) ^ (set(expected) | none_keys))[:5]
-        raise CheckpointError(f"checkpoint {weights} tensor names differ from its manifest (e.g. {diff})",
+        raise CheckpointError(f"checkpoint {weights} tensor names or types differ from its manifest (e.g. "
+                              f"{diff or sorted(k for k in expected if not isinstance(state[k], torch.Tensor))[:5]})",
                               path=str(weights))
     for name, meta in expected.items():
         t = state[name]
