@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from rl.errors import T1OpsError
 
 #: Modest example counts: the whole directory runs in well under a minute on 2 shared cores.
-FAST = settings(max_examples=60, deadline=None,
+FAST = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-SLOW_IO = settings(max_examples=25, deadline=None,
+SLOW_IO = settings(max_examples=20, deadline=None,
                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 _scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70)
