@@ -48,7 +48,7 @@ def _phase(proc, tmp: Path, grace_s: float) -> dict:
         frozen = psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED
         pool.start()
         time.sleep(FREEZE_S)
-        status_frozen = pool._slots[0].status
+        status_frozen = pool.slot_state(0)[0]
         if proc.poll() is None:  # the unguarded pool may already have killed and reaped it
             os.kill(proc.pid, signal.SIGCONT)
         thawed_at = time.monotonic()

@@ -50,8 +50,7 @@ from rl.engines import protocol as P
 from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.errors import (ControlPlaneTimeout, DataContractError, EngineDeadError, EngineError,
-                          InputError)
+from t1ops.errors import ControlPlaneTimeout, EngineDeadError, EngineError, InputError
 
 RUNBOOK = "runbooks/dead-engine.md"
 #: Errors that mean "this engine failed the call" (as opposed to bad data).
@@ -129,8 +128,8 @@ class EnginePool:
     """Engines behind one ``generate`` call, guarded as the module docstring says.
 
     ``version`` is the weight version the engines start with (SGLang's default
-    is ``"default"``); ``checkpoint_dir``
-    (optional) is loaded into an engine that starts at another version.
+    is ``"default"``); ``checkpoint_dir`` (optional) is loaded into an engine
+    that starts at another version.
     ``clock`` is injectable for tests (monotonic seconds).
     """
 
@@ -192,6 +191,22 @@ class EnginePool:
 
     def live_slots(self) -> list[int]:
         return [s.index for s in self._slots if s.status == "live"]
+
+    @property
+    def gate_open(self) -> bool:
+        """False while a weight sync holds new requests back."""
+        return self._gate_open
+
+    def num_in_flight(self, index: int | None = None) -> int:
+        """Requests in flight on slot ``index`` (all slots when None)."""
+        with self._cond:
+            slots = self._slots if index is None else [self._slots[index]]
+            return sum(len(s.in_flight) for s in slots)
+
+    def slot_state(self, index: int) -> tuple[Status, str, int]:
+        """``(status, dead_reason, consecutive_failures)`` of slot ``index``."""
+        s = self._slots[index]
+        return s.status, s.dead_reason, s.consecutive_failures
 
     def describe(self) -> str:
         return ", ".join(f"engine {s.index} {s.status}" + (f" ({s.dead_reason})" if s.dead_reason else "")

@@ -10,7 +10,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -110,7 +109,7 @@ def test_sigkill_resubmit_barrier_recreate(make_pool, checkpoint, spec):
     threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
     for th in threads:
         th.start()
-    _wait_for(lambda: pool._slots[0].in_flight)
+    _wait_for(lambda: pool.num_in_flight(0))
     killed_at = time.time()
     os.kill(victim.pid, signal.SIGKILL)
     for th in threads:
@@ -124,13 +123,12 @@ def test_sigkill_resubmit_barrier_recreate(make_pool, checkpoint, spec):
     held = []
     t = threading.Thread(target=lambda: held.append(pool.generate(_req("held", n=40))))
     t.start()
-    _wait_for(lambda: pool._slots[1].in_flight)
+    _wait_for(lambda: pool.num_in_flight(1))
     _wait_for(lambda: not pool.slot(1).client.flush_cache())  # SGLang refuses a flush while requests run
     seen = {}
 
     def rotate(version: str) -> None:
-        seen.update(version=version, gate_open=pool._gate_open,
-                    in_flight=sum(len(s.in_flight) for s in pool._slots),
+        seen.update(version=version, gate_open=pool.gate_open, in_flight=pool.num_in_flight(),
                     engine_version=pool.slot(1).client.weight_version())
     report = pool.sync_weights(checkpoint, "1", rotate)
     t.join(timeout=120)
@@ -148,7 +146,7 @@ def test_sigkill_resubmit_barrier_recreate(make_pool, checkpoint, spec):
     # An engine whose weights change behind the pool's back is taken out, its request resubmitted.
     pool.slot(1).client.update_weights_from_disk(checkpoint, "9")
     assert {pool.generate(_req(f"v{i}")).weight_version for i in range(3)} == {"1"}
-    assert pool.live_slots() == [0] and "missed a weight sync" in pool._slots[1].dead_reason
+    assert pool.live_slots() == [0] and "missed a weight sync" in pool.slot_state(1)[1]
 
 
 def test_warmup_grace_then_threshold(make_pool):
@@ -160,7 +158,7 @@ def test_warmup_grace_then_threshold(make_pool):
     try:
         for _ in range(3):
             pool.ping_round()
-        assert pool._slots[0].status == "starting"
+        assert pool.slot_state(0)[0] == "starting"
         assert telemetry.recent_events("engine.ping_missed_in_grace")[-1]["grace_s"] == 60.0
     finally:
         os.kill(proc.pid, signal.SIGCONT)
@@ -173,9 +171,10 @@ def test_warmup_grace_then_threshold(make_pool):
     clock.now += 61  # grace over: misses count toward the threshold
     os.kill(proc.pid, signal.SIGSTOP)
     pool.ping_round()
-    assert pool._slots[0].consecutive_failures == 1 and pool._slots[0].status == "live"
+    assert pool.slot_state(0)[::2] == ("live", 1)
     pool.ping_round()
-    assert pool._slots[0].status == "dead" and "2 consecutive failed health pings" in pool._slots[0].dead_reason
+    status, reason, _ = pool.slot_state(0)
+    assert status == "dead" and "2 consecutive failed health pings" in reason
     assert proc.wait(timeout=10) == -signal.SIGKILL  # the pool killed the hung process
 
 
