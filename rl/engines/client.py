@@ -110,6 +110,11 @@ class EngineClient:
         """The engine's current weight version (``GET /model_info``)."""
         return P.ModelInfo.from_json(self._json(self._call("GET", P.MODEL_INFO), P.MODEL_INFO)).weight_version
 
+    def update_weight_version(self, new_version: str, *, abort_all_requests: bool = True) -> None:
+        """``POST /update_weight_version``: relabel the current weights (no transfer)."""
+        body = P.UpdateWeightVersionRequest(new_version, abort_all_requests).to_json()
+        self._json(self._call("POST", P.UPDATE_WEIGHT_VERSION, body), P.UPDATE_WEIGHT_VERSION)
+
     def update_weights_from_disk(self, model_path: str, weight_version: str) -> P.UpdateWeightsFromDiskResponse:
         """``POST /update_weights_from_disk``: load ``model_path`` and report ``weight_version``.
 

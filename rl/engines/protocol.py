@@ -334,17 +334,22 @@ def _opt_str(v: Any, name: str) -> str | None:
     return None if v is None else _str(v, name)
 
 
-def _parse_spans(spans: Any) -> tuple[WeightVersionSpan, ...]:
+def _parse_spans(spans: Any, num_output: int) -> tuple[WeightVersionSpan, ...]:
     w = "meta_info.weight_versions"
     if spans is None:
         return ()
     if not isinstance(spans, list):
         raise ParseError(f"{w}: expected a list of {{version, start, end}} objects, got {type(spans).__name__}",
                          field=w)
-    return tuple(WeightVersionSpan(version=_str(_req(s, "version", f"{w}[{i}]"), f"{w}[{i}].version"),
-                                   start=_int(_req(s, "start", f"{w}[{i}]"), f"{w}[{i}].start"),
-                                   end=_int(_req(s, "end", f"{w}[{i}]"), f"{w}[{i}].end"))
-                 for i, s in enumerate(spans))
+    out = tuple(WeightVersionSpan(version=_str(_req(s, "version", f"{w}[{i}]"), f"{w}[{i}].version"),
+                                  start=_int(_req(s, "start", f"{w}[{i}]"), f"{w}[{i}].start"),
+                                  end=_int(_req(s, "end", f"{w}[{i}]"), f"{w}[{i}].end"))
+                for i, s in enumerate(spans))
+    for i, span in enumerate(out):
+        if not 0 <= span.start <= span.end <= num_output:
+            raise ParseError(f"{w}[{i}]: span [{span.start}, {span.end}) is not within the {num_output} output "
+                             "tokens", field=w, index=i)
+    return out
 
 
 def parse_generate_response(payload: Any, request: GenerateRequest, *, num_moe_layers: int | None = None,
@@ -362,7 +367,7 @@ def parse_generate_response(payload: Any, request: GenerateRequest, *, num_moe_l
     meta = _req(payload, "meta_info", "response")
     output_ids = _ids(_req(payload, "output_ids", "response"), "output_ids")
     finish = FinishReason.from_json(_req(meta, "finish_reason", "meta_info"))
-    spans = _parse_spans(meta.get("weight_versions"))
+    spans = _parse_spans(meta.get("weight_versions"), len(output_ids))
     base = dict(output_ids=output_ids, finish_reason=finish,
                 weight_version=_str(_req(meta, "weight_version", "meta_info"), "meta_info.weight_version"),
                 prompt_tokens=_int(_req(meta, "prompt_tokens", "meta_info"), "meta_info.prompt_tokens"),
@@ -492,6 +497,24 @@ class UpdateWeightsFromDiskResponse:
         return cls(success=_bool(_req(d, "success", w), "success"),
                    message=_str(_req(d, "message", w), "message"),
                    num_paused_requests=_int(d.get("num_paused_requests", 0), "num_paused_requests"))
+
+
+@dataclass(frozen=True)
+class UpdateWeightVersionRequest:
+    """``POST /update_weight_version`` (``UpdateWeightVersionReqInput``): relabel without new weights."""
+
+    new_version: str
+    abort_all_requests: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"new_version": self.new_version, "abort_all_requests": self.abort_all_requests}
+
+    @classmethod
+    def from_json(cls, d: Any) -> "UpdateWeightVersionRequest":
+        w = "update_weight_version"
+        _no_unknown(_obj(d, w), {"new_version", "abort_all_requests", "rid"}, w)
+        return cls(new_version=_str(_req(d, "new_version", w), f"{w}.new_version"),
+                   abort_all_requests=_bool(d.get("abort_all_requests", True), f"{w}.abort_all_requests"))
 
 
 @dataclass(frozen=True)

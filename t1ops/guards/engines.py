@@ -75,6 +75,7 @@ class _Ticket:
     """One request in flight on one engine; ``wake`` is set when it finishes or its engine dies."""
 
     version: str
+    num_syncs: int  # barriers begun before admission: a later one explains an abort
     wake: threading.Event = field(default_factory=threading.Event)
 
 
@@ -140,7 +141,7 @@ class EnginePool:
         self.version, self.checkpoint_dir = version, checkpoint_dir
         self._cond = threading.Condition()
         self._sync_lock = threading.Lock()
-        self._gate_open, self._syncing = True, False
+        self._gate_open, self._syncing, self._num_syncs = True, False, 0
         self._slots: list[_Slot] = []
         self._tickets = itertools.count()
         self._gen_pool = cf.ThreadPoolExecutor(max_concurrency, thread_name_prefix="engine-gen")
@@ -333,7 +334,8 @@ class EnginePool:
         """Generate on a live engine; resubmit if the engine dies or the barrier aborts the request.
 
         Returns a finished response sampled entirely under ``response.weight_version``.
-        Raises :class:`EngineDeadError` after ``max_resubmits`` engine failures, and lets
+        Raises :class:`EngineDeadError` after ``max_resubmits`` engine failures,
+        :class:`EngineError` when an engine aborts the request outside a barrier, and lets
         data-contract errors (malformed/missing routing) through: those abort the rollout.
         """
         num_failures, avoid = 0, set()
@@ -343,6 +345,12 @@ class EnginePool:
             if isinstance(outcome, P.GenerateResponse):
                 if not outcome.finish_reason.is_abort:
                     return outcome
+                if ticket.num_syncs == self._num_syncs:  # no barrier explains it: the engine refused it
+                    telemetry.count("engine.request_failed", reason="aborted_by_engine")
+                    raise EngineError(f"engine {s.index} aborted request {request.rid!r} outside a weight sync: "
+                                      f"{outcome.finish_reason.message} (status "
+                                      f"{outcome.finish_reason.status_code}); not resubmitted",
+                                      rid=request.rid, slot=s.index)
                 telemetry.count("engine.request_resubmitted", reason="aborted_by_pause")
                 continue  # the barrier paused it: wait for the gate, resubmit; not a failure
             num_failures += 1
@@ -371,7 +379,7 @@ class EnginePool:
                                       f"(gate {'open' if self._gate_open else 'closed'}): {self.describe()}; "
                                       f"dead engines are recreated at the next weight sync. See {RUNBOOK}")
             s = pick()
-            ticket_id, ticket = next(self._tickets), _Ticket(version=self.version)
+            ticket_id, ticket = next(self._tickets), _Ticket(version=self.version, num_syncs=self._num_syncs)
             s.in_flight[ticket_id], s.last_used = ticket, ticket_id
             return s, ticket_id, ticket
 
@@ -419,6 +427,7 @@ class EnginePool:
         with self._sync_lock:
             with self._cond:
                 self._gate_open, self._syncing = False, True
+                self._num_syncs += 1
                 live = [s for s in self._slots if s.status == "live"]
                 num_in_flight = sum(len(s.in_flight) for s in live)
             for s in live:

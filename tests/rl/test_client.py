@@ -44,6 +44,9 @@ class FakeServer:
             return httpx.Response(200, json=P.UpdateWeightsFromDiskResponse(True, "ok").to_json())
         if path == P.MODEL_INFO:
             return httpx.Response(200, json=P.ModelInfo(self.version, "m").to_json())
+        if path == P.UPDATE_WEIGHT_VERSION:
+            self.version = P.UpdateWeightVersionRequest.from_json(body).new_version
+            return httpx.Response(200, json={"success": True, "message": "ok", "new_version": self.version})
         if path in (P.PAUSE_GENERATION, P.CONTINUE_GENERATION):
             return httpx.Response(200, json={"message": "ok", "status": "ok"})
         return httpx.Response(200)
@@ -88,10 +91,13 @@ def test_control_calls_hit_sglang_endpoints(server_client):
     assert client.flush_cache() and client.health() and client.health_generate()
     client.update_weights_from_disk("/ckpt/3", "3")
     assert client.weight_version() == "3"
+    client.update_weight_version("3b")
+    assert client.weight_version() == "3b"
     assert [(m, p) for m, p, _ in server.calls] == [
         ("POST", "/pause_generation"), ("POST", "/continue_generation"), ("POST", "/abort_request"),
         ("POST", "/flush_cache"), ("GET", "/health"), ("GET", "/health_generate"),
-        ("POST", "/update_weights_from_disk"), ("GET", "/model_info")]
+        ("POST", "/update_weights_from_disk"), ("GET", "/model_info"), ("POST", "/update_weight_version"),
+        ("GET", "/model_info")]
     assert server.calls[0][2] == {"mode": "abort"}
     assert server.calls[2][2] == {"rid": "", "abort_all": True}
     assert server.calls[6][2]["model_path"] == "/ckpt/3"

@@ -165,6 +165,11 @@ def test_control_payloads_match_sglang():
     out = P.UpdateWeightsFromDiskResponse.from_json({"success": False, "message": "no such dir",
                                                      "num_paused_requests": 0})
     assert not out.success and out.message == "no such dir"
+    ver = P.UpdateWeightVersionRequest("7")
+    assert ver.to_json() == {"new_version": "7", "abort_all_requests": True}
+    assert P.UpdateWeightVersionRequest.from_json(ver.to_json()) == ver
+    with pytest.raises(ParseError, match="new_version"):
+        P.UpdateWeightVersionRequest.from_json({"abort_all_requests": False})
     assert P.AbortRequest(abort_all=True).to_json() == {"rid": "", "abort_all": True}
     with pytest.raises(ParseError, match="rid or abort_all"):
         P.AbortRequest.from_json({})

@@ -18,7 +18,7 @@ from rl.engines import protocol as P
 from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.errors import EngineDeadError, InputError
+from t1ops.errors import EngineDeadError, EngineError, InputError
 from t1ops.guards.engines import EngineHandle, EnginePool, spawn_factory
 from t1ops.guards.http import BoundedHttp
 
@@ -178,12 +178,16 @@ def test_warmup_grace_then_threshold(make_pool):
     assert proc.wait(timeout=10) == -signal.SIGKILL  # the pool killed the hung process
 
 
-def _fake_engine(url: str, calls: list[str]) -> EngineHandle:
-    """An engine that is healthy but drops every /generate connection."""
+def _fake_engine(url: str, calls: list[str], generate: str = "disconnect") -> EngineHandle:
+    """A healthy engine whose /generate drops the connection, or answers every request aborted."""
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(f"{url}{request.url.path}")
-        if request.url.path == P.GENERATE:
+        if request.url.path == P.GENERATE and generate == "disconnect":
             raise httpx.RemoteProtocolError("server disconnected", request=request)
+        if request.url.path == P.GENERATE:
+            return httpx.Response(200, json={"text": "", "output_ids": [], "meta_info": {
+                "id": "x", "finish_reason": {"type": "abort", "message": "prompt too long", "status_code": 400},
+                "prompt_tokens": 3, "completion_tokens": 0, "weight_version": "default"}})
         if request.url.path == P.MODEL_INFO:
             return httpx.Response(200, json={"weight_version": "default"})
         return httpx.Response(200)
@@ -192,13 +196,27 @@ def _fake_engine(url: str, calls: list[str]) -> EngineHandle:
     return EngineHandle(url=url, client=EngineClient(url, http))
 
 
-def test_request_fails_loudly_when_resubmits_run_out():
-    calls: list[str] = []
-    pool = EnginePool(lambda i: _fake_engine(f"http://e{i}", calls), _cfg(max_resubmits=1))
+def _fake_pool(generate: str, calls: list[str], **cfg) -> EnginePool:
+    pool = EnginePool(lambda i: _fake_engine(f"http://e{i}", calls, generate), _cfg(**cfg))
     pool.start(pinger=False)
     pool.ping_round()
     assert pool.live_slots() == [0, 1]
+    return pool
+
+
+def test_request_fails_loudly_when_resubmits_run_out():
+    calls: list[str] = []
+    pool = _fake_pool("disconnect", calls, max_resubmits=1)
     with pytest.raises(EngineDeadError, match=r"failed on 2 engines \(max_resubmits 1\)"):
         pool.generate(_req("doomed"))
     assert sorted(c for c in calls if c.endswith("/generate")) == ["http://e0/generate", "http://e1/generate"]
+    pool.close()
+
+
+def test_an_abort_outside_a_barrier_is_not_resubmitted_forever():
+    calls: list[str] = []
+    pool = _fake_pool("abort", calls)
+    with pytest.raises(EngineError, match="aborted request 'refused' outside a weight sync: prompt too long"):
+        pool.generate(_req("refused"))
+    assert sum(c.endswith("/generate") for c in calls) == 1
     pool.close()
