@@ -55,6 +55,7 @@ def _parse(body, req: P.GenerateRequest = REQ) -> P.GenerateResponse:
 def _check_accepted(resp: P.GenerateResponse, req: P.GenerateRequest = REQ) -> None:
     """What an accepted, finished response guarantees to the trainer."""
     assert isinstance(resp.weight_version, str)
+    assert all(0 <= s.start <= s.end <= len(resp.output_ids) for s in resp.weight_versions)
     assert resp.rid is None or isinstance(resp.rid, str)
     assert resp.text is None or isinstance(resp.text, str)
     if resp.finish_reason.is_abort:
@@ -86,6 +87,7 @@ def test_random_json_is_refused_with_a_wire_error(body):
 @example((("meta_info", "routed_experts"), "é", False))                # routing not ASCII base64
 @example((("meta_info", "weight_versions"), 3, False))                 # spans not a list
 @example((("meta_info", "weight_versions", 0), [1], False))           # a span not an object
+@example((("meta_info", "weight_versions", 0, "end"), 99, False))     # a span past the output
 @example((("meta_info", "id"), {"x": 1}, False))                      # rid not a string
 @example((("text",), [1], False))                                      # text not a string
 @example((("meta_info", "finish_reason", "matched"), {"x": 1}, False))  # matched not id/string
