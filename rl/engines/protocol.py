@@ -69,6 +69,12 @@ def _int(v: Any, name: str) -> int:
     return v
 
 
+def _count(v: Any, name: str) -> int:
+    if _int(v, name) < 0:
+        raise ParseError(f"{name}: expected a count >= 0, got {v!r}", field=name)
+    return v
+
+
 def _bool(v: Any, name: str) -> bool:
     if not isinstance(v, bool):
         raise ParseError(f"{name}: expected true/false, got {v!r}", field=name)
@@ -95,6 +101,11 @@ def _ids(v: Any, name: str) -> tuple[int, ...]:
             raise ParseError(f"{name}[{i}]: expected a non-negative token id, got {t!r}", field=name,
                              index=i)
     return tuple(v)
+
+
+def _or(v: Any, default: Any) -> Any:
+    """``default`` for a JSON null only: a falsy value of the wrong type (0, "", false) stays an error."""
+    return default if v is None else v
 
 
 def _obj(d: Any, where: str) -> dict:
@@ -160,7 +171,7 @@ class SamplingParams:
             temperature=_num(d.get("temperature", 1.0), f"{w}.temperature"),
             top_p=_num(d.get("top_p", 1.0), f"{w}.top_p"),
             top_k=_int(d.get("top_k", -1), f"{w}.top_k"),
-            stop_token_ids=_ids(d.get("stop_token_ids") or [], f"{w}.stop_token_ids"),
+            stop_token_ids=_ids(_or(d.get("stop_token_ids"), []), f"{w}.stop_token_ids"),
             ignore_eos=_bool(d.get("ignore_eos", False), f"{w}.ignore_eos"),
             sampling_seed=None if seed is None else _int(seed, f"{w}.sampling_seed"),
         )
@@ -418,7 +429,7 @@ class PauseGenerationRequest:
 
     @classmethod
     def from_json(cls, d: Any) -> "PauseGenerationRequest":
-        d = _obj(d or {}, "pause_generation")
+        d = _obj(_or(d, {}), "pause_generation")
         _no_unknown(d, {"mode", "rid"}, "pause_generation")
         mode = d.get("mode", "abort")
         if mode not in ("abort", "retract", "in_place"):
@@ -438,7 +449,7 @@ class ContinueGenerationRequest:
 
     @classmethod
     def from_json(cls, d: Any) -> "ContinueGenerationRequest":
-        d = _obj(d or {}, "continue_generation")
+        d = _obj(_or(d, {}), "continue_generation")
         _no_unknown(d, {"torch_empty_cache", "rid"}, "continue_generation")
         return cls(torch_empty_cache=_bool(d.get("torch_empty_cache", True),
                                            "continue_generation.torch_empty_cache"))
@@ -496,7 +507,7 @@ class UpdateWeightsFromDiskResponse:
         w = "update_weights_from_disk response"
         return cls(success=_bool(_req(d, "success", w), "success"),
                    message=_str(_req(d, "message", w), "message"),
-                   num_paused_requests=_int(d.get("num_paused_requests", 0), "num_paused_requests"))
+                   num_paused_requests=_count(d.get("num_paused_requests", 0), "num_paused_requests"))
 
 
 @dataclass(frozen=True)
@@ -534,9 +545,9 @@ class AbortRequest:
 
     @classmethod
     def from_json(cls, d: Any) -> "AbortRequest":
-        d = _obj(d or {}, "abort_request")
+        d = _obj(_or(d, {}), "abort_request")
         _no_unknown(d, {"rid", "abort_all", "finished_reason", "abort_message"}, "abort_request")
-        return cls(rid=_str(d.get("rid") or "", "abort_request.rid"),
+        return cls(rid=_str(_or(d.get("rid"), ""), "abort_request.rid"),
                    abort_all=_bool(d.get("abort_all", False), "abort_request.abort_all"))
 
 

@@ -236,3 +236,21 @@ def test_client_turns_any_answer_into_a_result_or_an_engine_error(status, conten
         _check_accepted(out)
     elif call == "weight_version":
         assert isinstance(out, str)
+
+
+@FAST
+@given(st.sampled_from([0, "", False, [], 0.0]))
+def test_falsy_values_of_the_wrong_type_are_not_read_as_absent(falsy):
+    """``x or default`` would turn 0 / "" / false into an empty default: only null means absent."""
+    cases = [(P.SamplingParams, {"max_new_tokens": 1, "stop_token_ids": falsy}),
+             (P.PauseGenerationRequest, falsy), (P.ContinueGenerationRequest, falsy), (P.AbortRequest, falsy),
+             (P.AbortRequest, {"rid": falsy, "abort_all": True}),
+             (P.UpdateWeightsFromDiskResponse, {"success": True, "message": "", "num_paused_requests": -1})]
+    for cls, body in cases:
+        if (cls is P.SamplingParams and falsy == []) or (isinstance(body, dict) and body.get("rid") == ""):
+            continue  # an empty list is a valid stop_token_ids, an empty string a valid (absent) rid
+        with only_t1ops_errors(ParseError) as caught:
+            cls.from_json(body)
+        assert caught, f"{cls.__name__}.from_json({body!r}) was accepted"
+    assert P.SamplingParams.from_json({"max_new_tokens": 1, "stop_token_ids": None}).stop_token_ids == ()
+    assert P.PauseGenerationRequest.from_json(None) == P.PauseGenerationRequest()
