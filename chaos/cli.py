@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+
+from chaos import harness
 
 NAME = "chaos"
 HELP = "list or run chaos scenarios (one per documented failure)"
@@ -16,6 +19,7 @@ guardrail catches it. Runbooks: runbooks/<id>.md.
   t1ops chaos list [--json]
   t1ops chaos run dead-engine [--json]
   t1ops chaos run --all [--json] [--markdown FILE] [--json-out FILE]
+  t1ops chaos index [--write]      the runbook index (runbooks/README.md)
 """
 
 
@@ -29,10 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rn.add_argument("--json", action="store_true", help="print results as JSON")
     rn.add_argument("--markdown", type=Path, help="also write the report table as Markdown here")
     rn.add_argument("--json-out", type=Path, help="also write the results as JSON here")
+    ix = sub.add_parser("index", help="print the runbook index generated from runbooks/*.md")
+    ix.add_argument("--write", action="store_true", help="write it to runbooks/README.md instead")
 
 
 def run(args: argparse.Namespace) -> int:
-    from chaos import harness, report
+    from chaos import report
 
     scenarios = harness.discover()
     if args.action == "list":
@@ -42,11 +48,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             report.print_list(rows)
         return 0
+    if args.action == "index":
+        return _index(args, scenarios)
     ids = list(scenarios) if args.all else args.ids
     if not ids:
         print("name scenario ids or pass --all (see `t1ops chaos list`)", file=sys.stderr)
         return 2
-    unknown = [i for i in ids if i not in scenarios]
+    named = scenarios if args.all else harness.discover(include_private=True)  # `_` ids: only by name
+    unknown = [i for i in ids if i not in named]
     if unknown:
         print(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(scenarios)}", file=sys.stderr)
         return 2
@@ -57,11 +66,36 @@ def run(args: argparse.Namespace) -> int:
         results.append(harness.run_scenario(sid))
     payload = [r.to_dict() for r in results]
     if args.json_out:
-        args.json_out.write_text(json.dumps(payload, indent=2))
+        args.json_out.write_text(json.dumps(payload, indent=2, default=_jsonable))
     if args.markdown:
-        args.markdown.write_text(report.markdown(results))
+        args.markdown.write_text(report.markdown(results, _runbook_prefix(args.markdown)))
     if args.json:
-        print(json.dumps(payload, indent=2))
+        print(json.dumps(payload, indent=2, default=_jsonable))
     else:
         report.print_table(results)
     return 0 if all(r.passed for r in results) else 1
+
+
+def _jsonable(value):
+    """Scenario details may hold numpy scalars or paths: numbers stay numbers, the rest is text."""
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def _runbook_prefix(markdown_path: Path) -> str:
+    """Relative path from the Markdown file's folder to the repository root, so its links resolve."""
+    root = harness.RUNBOOK_DIR.parent
+    rel = os.path.relpath(root, markdown_path.resolve().parent)
+    return "" if rel == "." else rel.replace(os.sep, "/") + "/"
+
+
+def _index(args: argparse.Namespace, scenarios: dict) -> int:
+    from chaos import runbooks
+
+    text = runbooks.index_markdown(harness.RUNBOOK_DIR, {sid: s.title for sid, s in scenarios.items()})
+    if args.write:
+        path = harness.RUNBOOK_DIR / runbooks.INDEX_NAME
+        path.write_text(text)
+        print(f"wrote {path} ({len(runbooks.runbook_ids())} runbooks)")
+    else:
+        print(text, end="")
+    return 0

@@ -1,10 +1,19 @@
-"""Render chaos results: a terminal table (rich) and Markdown for CI artifacts."""
+"""Render chaos results: a terminal table (rich) and Markdown for CI artifacts.
+
+Columns (issue 10): id, fault fired, unguarded symptom, guarded outcome,
+detection time, result. A failed row says why (crash, fault not fired,
+guardrail missed, which invariant broke); the Markdown adds a section per
+failure with the full text, so a CI artifact is enough to start debugging.
+"""
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from chaos.harness import ScenarioResult
+
+CONSOLE_WIDTH = 160
 
 
 def _short(text: str, n: int = 70) -> str:
@@ -12,8 +21,31 @@ def _short(text: str, n: int = 70) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _det(r: ScenarioResult) -> str:
-    return "-" if r.guarded.detection_s is None else f"{r.guarded.detection_s:.2f} s"
+def format_seconds(seconds: float | None) -> str:
+    """``-`` for None; milliseconds below 0.1 s (a guard that acts in-step reads 0.3 ms, not 0.00 s)."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.1f} ms" if seconds < 0.1 else f"{seconds:.2f} s"
+
+
+def failure_reason(r: ScenarioResult) -> str:
+    """Why a result failed ("" when it passed), first cause first."""
+    if r.crashed:
+        return "crashed: " + r.crashed.strip().splitlines()[-1]
+    if not r.fault_fired:
+        return "the fault did not fire"
+    if not r.guarded.caught:
+        return "the guardrail missed it"
+    broken = [name for name, ok in r.invariants.items() if not ok]
+    return ("invariant broken: " + ", ".join(broken)) if broken else ""
+
+
+def guarded_outcome(r: ScenarioResult) -> str:
+    """What the user sees with the guardrail on (or why there is nothing to see)."""
+    if r.crashed:
+        return "crashed: " + r.crashed.strip().splitlines()[-1]
+    text = r.guarded.error or "(no message)"
+    return text if r.guarded.caught else f"MISSED: {text}"
 
 
 def print_list(rows: list[dict]) -> None:
@@ -21,31 +53,56 @@ def print_list(rows: list[dict]) -> None:
     for col in ("id", "title", "runbook"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["id"], r["title"], r["runbook"])
-    Console(width=160).print(t)
+        t.add_row(r["id"], escape(r["title"]), r["runbook"])
+    Console(width=CONSOLE_WIDTH).print(t)
 
 
 def print_table(results: list[ScenarioResult]) -> None:
     t = Table(title="chaos report")
-    for col in ("id", "fault fired", "unguarded symptom", "guarded outcome", "detection", "result"):
+    for col in ("id", "fault fired", "unguarded symptom", "guarded outcome", "detection", "run", "result"):
         t.add_column(col, overflow="fold")
     for r in results:
-        outcome = ("crashed: " + r.crashed.strip().splitlines()[-1]) if r.crashed else _short(r.guarded.error)
-        t.add_row(r.id, "yes" if r.fault_fired else "NO", _short(r.unguarded), outcome, _det(r),
-                  "[green]pass[/]" if r.passed else "[red]FAIL[/]")
-    Console(width=160).print(t)
+        verdict = "[green]pass[/]" if r.passed else f"[red]FAIL[/] {escape(failure_reason(r))}"
+        t.add_row(r.id, "yes" if r.fault_fired else "[red]NO[/]", escape(_short(r.unguarded)),
+                  escape(_short(guarded_outcome(r))), format_seconds(r.guarded.detection_s), format_seconds(r.duration_s), verdict)
+    console = Console(width=CONSOLE_WIDTH)
+    console.print(t)
+    console.print(summary_line(results))
+
+
+def summary_line(results: list[ScenarioResult]) -> str:
     n_pass = sum(r.passed for r in results)
-    Console(width=160).print(f"{n_pass}/{len(results)} scenarios passed")
+    failed = [r.id for r in results if not r.passed]
+    total_s = sum(r.duration_s for r in results)
+    line = f"{n_pass}/{len(results)} scenarios passed in {total_s:.1f} s"
+    return line + (f"; failed: {', '.join(failed)}" if failed else "")
 
 
-def markdown(results: list[ScenarioResult]) -> str:
-    lines = ["# Chaos report", "", "| id | fault fired | unguarded symptom | guarded outcome | detection | result |",
-             "|---|---|---|---|---|---|"]
+def _cell(text: str) -> str:
+    """Markdown table cell: pipes escaped, angle brackets kept visible, one line."""
+    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def markdown(results: list[ScenarioResult], runbook_prefix: str = "") -> str:
+    """The report as Markdown: a table, a summary line, then one section per failure.
+
+    ``runbook_prefix`` is prepended to each ``runbooks/<id>.md`` link (e.g.
+    ``../`` when the file is written one level below the repository root).
+    """
+    lines = ["# Chaos report", "",
+             "| id | fault fired | unguarded symptom | guarded outcome | detection | run | result |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
-        cells = [f"[{r.id}](../{r.runbook})", "yes" if r.fault_fired else "NO",
-                 _short(r.unguarded, 120), _short(r.guarded.error or "(crashed)", 120), _det(r),
-                 "pass" if r.passed else "FAIL"]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    n_pass = sum(r.passed for r in results)
-    lines += ["", f"{n_pass}/{len(results)} scenarios passed", ""]
+        cells = [_cell(_short(r.unguarded, 160)), _cell(_short(guarded_outcome(r), 160)),
+                 format_seconds(r.guarded.detection_s), format_seconds(r.duration_s),
+                 "pass" if r.passed else f"**FAIL**: {_cell(failure_reason(r))}"]
+        lines.append(f"| [{r.id}]({runbook_prefix}{r.runbook}) | {'yes' if r.fault_fired else '**NO**'} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", summary_line(results), ""]
+    for r in (r for r in results if not r.passed):
+        lines += [f"## {r.id}: {failure_reason(r)}", "", f"- unguarded: {r.unguarded or '(none recorded)'}",
+                  f"- guarded: {guarded_outcome(r)}",
+                  f"- invariants: {', '.join(f'{k}={v}' for k, v in r.invariants.items()) or '(none)'}", ""]
+        if r.crashed:
+            lines += ["```", r.crashed.rstrip(), "```", ""]
     return "\n".join(lines)
