@@ -23,8 +23,8 @@ gap, so the flips come from the numerics and the residual gap under R3 is
 kernel numerics, which R3 does not align (report, section 05).
 
 Sizing: 32 experts with top-4 put many close margins in reach of bf16
-rounding; 32 sequences x 16 tokens give ~10-25 flips in 960 rows on every
-seed tried (0-7), in a couple of seconds on one CPU thread.
+rounding; 32 sequences x 16 tokens (14 sampled) give 8-25 flips in 960 rows
+on every seed tried (0-7), in a couple of seconds on one CPU thread.
 Runbook: ``runbooks/routing-drift.md``.
 """
 from __future__ import annotations
