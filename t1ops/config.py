@@ -81,7 +81,8 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
     ppo_epochs: int = Field(1, ge=1, le=16, description="Passes over each batch.")
     save_every: int = Field(4, ge=1, description="Save weights-only checkpoints every N steps.")
-    warm_start_steps: int = Field(30, ge=0, description="Supervised warm-start steps on solutions before RL.")
+    warm_start_steps: int = Field(110, ge=0, description="Supervised warm-start steps on task solutions before RL (the report's RL starts from SFT).")
+    warm_start_lr: float = Field(3e-3, gt=0, le=1.0, description="Learning rate of the supervised warm start.")
 
 
 class RolloutConfig(Section):

@@ -31,22 +31,24 @@ _instruments: dict[tuple[str, str], Any] = {}
 _events: collections.deque = collections.deque(maxlen=4096)
 
 
-def setup(run_dir: str | Path, *, service: str = "t1ops", otlp_endpoint: str | None = None,
-          export_interval_s: float = 5.0) -> Path:
+def setup(run_dir: str | Path, *, service: str = "t1ops", role: str | None = None,
+          otlp_endpoint: str | None = None, export_interval_s: float = 5.0) -> Path:
     """Install meter and tracer providers writing JSON lines under ``run_dir/telemetry``.
 
-    Safe to call once per process; a second call with the same process is a no-op
-    that returns the existing directory.
+    ``role`` names another process of the same run (``router``, ``worker-0``,
+    ``trainer``): its files go to ``run_dir/telemetry/<role>/``, so every
+    process of a campaign reports into one tree. Safe to call once per
+    process; a second call is a no-op that returns the existing directory.
     """
     with _lock:
         if _state["meter_provider"] is not None:
             return Path(_state["dir"])
-        out = Path(run_dir) / "telemetry"
+        out = Path(run_dir) / "telemetry" / (role or "")
         out.mkdir(parents=True, exist_ok=True)
         mfile: TextIO = open(out / "metrics.jsonl", "a", buffering=1)
         sfile: TextIO = open(out / "spans.jsonl", "a", buffering=1)
         efile: TextIO = open(out / "events.jsonl", "a", buffering=1)
-        resource = Resource.create({"service.name": service})
+        resource = Resource.create({"service.name": service, "t1ops.role": role or "coordinator"})
         readers = [PeriodicExportingMetricReader(
             ConsoleMetricExporter(out=mfile, formatter=lambda d: d.to_json(indent=None) + "\n"),
             export_interval_millis=export_interval_s * 1000)]

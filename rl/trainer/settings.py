@@ -40,7 +40,8 @@ class TrainerSettings:
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     save_every: int = 4
-    warm_start_steps: int = 30
+    warm_start_steps: int = 110
+    warm_start_lr: float = 3e-3
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

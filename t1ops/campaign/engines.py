@@ -13,6 +13,7 @@ import subprocess
 from functools import partial
 
 from rl.engines.client import EngineClient
+from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.guards.engines import EngineHandle, EnginePool, spawn_factory
 from t1ops.guards.http import BoundedHttp
@@ -20,7 +21,10 @@ from t1ops.guards.http import BoundedHttp
 
 class EngineRouter:
     def __init__(self, *, engine_cfg: dict, spec: dict, vocab_path: str, checkpoint_dir: str, version: str,
-                 num_moe_layers: int, topk: int, num_experts: int, log_path: str | None = None) -> None:
+                 num_moe_layers: int, topk: int, num_experts: int, log_path: str | None = None,
+                 run_dir: str | None = None) -> None:
+        if run_dir is not None:
+            telemetry.setup(run_dir, role="router")
         self.cfg = EngineConfig(**engine_cfg)
         self.http = BoundedHttp(timeout_s=self.cfg.request_timeout_s, attempts=self.cfg.request_attempts,
                                 generate_timeout_s=self.cfg.generate_timeout_s)
@@ -65,3 +69,4 @@ class EngineRouter:
 
     def close(self) -> None:
         self.pool.close()
+        telemetry.shutdown()

@@ -69,7 +69,7 @@ def start_roles(cfg: CampaignConfig, run: RunDir, progress: Progress) -> Campaig
     progress.log(f"run {run.run_id}: {len(tasks)} tasks, compact vocabulary {vocab.size} ids, dir {run.path}")
     c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
         spec=spec, settings=cfg.trainer.model_dump(), vocab_path=str(run.vocab),
-        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1)
+        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path))
     examples = [(t.instruction, solution_command(t.solution)) for t in tasks if t.solution]
     c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
     if c.warm_start_loss:
@@ -79,17 +79,18 @@ def start_roles(cfg: CampaignConfig, run: RunDir, progress: Progress) -> Campaig
     c.router = ray.remote(EngineRouter).options(num_cpus=0, max_concurrency=256).remote(
         engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0,
         version="0", num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
-        num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"))
+        num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path))
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
     c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()))
     pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
     c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
     settings = _worker_settings(cfg)
-    for node in [n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]:
-        c.workers.append(ray.remote(RolloutWorker).options(
-            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+    for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
+        c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
+            num_cpus=0, max_restarts=2, max_task_retries=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
             run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
-            settings=settings, router=c.router, node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8]))
+            settings=settings, router=c.router, node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
+            run_dir=str(run.path), index=index))
     ray.get([w.ping.remote() for w in c.workers])
     c.rollouts = Rollouts(cfg, c.workers, [t.name for t in tasks], c.guards.stall)
     return c
@@ -105,8 +106,11 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
                           timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts)
 
 
-def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True) -> Path:
-    """Run a whole campaign; returns the run directory (summary.json, report.png, dumps, ...)."""
+def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,
+                 on_step: list | None = None) -> Path:
+    """Run a whole campaign; returns the run directory (summary.json, report.png, dumps, ...).
+
+    ``on_step`` callables ``(campaign, step)`` run as each step starts (the chaos schedule's seam)."""
     run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)
     (run.path / "config.json").write_text(cfg.model_dump_json(indent=2))
     telemetry.setup(run.path, otlp_endpoint=cfg.telemetry.otlp_endpoint,
@@ -116,6 +120,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     c = None
     try:
         c = start_roles(cfg, run, progress)
+        c.on_step = list(on_step or [])
         summary = Summary(run.path, run.run_id, cfg.model_dump(),
                           extra={"warm_start_loss": c.warm_start_loss, "num_workers": len(c.workers)})
         with progress:

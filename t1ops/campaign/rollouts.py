@@ -29,8 +29,23 @@ class Pending:
 
 class Rollouts:
     def __init__(self, cfg, workers: list, task_names: list[str], stall) -> None:
+        import ray
+
         self.cfg, self.workers, self.task_names, self.stall = cfg, workers, task_names, stall
         self.in_flight = 0
+        self.pids = ray.get([w.pid.remote() for w in workers])
+
+    def check_workers(self) -> list[int]:
+        """Indices of workers Ray restarted since the last check (their rollouts were rerun)."""
+        import ray
+
+        pids = ray.get([w.pid.remote() for w in self.workers])
+        restarted = [i for i, (a, b) in enumerate(zip(self.pids, pids)) if a != b]
+        for i in restarted:
+            telemetry.event("campaign.worker_restarted", severity="warn", worker=i, old_pid=self.pids[i],
+                            new_pid=pids[i])
+        self.pids = pids
+        return restarted
 
     def submit(self, step: int) -> Pending:
         r = self.cfg.rollout

@@ -43,6 +43,7 @@ class Campaign:
     rollouts: Rollouts | None = None
     guards: CampaignGuards | None = None
     warm_start_loss: list[float] = field(default_factory=list)
+    on_step: list = field(default_factory=list)   # callables (campaign, step) run as each step starts
 
 
 def _metrics_row(step: int, results: list[dict], stats: dict, rollout_s: float, train_s: float,
@@ -87,9 +88,12 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
     pending = c.rollouts.submit(1)
     for step in range(1, steps + 1):
         t_step = time.monotonic()
+        for hook in c.on_step:  # e.g. a chaos fault schedule
+            hook(c, step)
         if pending is None:  # sequential mode: generate this step's batch now
             pending = c.rollouts.submit(step)
         results, rollout_s, books = c.rollouts.collect(pending)
+        c.rollouts.check_workers()
         pending = c.rollouts.submit(step + 1) if pipelined and step < steps else None  # t+1 generates ...
         progress.update(step=step, phase="train", in_flight=c.rollouts.in_flight)
         t_train = time.monotonic()

@@ -27,8 +27,12 @@ from t1ops.guards.checkpoints import CheckpointManager
 
 class TrainerHost:
     def __init__(self, *, spec: dict, settings: dict, vocab_path: str, ckpt_base: str, seed: int,
-                 num_threads: int = 1) -> None:
+                 num_threads: int = 1, run_dir: str | None = None) -> None:
         torch.set_num_threads(num_threads)
+        if run_dir is not None:
+            from t1ops import telemetry
+
+            telemetry.setup(run_dir, role="trainer")
         self.vocab = CompactVocab.load(vocab_path)
         self.spec = ModelSpec(**{**spec, "vocab_size": self.vocab.size})
         self.settings = TrainerSettings.from_mapping(settings)
@@ -46,10 +50,16 @@ class TrainerHost:
         seqs = [(self.vocab.encode_inputs(t), m) for t, m in seqs]
         rng = random.Random(self.seed)
         losses = []
+        groups = self.trainer.actor_optimizer.param_groups
+        rl_lrs = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] = self.settings.warm_start_lr
         for _ in range(num_steps):
             batch = rng.sample(seqs, min(batch_size, len(seqs)))
             stats = self.trainer.sft_step([np.asarray(t) for t, _ in batch], [np.asarray(m) for _, m in batch])
             losses.append(float(stats.loss))
+        for g, lr in zip(groups, rl_lrs):
+            g["lr"] = lr
         return losses
 
     # --- RL ----------------------------------------------------------------------------

@@ -57,9 +57,11 @@ class RolloutWorker:
     """Runs trials for the coordinator (wrapped as a Ray actor by the runner)."""
 
     def __init__(self, *, run_id: str, trials_root: str, tasks_dir: str, settings: WorkerSettings,
-                 router, node: str = "local") -> None:
+                 router, node: str = "local", run_dir: str | None = None, index: int = 0) -> None:
         from t1ops.guards.fds import raise_nofile_limit
 
+        if run_dir is not None:
+            telemetry.setup(run_dir, role=f"worker-{index}")
         raise_nofile_limit()
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
@@ -71,6 +73,11 @@ class RolloutWorker:
 
     def ping(self) -> str:
         return self.node
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
 
     async def rollout(self, step: int, groups: list[list[TrialSpec]], accept_groups: int | None = None) -> dict:
         """Run ``groups`` of trials; accept the first ``accept_groups`` to finish (skim).
