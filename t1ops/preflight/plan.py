@@ -72,6 +72,9 @@ class Parallelism(Section):
         dense = self.tp * self.pp * self.cp
         if self.train_gpus % dense:
             raise ValueError(f"train_gpus {self.train_gpus} is not divisible by tp*pp*cp = {dense}")
+        if self.pp * self.etp > self.train_gpus:  # then no expert parallelism, not even 1, fits
+            raise ValueError(f"pp*etp = {self.pp * self.etp} exceeds train_gpus {self.train_gpus}: no expert "
+                             "layout fits; lower etp or pp")
         if self.dp is not None and self.dp != self.train_gpus // dense:
             raise ValueError(f"dp = {self.dp} but train_gpus/(tp*pp*cp) = {self.train_gpus // dense}; "
                              "change train_gpus, tp, pp or cp so they agree (dp is derived)")
