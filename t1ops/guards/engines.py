@@ -42,7 +42,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 import httpx
 
@@ -122,6 +122,20 @@ def spawn_factory(spawn: Callable[[int], subprocess.Popen], http: Any, *, host: 
         port = free_port(host)
         url = f"http://{host}:{port}"
         return EngineHandle(url=url, client=EngineClient(url, http, **client_kw), process=spawn(port))
+    return make
+
+
+def url_factory(urls: Sequence[str], http: Any, **client_kw: Any) -> EngineFactory:
+    """Factory for external SGLang servers (``engine.kind = "sglang"``): slot ``i`` is ``urls[i]``.
+
+    The pool does not own these processes, so "recreating" a dead slot means
+    re-admitting the same URL once it answers again (its operator restarts it).
+    """
+    def make(slot: int) -> EngineHandle:
+        if not 0 <= slot < len(urls):
+            raise InputError(f"engine slot {slot} has no URL: {len(urls)} urls given; set engine.urls to "
+                             "one URL per engine (engine.num_engines)", slot=slot, num_urls=len(urls))
+        return EngineHandle(url=urls[slot], client=EngineClient(urls[slot], http, **client_kw))
     return make
 
 

@@ -19,7 +19,7 @@ from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, EngineError, InputError
-from t1ops.guards.engines import EngineHandle, EnginePool, spawn_factory
+from t1ops.guards.engines import EngineHandle, EnginePool, spawn_factory, url_factory
 from t1ops.guards.http import BoundedHttp
 
 pytestmark = pytest.mark.slow
@@ -220,3 +220,10 @@ def test_an_abort_outside_a_barrier_is_not_resubmitted_forever():
         pool.generate(_req("refused"))
     assert sum(c.endswith("/generate") for c in calls) == 1
     pool.close()
+
+
+def test_url_factory_maps_slots_to_external_servers():
+    make = url_factory(["http://a:1", "http://b:2"], httpx.Client())
+    assert make(1).url == "http://b:2" and make(1).process is None
+    with pytest.raises(InputError, match="slot 2 has no URL: 2 urls given"):
+        make(2)
