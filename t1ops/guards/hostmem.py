@@ -26,6 +26,7 @@ import psutil
 
 from t1ops import telemetry
 from t1ops.config import GuardsConfig
+from t1ops.doctor import Check, check
 from t1ops.errors import HostOOMKilled, InputError
 
 RUNBOOK = "runbooks/host-oom-kill.md"
@@ -278,3 +279,14 @@ class OomWatch:
         if err is not None:
             telemetry.event("host.oom_killed", "error", pid=pid, returncode=returncode, message=err.message)
             raise err
+
+
+@check
+def host_memory_cgroup() -> Check:
+    """Host and own-cgroup headroom; whether OOM kills can be counted."""
+    d = own_cgroup_dir()
+    snap = snapshot(d)
+    counter = "oom_kill counter readable" if snap.cgroup is not None and snap.cgroup.oom_kills is not None \
+        else "no oom_kill counter: OOM kills are inferred from SIGKILL exits and dmesg"
+    return Check("host_memory_cgroup", "ok" if snap.cgroup is not None else "warn",
+                 f"{snap.describe()}; effective available {fmt_bytes(snap.available_bytes)}; {counter}")

@@ -154,3 +154,4 @@ def test_fd_usage_reports_a_full_table_as_at_the_limit():
                  "    except OSError:\n        break\n"
                  "u = fd_usage()\nprint(json.dumps([u.num_open, u.soft_limit]))", soft=32)
     assert out == [32, 32]
+

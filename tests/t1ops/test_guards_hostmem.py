@@ -130,3 +130,8 @@ def test_oom_watch_says_probably_when_no_evidence_is_readable():
     watch = hostmem.OomWatch(cgroup_dir=None, kernel_log=lambda: None)
     err = watch.arm().explain_exit(99, -9)
     assert err is not None and "probably by the OS OOM killer" in str(err) and err.context["confirmed"] is False
+
+
+def test_doctor_shows_host_and_cgroup_memory():
+    c = hostmem.host_memory_cgroup()
+    assert c.name == "host_memory_cgroup" and "host available" in c.detail and "effective available" in c.detail
