@@ -7,6 +7,8 @@ failure with the full text, so a CI artifact is enough to start debugging.
 """
 from __future__ import annotations
 
+import json
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -28,10 +30,16 @@ def format_seconds(seconds: float | None) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 0.1 else f"{seconds:.2f} s"
 
 
+def _crash_line(traceback_text: str) -> str:
+    """``EngineDeadError: msg`` from a traceback's last line (module path dropped)."""
+    name, sep, message = traceback_text.strip().splitlines()[-1].partition(": ")
+    return name.rsplit(".", 1)[-1] + sep + message
+
+
 def failure_reason(r: ScenarioResult) -> str:
     """Why a result failed ("" when it passed), first cause first."""
     if r.crashed:
-        return "crashed: " + r.crashed.strip().splitlines()[-1]
+        return "crashed: " + _crash_line(r.crashed)
     if not r.fault_fired:
         return "the fault did not fire"
     if not r.guarded.caught:
@@ -43,7 +51,7 @@ def failure_reason(r: ScenarioResult) -> str:
 def guarded_outcome(r: ScenarioResult) -> str:
     """What the user sees with the guardrail on (or why there is nothing to see)."""
     if r.crashed:
-        return "crashed: " + r.crashed.strip().splitlines()[-1]
+        return "(crashed before an outcome)"
     text = r.guarded.error or "(no message)"
     return text if r.guarded.caught else f"MISSED: {text}"
 
@@ -59,12 +67,18 @@ def print_list(rows: list[dict]) -> None:
 
 def print_table(results: list[ScenarioResult]) -> None:
     t = Table(title="chaos report")
-    for col in ("id", "fault fired", "unguarded symptom", "guarded outcome", "detection", "run", "result"):
-        t.add_column(col, overflow="fold")
+    t.add_column("id", no_wrap=True)
+    t.add_column("fired", no_wrap=True)
+    t.add_column("unguarded symptom", ratio=1)
+    t.add_column("guarded outcome", ratio=1)
+    t.add_column("detection", no_wrap=True, justify="right")
+    t.add_column("run", no_wrap=True, justify="right")
+    t.add_column("result", max_width=20)
     for r in results:
-        verdict = "[green]pass[/]" if r.passed else f"[red]FAIL[/] {escape(failure_reason(r))}"
-        t.add_row(r.id, "yes" if r.fault_fired else "[red]NO[/]", escape(_short(r.unguarded)),
-                  escape(_short(guarded_outcome(r))), format_seconds(r.guarded.detection_s), format_seconds(r.duration_s), verdict)
+        verdict = "[green]pass[/]" if r.passed else f"[red]FAIL[/] {escape(_short(failure_reason(r), 34))}"
+        t.add_row(r.id, "yes" if r.fault_fired else "[red]NO[/]", escape(_short(r.unguarded, 64)),
+                  escape(_short(guarded_outcome(r), 64)), format_seconds(r.guarded.detection_s),
+                  format_seconds(r.duration_s), verdict)
     console = Console(width=CONSOLE_WIDTH)
     console.print(t)
     console.print(summary_line(results))
@@ -95,14 +109,16 @@ def markdown(results: list[ScenarioResult], runbook_prefix: str = "") -> str:
     for r in results:
         cells = [_cell(_short(r.unguarded, 160)), _cell(_short(guarded_outcome(r), 160)),
                  format_seconds(r.guarded.detection_s), format_seconds(r.duration_s),
-                 "pass" if r.passed else f"**FAIL**: {_cell(failure_reason(r))}"]
+                 "pass" if r.passed else f"**FAIL**: {_cell(_short(failure_reason(r), 80))}"]
         lines.append(f"| [{r.id}]({runbook_prefix}{r.runbook}) | {'yes' if r.fault_fired else '**NO**'} | "
                      + " | ".join(cells) + " |")
     lines += ["", summary_line(results), ""]
     for r in (r for r in results if not r.passed):
-        lines += [f"## {r.id}: {failure_reason(r)}", "", f"- unguarded: {r.unguarded or '(none recorded)'}",
-                  f"- guarded: {guarded_outcome(r)}",
-                  f"- invariants: {', '.join(f'{k}={v}' for k, v in r.invariants.items()) or '(none)'}", ""]
-        if r.crashed:
+        lines += [f"## {r.id}: {_short(failure_reason(r), 100)}", ""]
+        if r.crashed:  # the traceback says it all; the outcome fields are empty
             lines += ["```", r.crashed.rstrip(), "```", ""]
+            continue
+        lines += [f"- unguarded: {r.unguarded or '(none recorded)'}", f"- guarded: {guarded_outcome(r)}",
+                  f"- invariants: {', '.join(f'{k}={v}' for k, v in r.invariants.items()) or '(none)'}",
+                  f"- details: `{json.dumps(r.details, default=str)}`", ""]
     return "\n".join(lines)

@@ -21,7 +21,8 @@ def _pass(tmp: Path) -> Outcome:
 
 @register(MISS, "a scenario whose invariant breaks (report self-test)")
 def _miss(tmp: Path) -> Outcome:
-    return Outcome(fault_fired=True, unguarded="silent", guarded=Guarded(caught=True, detection_s=0.0004, error="seen"),
+    return Outcome(fault_fired=True, unguarded="silent",
+                   guarded=Guarded(caught=True, detection_s=0.0004, error="seen"),
                    invariants={"nothing_lost": True, "no_duplicates": False})
 
 
@@ -63,6 +64,7 @@ def test_report_markdown_table_and_failure_sections(tmp_path, capsys):
     assert "0.25 s" in rows[0] and rows[0].endswith("| pass |")
     assert "**FAIL**: invariant broken: no_duplicates" in rows[1] and "0.4 ms" in rows[1]
     assert "crashed: RuntimeError: scenario exploded" in rows[2] and "**NO**" in rows[2]
+    assert "(crashed before an outcome)" in rows[2]
     assert any(line.startswith("1/3 scenarios passed") and MISS in line for line in lines)
     assert f"## {MISS}: invariant broken: no_duplicates" in lines and f"## {CRASH}: crashed: " in text
     assert "Traceback" in text  # the crash's traceback is in the artifact

@@ -30,7 +30,8 @@ def test_runbook_has_every_section_once(path):
 
 @pytest.mark.parametrize("path", RUNBOOK_FILES, ids=lambda p: p.stem)
 def test_runbook_names_its_scenario_command(path):
-    assert f"t1ops chaos run {path.stem}" in path.read_text(), f"{path.name} does not name `t1ops chaos run {path.stem}`"
+    command = f"t1ops chaos run {path.stem}"
+    assert command in path.read_text(), f"{path.name} does not name `{command}`"
 
 
 def test_index_links_every_runbook():
