@@ -5,8 +5,9 @@ verifier executes in the agent-controlled sandbox with no runtime tamper
 detection; defense currently rests on the audited task pool."
 
 Fault: four real agents, each a shell command run in the sandbox (on the host
-uid, so every forgery lands on disk, as on a host where the uid drop is not
-available), none of which solves the task (honest reward 0/4):
+uid with the task pool visible, so every forgery lands on disk, as on a host
+where neither the uid drop nor the mount namespace is available), none of
+which solves the task (honest reward 0/4):
 
 - ``forged-ctrf``: pre-writes a passing ``verifier/ctrf.json`` and a
   ``tests/test.sh`` that exits 0;
@@ -80,7 +81,8 @@ def _one(tmp: Path, name: str, guarded: bool) -> dict:
     src = tmp / f"{name}-{'g' if guarded else 'u'}" / "text-sort"
     shutil.copytree(POOL / "text-sort", src)
     task = load_task(src)
-    sandbox = Sandbox(tmp / "trials", "run-tamper", drop_privileges=False)
+    # the worst host: no uid drop, task pool visible, so every forgery lands on disk
+    sandbox = Sandbox(tmp / "trials", "run-tamper", drop_privileges=False, hide_task_pool=False)
     trial = sandbox.create(task, 0)
     cmd, kind = _attacks(trial.dir, src)[name]
     ran = trial.exec(cmd, timeout_s=20)

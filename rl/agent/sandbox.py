@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import resource
+import secrets as secrets_mod
 import shutil
 import signal
 import subprocess
@@ -43,9 +44,12 @@ from rl.errors import InputError, SandboxError, TrialDirError
 
 log = logging.getLogger("rl.agent.sandbox")
 
-AGENT_UID = 65534      # nobody: owns only the workspace
+AGENT_UID = 1_000_000          # base of the per-trial agent uids (no passwd entry needed)
+AGENT_UID_SPAN = 1_000_000_000  # each trial draws its own uid: its own NPROC count, its own sweep
 VERIFIER_UID = 65533   # a second unprivileged uid, so the agent's leftovers cannot touch verifier/
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 16384, 1 << 18
 MARKER_ENV = "T1_TRIAL_ID"
 LIMIT_REASONS = ("cpu_limit", "memory_limit", "process_limit", "file_size_limit", "open_files_limit")
 _MEMORY_PATTERNS = ("MemoryError", "Cannot allocate memory", "bad_alloc", "memory exhausted",
@@ -100,33 +104,65 @@ class Isolation:
 
     network_isolated: bool
     network_reason: str
-    agent_uid: int | None
+    agent_uid: int | None          # base of per-trial uids; None: the agent keeps the host uid
     verifier_uid: int | None
     uid_reason: str
+    can_hide_paths: bool = False   # a private mount namespace can cover the task pool with tmpfs
+    hide_reason: str = "not probed"
+
+
+# libc is loaded once here, in the parent: a dlopen() inside preexec_fn can deadlock when
+# another thread held the loader lock at fork time (seen with concurrent trials).
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.unshare.argtypes = [ctypes.c_int]
+_LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
+_HIDE_FLAGS = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+
+
+def _checked(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, what)
 
 
 def _libc_unshare_net() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+    _checked(_LIBC.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
 
 
-def _make_preexec(limits: Limits, *, netns: bool, uid: int | None) -> Callable[[], None]:
-    def preexec() -> None:  # runs in the child between fork and exec
+def _libc_hide(paths: tuple[bytes, ...]) -> None:
+    """In a new mount namespace, cover each path with an empty read-only tmpfs."""
+    _checked(_LIBC.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _checked(_LIBC.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    for path in paths:
+        _checked(_LIBC.mount(b"t1ops-hidden", path, b"tmpfs", _HIDE_FLAGS, b"size=4k,mode=0555"),
+                 "mount tmpfs over a hidden path")
+
+
+def _make_preexec(limits: Limits, *, netns: bool, uid: int | None,
+                  hide: tuple[str, ...] = ()) -> Callable[[], None]:
+    """The child's setup between fork and exec. Everything that could allocate a lock (loading
+    libc, counting processes, encoding paths) is computed here, in the parent."""
+    mb = 1024 * 1024
+    nproc = limits.num_procs
+    if uid is None:  # same uid as the host: the limit counts the host's own processes too
+        nproc += len([p for p in psutil.process_iter(["uids"]) if p.info["uids"]
+                      and p.info["uids"].real == os.getuid()])
+    rlimits = ((resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 2)),
+               (resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb)),
+               (resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb)),
+               (resource.RLIMIT_NOFILE, (limits.num_open_files, limits.num_open_files)),
+               (resource.RLIMIT_CORE, (0, 0)),
+               (resource.RLIMIT_NPROC, (nproc, nproc)))
+    hide_b = tuple(os.fsencode(p) for p in hide)
+
+    def preexec() -> None:
         if netns:
             _libc_unshare_net()
-        mb = 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 2))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.num_open_files, limits.num_open_files))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        nproc = limits.num_procs
-        if uid is None:  # same uid as the host: the limit counts the host's own processes too
-            nproc += len([p for p in psutil.process_iter(["uids"]) if p.info["uids"]
-                          and p.info["uids"].real == os.getuid()])
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        if hide_b:
+            _libc_hide(hide_b)
+        for which, value in rlimits:
+            resource.setrlimit(which, value)
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
@@ -146,20 +182,41 @@ def probe_isolation(*, isolate_network: bool = True, drop_privileges: bool = Tru
         except (OSError, subprocess.SubprocessError) as e:
             net_reason = f"unshare(CLONE_NEWNET) failed ({e}); commands keep the host network"
             log.warning("sandbox: %s", net_reason)
+    hide_ok, hide_reason = _probe_hide()
     if drop_privileges and os.geteuid() == 0:
         if _uid_can_run_python(VERIFIER_UID):
             return Isolation(net_ok, net_reason, AGENT_UID, VERIFIER_UID,
-                             f"agent runs as uid {AGENT_UID}, verifier as uid {VERIFIER_UID}")
-        reason = (f"agent runs as uid {AGENT_UID}; the verifier stays on the host uid because uid "
-                  f"{VERIFIER_UID} cannot execute {sys.executable} (an ancestor dir is private)")
+                             f"agent runs as a per-trial uid >= {AGENT_UID}, verifier as uid "
+                             f"{VERIFIER_UID}", hide_ok, hide_reason)
+        reason = (f"agent runs as a per-trial uid >= {AGENT_UID}; the verifier stays on the host "
+                  f"uid because uid {VERIFIER_UID} cannot execute {sys.executable} (an ancestor "
+                  "dir is private)")
         log.warning("sandbox: %s", reason)
-        return Isolation(net_ok, net_reason, AGENT_UID, None, reason)
+        return Isolation(net_ok, net_reason, AGENT_UID, None, reason, hide_ok, hide_reason)
     uid_reason = ("uid drop disabled by the caller" if not drop_privileges else
                   f"not root (euid {os.geteuid()}): agent and verifier share the host uid; "
                   "integrity rests on checksums and tamper scans")
     if drop_privileges:
         log.warning("sandbox: %s", uid_reason)
-    return Isolation(net_ok, net_reason, None, None, uid_reason)
+    return Isolation(net_ok, net_reason, None, None, uid_reason, hide_ok, hide_reason)
+
+
+def _probe_hide() -> tuple[bool, str]:
+    """Whether a child can cover a directory with tmpfs in its own mount namespace."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="t1ops-hide-probe-") as d:
+        (Path(d) / "secret").write_text("x")
+        try:
+            d_b = os.fsencode(d)
+            out = subprocess.run(["/bin/ls", "-A", d], preexec_fn=lambda: _libc_hide((d_b,)),
+                                 capture_output=True, text=True, timeout=10, check=True)
+        except (OSError, subprocess.SubprocessError) as e:
+            reason = f"cannot hide the task pool from the agent ({e}); it stays readable"
+            log.warning("sandbox: %s", reason)
+            return False, reason
+    if out.stdout.strip():
+        return False, "tmpfs mount did not cover the probe dir; the task pool stays readable"
+    return True, "task pool covered by an empty tmpfs in a private mount namespace"
 
 
 def _uid_can_run_python(uid: int) -> bool:
@@ -193,13 +250,15 @@ def _classify(rc: int | None, stderr: str, timed_out: bool, budget_cut: bool) ->
     return "ok" if rc == 0 else "exit_nonzero"
 
 
-def sweep(marker: str, pgid: int | None = None, *, max_rounds: int = 5) -> int:
-    """SIGKILL the process group and every process whose environment carries ``marker``
-    (catches processes that left the group with setsid), repeating while a fork bomb still
-    spawns. Returns how many were found alive."""
+def sweep(marker: str, pgid: int | None = None, *, uid: int | None = None, max_rounds: int = 5) -> int:
+    """SIGKILL the process group and every process whose environment carries ``marker`` or
+    that runs as the trial's own ``uid`` (catches processes that left the group with setsid
+    and cleared their environment), repeating while a fork bomb still spawns. Returns how
+    many were found alive."""
     found = 0
     for _ in range(max_rounds):
-        alive = [p for p in psutil.process_iter(["pid"]) if _carries(p, marker)]
+        alive = [p for p in psutil.process_iter(["pid", "uids"]) if _carries(p, marker)
+                 or (uid is not None and p.info["uids"] is not None and p.info["uids"].real == uid)]
         if pgid is not None:
             try:
                 os.killpg(pgid, signal.SIGKILL)
@@ -225,13 +284,15 @@ def _carries(proc: psutil.Process, marker: str) -> bool:
 
 def run_limited(argv: list[str], *, cwd: Path, env: Mapping[str, str], limits: Limits,
                 timeout_s: float, log_dir: Path, marker: str, isolation: Isolation,
-                uid: int | None, budget_cut: bool = False, secrets: Mapping[str, str] = {}) -> ExecResult:
+                uid: int | None, budget_cut: bool = False, secrets: Mapping[str, str] = {},
+                hide: tuple[str, ...] = (), sweep_uid: bool = False) -> ExecResult:
     """Run ``argv`` under ``limits`` with its own process group; never raises for what the
     command does (limits and timeouts become ``reason``), only for failing to start it."""
     log_dir.mkdir(parents=True, exist_ok=True)
     stamp = uuid.uuid4().hex[:8]
     out_path, err_path = log_dir / f"{stamp}.out", log_dir / f"{stamp}.err"
-    preexec = _make_preexec(limits, netns=isolation.network_isolated, uid=uid)
+    preexec = _make_preexec(limits, netns=isolation.network_isolated, uid=uid, hide=hide)
+    own_uid = uid if sweep_uid else None
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:
@@ -245,9 +306,9 @@ def run_limited(argv: list[str], *, cwd: Path, env: Mapping[str, str], limits: L
             rc: int | None = proc.wait(timeout=max(timeout_s, 0.01))
         except subprocess.TimeoutExpired:
             timed_out = True
-            sweep(marker, proc.pid)
+            sweep(marker, proc.pid, uid=own_uid)
             rc = proc.wait()
-    num_left = sweep(marker, proc.pid)   # background children outlive a clean exit too
+    num_left = sweep(marker, proc.pid, uid=own_uid)   # background children outlive a clean exit too
     duration_s = time.monotonic() - t0
     stdout, t_out = _read_capped(out_path, limits.max_output_bytes)
     stderr, t_err = _read_capped(err_path, limits.max_output_bytes)
@@ -280,6 +341,8 @@ class Trial:
     limits: Limits
     isolation: Isolation
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    uid: int | None = None                 # this trial's own agent uid (None: host uid)
+    hidden_paths: tuple[str, ...] = ()     # covered by tmpfs for the agent (the task pool)
     started_monotonic: float = field(default_factory=time.monotonic)
     finished: bool = False
     num_commands: int = 0
@@ -310,14 +373,14 @@ class Trial:
         self.num_commands += 1
         return run_limited(["/bin/bash", "-c", cmd], cwd=self.workspace, env=self.agent_env(),
                            limits=self.limits, timeout_s=bound, log_dir=self.dir / "logs",
-                           marker=self.trial_id, isolation=self.isolation,
-                           uid=self.isolation.agent_uid,
-                           budget_cut=timeout_s is None or remaining < timeout_s, secrets=self.secrets)
+                           marker=self.trial_id, isolation=self.isolation, uid=self.uid,
+                           budget_cut=timeout_s is None or remaining < timeout_s, secrets=self.secrets,
+                           hide=self.hidden_paths, sweep_uid=True)
 
     def finish(self) -> int:
         """End the agent's part: kill anything it left running; returns how many were killed."""
         self.finished = True
-        return sweep(self.trial_id)
+        return sweep(self.trial_id, uid=self.uid)
 
 
 class Sandbox:
@@ -326,7 +389,7 @@ class Sandbox:
     def __init__(self, root: str | Path, run_id: str, *, limits: Limits = Limits(),
                  isolate_network: bool = True, drop_privileges: bool = True,
                  agent_timeout_override_s: float | None = None, allow_lower_timeout: bool = False,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None, hide_task_pool: bool = True) -> None:
         if not run_id or "/" in run_id or run_id.startswith("."):
             raise InputError(f"run_id {run_id!r} must be a non-empty name without '/'", argument="run_id")
         self.root, self.run_id, self.limits = Path(root), run_id, limits
@@ -335,6 +398,7 @@ class Sandbox:
         os.chmod(self.run_dir, 0o711)   # traversable, not listable: siblings stay unguessable
         self.override_s, self.allow_lower = agent_timeout_override_s, allow_lower_timeout
         self.environ = os.environ if environ is None else environ
+        self.hide_task_pool = hide_task_pool
         self.isolation = probe_isolation(isolate_network=isolate_network,
                                          drop_privileges=drop_privileges)
 
@@ -361,10 +425,21 @@ class Sandbox:
             "run_id": self.run_id, "trial_id": trial_id, "task": task.name, "trial_idx": trial_idx,
             "agent_budget_s": budget.timeout_s, "budget_source": budget.source,
             "budget_reason": budget.reason, "tests_digest": task.tests_digest}, indent=1))
-        uid = self.isolation.agent_uid
-        if uid is not None:
+        uid = None
+        if self.isolation.agent_uid is not None:
+            uid = self.isolation.agent_uid + secrets_mod.randbelow(AGENT_UID_SPAN)
             for p in [ws, *ws.rglob("*")]:
                 os.lchown(p, uid, uid)
         return Trial(task=task, run_id=self.run_id, trial_idx=trial_idx, trial_id=trial_id,
                      dir=tdir, budget=budget, limits=self.limits, isolation=self.isolation,
-                     secrets=secrets)
+                     secrets=secrets, uid=uid, hidden_paths=self._hidden_for(task, tdir))
+
+    def _hidden_for(self, task: Task, tdir: Path) -> tuple[str, ...]:
+        """The task pool dir (tests and solutions of every task), unless the trial lives inside it."""
+        if not self.hide_task_pool or not self.isolation.can_hide_paths:
+            return ()
+        pool = task.path.parent.resolve()
+        if tdir.resolve().is_relative_to(pool) or pool == Path("/"):
+            log.warning("sandbox: trial dir %s is inside the task pool %s; pool left visible", tdir, pool)
+            return ()
+        return (str(pool),)

@@ -166,3 +166,25 @@ def test_redact_helpers():
     rec = logging.LogRecord("x", logging.INFO, "f", 1, "got %s", ("secret-value",), None)
     RedactingFilter(s).filter(rec)
     assert rec.getMessage() == "got [REDACTED:A]"
+
+
+def test_task_pool_is_hidden_from_the_agent(sandbox, trial):
+    if not sandbox.isolation.can_hide_paths:
+        pytest.skip(sandbox.isolation.hide_reason)
+    solution = TASK / "solution" / "solve.sh"
+    r = trial.exec(f"cat {solution}; ls -A {TASK.parent} | wc -l", timeout_s=10)
+    assert "No such file" in r.stderr and r.stdout.strip() == "0"
+    assert solution.is_file()                       # only hidden inside the agent's namespace
+
+
+def test_each_trial_has_its_own_uid_and_escapees_are_swept(sandbox):
+    if sandbox.isolation.agent_uid is None:
+        pytest.skip(sandbox.isolation.uid_reason)
+    task = load_task(TASK)
+    a, b = sandbox.create(task, 7), sandbox.create(task, 8)
+    assert a.uid != b.uid and a.exec("id -u").stdout.strip() == str(a.uid)
+    a.exec("setsid env -i sleep 120 >/dev/null 2>&1 &", timeout_s=10)   # leaves group and marker
+    time.sleep(0.1)
+    alive = [p for p in psutil.process_iter(["uids", "status"]) if p.info["uids"]
+             and p.info["uids"].real == a.uid and p.info["status"] != psutil.STATUS_ZOMBIE]
+    assert not alive

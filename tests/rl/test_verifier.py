@@ -34,8 +34,10 @@ def sandbox(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def open_sandbox(tmp_path_factory):
-    """Agent on the host uid: forgeries succeed on disk, so only the verifier's checks stop them."""
-    return Sandbox(tmp_path_factory.mktemp("sbx-open"), "run-open", drop_privileges=False)
+    """Agent on the host uid with the task pool visible (the worst host): forgeries succeed on
+    disk, so only the verifier's checks stop them."""
+    return Sandbox(tmp_path_factory.mktemp("sbx-open"), "run-open", drop_privileges=False,
+                   hide_task_pool=False)
 
 
 def test_honest_solution_gets_full_ctrf_reward(sandbox, task):
@@ -111,3 +113,14 @@ def test_missing_ctrf_falls_back_to_binary(open_sandbox, tmp_path):
     trial.exec("echo hello > out.txt")
     v = verify(trial)
     assert (v.reason, v.reward.source, v.reward.value) == ("no-ctrf", "fallback:missing", 1.0)
+
+
+def test_hidden_pool_blocks_the_tests_edit_outright(tmp_path, task):
+    sb = Sandbox(tmp_path / "sbx", "run-hidden", drop_privileges=False)
+    if not sb.isolation.can_hide_paths:
+        pytest.skip(sb.isolation.hide_reason)
+    src = tmp_path / "pool" / "text-sort"
+    shutil.copytree(task.path, src)
+    trial = sb.create(load_task(src), 0)
+    r = trial.exec(f"echo 'def test_free(): pass' >> {src}/tests/test_outputs.py")
+    assert r.reason == "exit_nonzero" and "test_free" not in (src / "tests" / "test_outputs.py").read_text()
