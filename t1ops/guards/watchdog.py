@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Literal
 
 from t1ops import telemetry
+from t1ops.config import GuardsConfig
 from t1ops.errors import HangError, InputError
 
 RUNBOOK = "runbooks/jit-as-deadlock.md"
@@ -72,7 +73,11 @@ def is_warming_up(intervals_s: list[float] | tuple[float, ...], warmup_ratio: fl
 
 
 class Watchdog:
-    """Classify ranks from their per-micro-batch progress reports."""
+    """Classify ranks from their per-micro-batch progress reports.
+
+    Not thread-safe: call :meth:`report` and :meth:`check` from one thread
+    (the coordinator's loop) or under one lock.
+    """
 
     def __init__(self, ranks: Iterable[int], *, safety_factor: float = 3.0, first_step_bound_s: float = 7200.0,
                  min_bound_s: float = 60.0, warmup_ratio: float = 2.0, straggler_factor: float = 2.0,
@@ -90,7 +95,7 @@ class Watchdog:
             raise InputError("Watchdog(ranks=[]) watches nothing; pass the rank ids", ranks=[])
 
     @classmethod
-    def from_config(cls, guards, ranks: Iterable[int], clock: Callable[[], float] = time.monotonic,
+    def from_config(cls, guards: GuardsConfig, ranks: Iterable[int], clock: Callable[[], float] = time.monotonic,
                     dump_stacks: Callable[[int], str | None] | None = None) -> "Watchdog":
         """Build from a :class:`~t1ops.config.GuardsConfig`."""
         return cls(ranks, safety_factor=guards.watchdog_safety_factor,
