@@ -86,7 +86,7 @@ def _naive_trajectory(r: ChatRenderer, history: list, gens: list[list[int]]) -> 
                       rollout_logprobs=np.where(mask_arr == 1, -0.05, 0).astype(np.float32),
                       engine_tokens=np.asarray(engine), origin=np.zeros(n, np.int8),
                       policy_version=np.where(mask_arr == 1, 0, -1).astype(np.int32), routing=None,
-                      meta={"sample_id": "naive", "chunk_id": 0, "relations": ["naive"] * len(gens)})
+                      meta={"sample_id": "naive", "chunk_id": 0, "relations": []})  # no prefix test: it re-renders
 
 
 @register("token-drift", "a harness re-renders parsed history; encode-of-decode is not the identity")
