@@ -51,7 +51,9 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 16384, 1 << 18
 MARKER_ENV = "T1_TRIAL_ID"
-LIMIT_REASONS = ("cpu_limit", "memory_limit", "process_limit", "file_size_limit", "open_files_limit")
+LIMIT_REASONS = ("cpu_limit", "memory_limit", "process_limit", "file_size_limit", "open_files_limit",
+                 "disk_limit")
+DISK_POLL_S = 0.25     # how often a running command's workspace size is checked
 _MEMORY_PATTERNS = ("MemoryError", "Cannot allocate memory", "bad_alloc", "memory exhausted",
                     "out of memory")
 _PROCESS_PATTERNS = ("fork: retry", "fork: Resource temporarily unavailable",
@@ -69,10 +71,12 @@ class Limits:
     file_size_mb: int = 64         # RLIMIT_FSIZE: a runaway writer gets SIGXFSZ
     num_open_files: int = 256
     max_output_bytes: int = 64_000  # stdout/stderr kept per command (the rest is cut)
+    disk_mb: int = 256             # whole workspace; many files each under file_size_mb add up
+    num_files: int = 20_000        # workspace entries (an inode bomb of empty files)
 
     def __post_init__(self) -> None:
         for name in ("cpu_s", "memory_mb", "num_procs", "file_size_mb", "num_open_files",
-                     "max_output_bytes"):
+                     "max_output_bytes", "disk_mb", "num_files"):
             if getattr(self, name) <= 0:
                 raise InputError(f"Limits.{name} = {getattr(self, name)} must be > 0", argument=name)
 
@@ -301,25 +305,59 @@ def run_limited(argv: list[str], *, cwd: Path, env: Mapping[str, str], limits: L
                                     start_new_session=True, close_fds=True)
         except (OSError, subprocess.SubprocessError) as e:
             raise SandboxError(f"could not start {argv[0]} in {cwd}: {e}", argv=argv) from e
-        timed_out = False
-        try:
-            rc: int | None = proc.wait(timeout=max(timeout_s, 0.01))
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        rc, timed_out, disk_full = _wait_watching(proc, cwd, limits, timeout_s, t0)
+        if timed_out or disk_full:
             sweep(marker, proc.pid, uid=own_uid)
             rc = proc.wait()
     num_left = sweep(marker, proc.pid, uid=own_uid)   # background children outlive a clean exit too
     duration_s = time.monotonic() - t0
     stdout, t_out = _read_capped(out_path, limits.max_output_bytes)
     stderr, t_err = _read_capped(err_path, limits.max_output_bytes)
-    reason = _classify(rc, stderr, timed_out, budget_cut)
+    reason = "disk_limit" if disk_full else _classify(rc, stderr, timed_out, budget_cut)
     if reason in ("ok", "exit_nonzero") and num_left >= limits.num_procs // 2:
         reason = "process_limit"   # a swarm of leftovers near the cap: a fork bomb, cut short
     if reason != "ok" and reason != "exit_nonzero":
         log.warning("sandbox %s: command ended by %s after %.2fs (exit %s)", marker, reason,
                     duration_s, rc)
-    return ExecResult(redact(stdout, secrets), redact(stderr, secrets), None if timed_out else rc,
+    return ExecResult(redact(stdout, secrets), redact(stderr, secrets),
+                      None if timed_out or disk_full else rc,
                       reason, duration_s, t_out or t_err)
+
+
+def _wait_watching(proc: subprocess.Popen, cwd: Path, limits: Limits, timeout_s: float,
+                   t0: float) -> tuple[int | None, bool, bool]:
+    """Wait for ``proc`` up to ``timeout_s``, checking the workspace's size every DISK_POLL_S.
+    Returns (exit code or None, timed out, disk limit hit)."""
+    deadline = t0 + max(timeout_s, 0.01)
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(DISK_POLL_S, deadline - time.monotonic()))), False, False
+        except subprocess.TimeoutExpired:
+            pass
+        if _tree_over(cwd, limits.disk_mb * 1024 * 1024, limits.num_files):
+            return None, False, True
+        if time.monotonic() >= deadline:
+            return None, True, False
+
+
+def _tree_over(root: Path, max_bytes: int, max_entries: int) -> bool:
+    """Whether the tree under ``root`` holds more than ``max_bytes`` or ``max_entries``
+    (stops walking as soon as either is passed; links are not followed)."""
+    total, entries, stack = 0, 0, [str(root)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    entries += 1
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    if total > max_bytes or entries > max_entries:
+                        return True
+        except OSError:
+            continue
+    return False
 
 
 def _read_capped(path: Path, max_bytes: int) -> tuple[str, bool]:
