@@ -20,6 +20,9 @@ guardrail catches it. Runbooks: runbooks/<id>.md.
   t1ops chaos run dead-engine [--json]
   t1ops chaos run --all [--json] [--markdown FILE] [--json-out FILE]
   t1ops chaos index [--write]      the runbook index (runbooks/README.md)
+  t1ops chaos schedule --seed N [--faults 5] [--steps 4] [--config FILE]
+                                   a seeded random fault schedule against a short
+                                   real campaign; the seed replays it exactly
 """
 
 
@@ -35,6 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rn.add_argument("--json-out", type=Path, help="also write the results as JSON here")
     ix = sub.add_parser("index", help="print the runbook index generated from runbooks/*.md")
     ix.add_argument("--write", action="store_true", help="write it to runbooks/README.md instead")
+    sc = sub.add_parser("schedule", help="run a seeded random fault schedule against a short campaign")
+    sc.add_argument("--seed", type=int, required=True, help="schedule seed (printed on failure; replays exactly)")
+    sc.add_argument("--faults", type=int, default=5, help="number of faults to inject (default 5)")
+    sc.add_argument("--steps", type=int, default=4, help="campaign steps (default 4)")
+    sc.add_argument("--config", type=Path, default=Path("examples/tiny/campaign.toml"),
+                    help="base campaign file (default: the tiny campaign)")
+    sc.add_argument("--out", type=Path, default=Path("runs"), help="parent of the run directory")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "index":
         return _index(args, scenarios)
+    if args.action == "schedule":
+        return _schedule(args)
     ids = list(scenarios) if args.all else args.ids
     if not ids:
         print("name scenario ids or pass --all (see `t1ops chaos list`)", file=sys.stderr)
@@ -98,4 +110,19 @@ def _index(args: argparse.Namespace, scenarios: dict) -> int:
         print(f"wrote {path} ({len(runbooks.runbook_ids())} runbooks)")
     else:
         print(text, end="")
+    return 0
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    from chaos.schedule import run_schedule
+    from t1ops.config import load_toml
+
+    cfg = load_toml(args.config)
+    res = run_schedule(args.seed, args.faults, cfg, str(args.out), num_steps=args.steps)
+    print(json.dumps(res, indent=2, default=str))
+    if not res["passed"]:
+        print(f"fault schedule seed={args.seed} FAILED its invariants; replay with "
+              f"`t1ops chaos schedule --seed {args.seed} --faults {args.faults} --steps {args.steps}`",
+              file=sys.stderr)
+        return 1
     return 0

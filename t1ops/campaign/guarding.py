@@ -22,6 +22,7 @@ from t1ops import telemetry
 from t1ops.config import CampaignConfig
 from t1ops.errors import HangError
 from t1ops.guards.fds import FdGuard, StallDetector
+from t1ops.guards.hostmem import HostMemoryMonitor, OomWatch, check_projection, project_host_memory
 from t1ops.guards.watchdog import Watchdog, signal_stack_dumper
 
 POLL_S = 0.5
@@ -31,6 +32,8 @@ TRAINER_RANK = 0
 class CampaignGuards:
     def __init__(self, cfg: CampaignConfig, run_dir: Path, dead_engines) -> None:
         self.cfg = cfg
+        self.host_mem = HostMemoryMonitor(cfg.guards.host_ram_warn_fraction)
+        self.oom = OomWatch().arm()
         self.fd_guard = FdGuard(cfg.guards.fd_warn_fraction).start()
         self.stall = StallDetector(cfg.guards.stall_timeout_s, fd_guard=self.fd_guard,
                                    dead_engines=dead_engines, what="rollout batches")
@@ -52,7 +55,11 @@ class CampaignGuards:
         while True:
             ready, _ = ray.wait([ref], timeout=POLL_S)
             if ready:
-                return ray.get(ready[0])
+                try:
+                    return ray.get(ready[0])
+                except ray.exceptions.ActorDiedError as err:
+                    self._explain_death(err, what)
+                    raise
             if self.watchdog is not None and what == "train":
                 try:
                     self.watchdog.check()
@@ -66,13 +73,24 @@ class CampaignGuards:
             self.watchdog.report(TRAINER_RANK, step)
         return stats
 
+    def _explain_death(self, err: Exception, what: str) -> None:
+        """A role died: if the OS OOM killer took it, say so with the numbers (not 'actor died')."""
+        text = str(err)
+        if self.trainer_pid is None or what != "train":
+            return
+        killed = any(k in text for k in ("SIGKILL", "killed", "OOM", "exit code 9", "-9"))
+        self.oom.check_exit(self.trainer_pid, -9 if killed else None, name="trainer")
+
+    def project_host_memory(self, actor_params: int, critic_params: int) -> str:
+        """Before launch: the host RAM the plan needs vs what is free (warns, never blocks)."""
+        proj = project_host_memory(actor_params, critic_params, offload_optimizer=True,  # CPU: Adam is in host RAM
+                                   sandbox_concurrency=self.cfg.rollout.max_concurrency, guards=self.cfg.guards,
+                                   baseline_bytes=psutil.Process().memory_info().rss)
+        return check_projection(proj, psutil.virtual_memory().available, self.cfg.guards.host_ram_warn_fraction).message
+
     def after_step(self, step: int) -> None:
         self.fd_guard.sample()
-        vm = psutil.virtual_memory()
-        telemetry.gauge("host.available_bytes", vm.available, step=step)
-        if vm.available / vm.total < 1 - self.cfg.guards.host_ram_warn_fraction:
-            telemetry.event("host.ram_low", severity="warn", available_gib=round(vm.available / 2**30, 2),
-                            step=step)
+        self.host_mem.sample()
 
     def stop(self) -> None:
         self.fd_guard.stop()

@@ -82,6 +82,7 @@ def start_roles(cfg: CampaignConfig, run: RunDir, progress: Progress) -> Campaig
         num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path))
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
     c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()))
+    progress.log("host memory: " + c.guards.project_host_memory(*ray.get(c.trainer.num_params.remote())))
     pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
     c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
     settings = _worker_settings(cfg)

@@ -19,6 +19,7 @@ from rl.chat import ChatRenderer
 from rl.errors import DataContractError
 from rl.model import ModelSpec, weights_state_dict
 from rl.trainer.batch import TrainBatch
+from rl.trainer.optim import build_optimizer
 from rl.trainer.settings import TrainerSettings
 from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
@@ -50,16 +51,15 @@ class TrainerHost:
         seqs = [(self.vocab.encode_inputs(t), m) for t, m in seqs]
         rng = random.Random(self.seed)
         losses = []
-        groups = self.trainer.actor_optimizer.param_groups
-        rl_lrs = [g["lr"] for g in groups]
-        for g in groups:
+        for g in self.trainer.actor_optimizer.param_groups:
             g["lr"] = self.settings.warm_start_lr
         for _ in range(num_steps):
             batch = rng.sample(seqs, min(batch_size, len(seqs)))
             stats = self.trainer.sft_step([np.asarray(t) for t, _ in batch], [np.asarray(m) for _, m in batch])
             losses.append(float(stats.loss))
-        for g, lr in zip(groups, rl_lrs):
-            g["lr"] = lr
+        # RL starts from the warm-started weights with a fresh optimizer (as RL starts from an SFT
+        # checkpoint): Adam's second moments from supervised gradients would shrink RL's first steps.
+        self.trainer.actor_optimizer = build_optimizer(self.trainer.actor, self.settings.actor_lr, self.settings)
         return losses
 
     # --- RL ----------------------------------------------------------------------------
@@ -112,6 +112,11 @@ class TrainerHost:
         return {"actor": str(self.ckpt.actor_dir), "critic": str(self.ckpt.critic_dir)}
 
     # --- guard hooks -----------------------------------------------------------------
+    def num_params(self) -> tuple[int, int]:
+        """(actor, critic) parameter counts, for the host-memory projection."""
+        count = lambda m: 0 if m is None else sum(p.numel() for p in m.parameters())  # noqa: E731
+        return count(self.trainer.actor), count(self.trainer.critic)
+
     def install_stack_dump(self, path: str) -> int:
         """Let the watchdog dump this process's Python stacks (SIGUSR1); returns the pid."""
         import os
