@@ -383,6 +383,7 @@ class Trial:
     hidden_paths: tuple[str, ...] = ()     # covered by tmpfs for the agent (the task pool)
     started_monotonic: float = field(default_factory=time.monotonic)
     finished: bool = False
+    verified: bool = False      # set by the verifier: a trial is verified exactly once
     num_commands: int = 0
 
     @property

@@ -191,7 +191,11 @@ def accept_ctrf(vdir: Path, tag: str, t0_ms: float, t1_ms: float) -> dict[str, A
 
 def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.0) -> VerifierResult:
     """Run the task's verifier on a finished trial and compute its reward (see module doc)."""
+    if trial.verified:
+        raise TrialDirError(f"trial {trial.trial_id} was already verified; a verdict is final",
+                            trial_id=trial.trial_id)
     t_start = time.monotonic()
+    trial.verified = True
     trial.finish()
     tag = run_tag_for(trial)
     events = scan_for_tampering(trial)

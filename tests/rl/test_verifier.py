@@ -48,6 +48,8 @@ def test_honest_solution_gets_full_ctrf_reward(sandbox, task):
     assert v.reward.value == pytest.approx(4 / 20)
     assert not v.tamper_events and (trial.dir / "tests" / "test.sh").stat().st_mode & 0o222 == 0
     assert read_verifier_result(trial.dir, run_tag_for(trial))["reason"] == "ok"
+    with pytest.raises(TrialDirError, match="already verified"):
+        verify(trial)
 
 
 def test_near_miss_gets_partial_credit(sandbox, task):
