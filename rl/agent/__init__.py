@@ -1,10 +1,17 @@
 """Agent-side pieces: Harbor tasks, the local sandbox, the CTRF verifier, safe archives.
 
-API for the agent loop::
+API for the agent loop and the campaign::
 
-    task = load_task("examples/tasks/text-sort")
-    sandbox = Sandbox(root, run_id)
-    trial = sandbox.create(task, trial_idx=0)
-    result = trial.exec("sort in.txt > out.txt", timeout_s=10)   # ExecResult(stdout, stderr, exit_code, reason)
-    verdict = verify(trial)            # VerifierResult(reward: RewardResult, tamper_events, ...)
+    task = load_task("examples/tasks/text-sort")       # or load_pool("examples/tasks")
+    sandbox = Sandbox(root, run_id)                     # probes netns / uid drop / mount ns once
+    trial = sandbox.create(task, trial_idx=0)           # <root>/<run_id>/<task>-<idx>-<uuid8>/
+    r = trial.exec("sort in.txt > out.txt", timeout_s=10)
+    # r: ExecResult(stdout, stderr, exit_code, reason, duration_s, truncated); reason is ok |
+    # exit_nonzero | timeout | budget_exhausted | cpu_limit | memory_limit | process_limit |
+    # file_size_limit | open_files_limit | disk_limit (r.limit_hit for the limit ones)
+    v = verify(trial)                                   # once per trial, after the agent is done
+    # v: VerifierResult(trial_id, run_tag, reward: RewardResult, tamper_events, exit_code, reason, ...)
+
+Secrets a task declares (``environment.required_env_keys``) reach the commands and are
+redacted from ExecResult; use ``rl.agent.secrets.redact`` for anything else that leaves a trial.
 """
