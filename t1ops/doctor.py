@@ -42,7 +42,13 @@ def check(fn: Callable[[], Check | list[Check]]) -> Callable[[], Check | list[Ch
 
 def run_checks() -> list[Check]:
     """Run every registered check; a check that raises is reported as ``fail``."""
-    import t1ops.guards  # noqa: F401  (guard modules register their checks)
+    import importlib
+    import pkgutil
+
+    import t1ops.guards
+
+    for mod in pkgutil.iter_modules(t1ops.guards.__path__):  # guard modules register their checks
+        importlib.import_module(f"t1ops.guards.{mod.name}")
 
     out: list[Check] = []
     for fn in _CHECKS:

@@ -1,10 +1,5 @@
-"""Guardrails, one module per failure of the catalogue (DESIGN.md).
+"""Guardrails, one module per failure family of the catalogue (DESIGN.md).
 
-Importing this package imports every guard module so that their doctor checks
-and telemetry instruments register.
+Importing one guard never imports the others (some pull in torch);
+``t1ops.doctor.run_checks`` imports them all so their host checks register.
 """
-import importlib
-import pkgutil
-
-for _m in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_m.name}")
