@@ -57,7 +57,7 @@ class ModelShape(Section):
 class Parallelism(Section):
     """Training layout. DP is derived: train_gpus / (tp * pp * cp)."""
 
-    train_gpus: int = Field(64, ge=1, description="GPUs of the trainer (actor and critic share them).")
+    train_gpus: int = Field(64, ge=1, le=1_048_576, description="GPUs of the trainer (actor and critic share them).")
     gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs per host (host-RAM check is per node).")
     tp: int = Field(2, ge=1, description="Tensor parallelism (report: pinned at 2).")
     pp: int = Field(2, ge=1, description="Pipeline parallelism: divides the layers per stage.")
@@ -131,13 +131,13 @@ class RolesPlan(Section):
 
 
 class HardwarePlan(Section):
-    """Memory of the machines."""
+    """Memory of the machines (the upper bounds keep the memory model's arithmetic finite)."""
 
-    gpu_memory_gib: float = Field(95.0, gt=0, description="Usable memory per GPU (report: 95 GiB).")
-    host_ram_gib: float = Field(2265.0, gt=0, description="RAM per train node (report: 2265 GB).")
-    host_base_gib: float = Field(64.0, ge=0, description="RAM the OS, Ray and the trainer processes use besides offloaded state.")
+    gpu_memory_gib: float = Field(95.0, gt=0, le=16_384, description="Usable memory per GPU (report: 95 GiB).")
+    host_ram_gib: float = Field(2265.0, gt=0, le=1_048_576, description="RAM per train node (report: 2265 GB).")
+    host_base_gib: float = Field(64.0, ge=0, le=1_048_576, description="RAM the OS, Ray and the trainer processes use besides offloaded state.")
     sandbox_workers_per_train_node: int = Field(0, ge=0, description="Concurrent sandbox workers on a train node (report's OOM kill: 260).")
-    sandbox_worker_gib: float = Field(SANDBOX_WORKER_GIB, ge=0, description="RSS of one sandbox worker (not published; fit in calibration.py).")
+    sandbox_worker_gib: float = Field(SANDBOX_WORKER_GIB, ge=0, le=1_048_576, description="RSS of one sandbox worker (not published; fit in calibration.py).")
 
 
 class Plan(Section):
