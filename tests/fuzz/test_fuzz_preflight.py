@@ -76,6 +76,8 @@ def test_random_file_content_is_a_config_error(content):
 @example("qwen35-122b-56gpu", ("parallelism", "tp", None), "2")
 @example("qwen35-122b-56gpu", ("hardware", "gpu_memory_gib", None), float("inf"))
 @example("qwen35-122b-56gpu", ("precision", "full_recompute", None), 1)
+@example("qwen35-122b-56gpu", ("parallelism", "train_gpus", None), 2**31)    # check_plan looped over 2**31 EPs
+@example("qwen35-122b-56gpu", ("hardware", "gpu_memory_gib", None), 1e300)  # check_plan overflowed
 def test_one_wrong_value_names_its_dotted_key(name, field, value):
     section, key, _ = field
     caught, plan, _ = _load_text(to_toml(_with(name, section, key, value), strict=False))
