@@ -126,8 +126,6 @@ class SandboxError(T1OpsError, RuntimeError):
     """A sandboxed command hit a resource limit or could not start."""
 
 
-class TamperError(T1OpsError, RuntimeError):
-    """The agent tried to forge or alter the verifier or its output."""
 
 
 class UnsafeArchiveError(T1OpsError, ValueError):
@@ -138,8 +136,6 @@ class TaskError(T1OpsError, ValueError):
     """A task directory does not follow the Harbor layout."""
 
 
-class LockLoopError(T1OpsError, RuntimeError):
-    """An asyncio primitive was used from an event loop it was not built for."""
 
 
 class MetricError(T1OpsError, ValueError):

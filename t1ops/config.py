@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from t1ops.errors import ConfigError
 
@@ -96,11 +96,11 @@ class RolloutConfig(Section):
     max_concurrency: int = Field(8, ge=1, description="Trials in flight at once.")
     sandbox_rate_per_s: float = Field(20.0, gt=0, description="Sandbox creations per second (token bucket).")
     skim_overprovision: float = Field(1.0, ge=1, le=4, description="Launch this multiple of the batch; accept the first to finish.")
-    max_staleness: int = Field(1, ge=0, le=64, description="Max policy versions a sample may lag (async).")
     timeout_override_s: float | None = Field(None, gt=0, description="Global agent timeout; never lowers a task's own budget unless allow_lower_timeouts.")
     allow_lower_timeouts: bool = Field(False, description="Let timeout_override_s lower task-declared budgets (logged).")
     reward_scale: float = Field(20.0, gt=0, description="CTRF reward = passed tests / scale (report: S = 20).")
     num_workers: int = Field(1, ge=1, description="Rollout workers (one per node).")
+    num_train_tasks: int | None = Field(None, ge=1, description="Train on a fixed, seeded subset of this many tasks (None: the whole pool).")
 
 
 class GuardsConfig(Section):
@@ -127,7 +127,7 @@ class TelemetryConfig(Section):
 
 
 class CampaignConfig(Section):
-    """The root of a campaign file."""
+    """The root of a campaign file. Fields that depend on each other are checked together."""
 
     run: RunConfig = Field(default_factory=RunConfig, description="Run identity and length.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model shape.")
@@ -136,6 +136,22 @@ class CampaignConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
+
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CampaignConfig":
+        r, m = self.rollout, self.model
+        if r.batch_size % r.n_samples_per_prompt:
+            raise ValueError(f"rollout.batch_size ({r.batch_size}) must be a multiple of "
+                             f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a partial group would "
+                             "silently shrink every batch")
+        if r.context_window > m.max_seq_len:
+            raise ValueError(f"rollout.context_window ({r.context_window}) exceeds model.max_seq_len "
+                             f"({m.max_seq_len}): the engine would refuse long prompts")
+        if self.engine.kind == "sglang" and len(self.engine.urls) != self.engine.num_engines:
+            raise ValueError(f"engine.kind = 'sglang' needs one URL per engine: {len(self.engine.urls)} urls "
+                             f"for engine.num_engines = {self.engine.num_engines}")
+        return self
 
 
 def _explain(err: ValidationError, source: str) -> str:

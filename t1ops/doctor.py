@@ -5,7 +5,6 @@ Checks are registered with :func:`check`; guard modules add their own.
 """
 from __future__ import annotations
 
-import os
 import resource
 import subprocess
 from dataclasses import asdict, dataclass
@@ -124,13 +123,3 @@ def torch_threads() -> Check:
 
     return Check("torch", "ok", f"torch {torch.__version__}, intra-op threads={torch.get_num_threads()}, "
                  f"cuda={'yes' if torch.cuda.is_available() else 'no'}")
-
-
-@check
-def dist_timeout_env() -> Check:
-    keys = ["NCCL_TIMEOUT", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_ENABLE_MONITORING",
-            "TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "GLOO_TIMEOUT_SECONDS",
-            "TORCH_DIST_INIT_BARRIER"]
-    found = {k: os.environ[k] for k in keys if k in os.environ}
-    detail = ", ".join(f"{k}={v}" for k, v in found.items()) or "none set (t1ops sets explicit group timeouts from config)"
-    return Check("dist_timeout_env", "ok", detail)

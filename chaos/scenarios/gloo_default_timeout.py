@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from chaos.harness import Guarded, Outcome, register
+from rl.engines.ports import free_port
 
 SCALE_S_PER_MIN = 2.0 / 30.0   # 30 min -> 2 s
 BUILTIN_DEFAULT_MIN = 30.0     # torch.distributed.constants.default_pg_timeout for Gloo
@@ -72,15 +72,9 @@ def _rank_main(cfg: dict) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _job(tmp: Path, guarded: bool) -> list[dict]:
     """Launch both ranks as real processes; return each rank's report (with its exit code)."""
-    port, tag = _free_port(), "guarded" if guarded else "unguarded"
+    port, tag = free_port(), "guarded" if guarded else "unguarded"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     procs, outs = [], []
     for rank in range(2):

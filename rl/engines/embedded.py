@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -58,6 +57,7 @@ import numpy as np
 import torch
 
 from rl.engines import protocol as P
+from rl.engines.ports import free_port  # noqa: F401  (re-exported for callers)
 from rl.errors import BudgetError, CheckpointError, CheckpointRoleError, EngineError, InputError, ParseError, T1OpsError
 from rl.model import ModelSpec, WEIGHTS_FILE, build_policy, last_logits, load_weights, record_routing
 from rl.vocab import CompactVocab
@@ -446,13 +446,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     serve(build_engine(args), args.host, args.port)
     return 0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on ``host`` (the caller races other binders; fine on loopback)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def spawn(port: int, spec: ModelSpec, *, checkpoint: str | Path | None = None, vocab_path: str | Path | None = None,

@@ -12,22 +12,20 @@ from __future__ import annotations
 import subprocess
 from functools import partial
 
-from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.guards.engines import EngineHandle, EnginePool, spawn_factory
+from t1ops.guards.engines import EnginePool, spawn_factory, url_factory
 from t1ops.guards.http import BoundedHttp
 
 
 class EngineRouter:
     def __init__(self, *, engine_cfg: dict, spec: dict, vocab_path: str, checkpoint_dir: str, version: str,
                  num_moe_layers: int, topk: int, num_experts: int, log_path: str | None = None,
-                 run_dir: str | None = None) -> None:
+                 run_dir: str | None = None, telemetry_cfg: dict | None = None) -> None:
         if run_dir is not None:
-            telemetry.setup(run_dir, role="router")
+            telemetry.setup(run_dir, role="router", **(telemetry_cfg or {}))
         self.cfg = EngineConfig(**engine_cfg)
-        self.http = BoundedHttp(timeout_s=self.cfg.request_timeout_s, attempts=self.cfg.request_attempts,
-                                generate_timeout_s=self.cfg.generate_timeout_s)
+        self.http = BoundedHttp.from_config(self.cfg)
         client_kw = dict(num_moe_layers=num_moe_layers, topk=topk, num_experts=num_experts)
         if self.cfg.kind == "embedded":
             from rl.engines.embedded import spawn
@@ -36,11 +34,8 @@ class EngineRouter:
             launch = partial(spawn, spec=ModelSpec(**spec), checkpoint=checkpoint_dir, vocab_path=vocab_path,
                              dtype=self.cfg.dtype, log_path=log_path)
             factory = spawn_factory(launch, self.http, **client_kw)
-        else:
-            urls = self.cfg.urls
-
-            def factory(slot: int) -> EngineHandle:  # external servers: the pool cannot restart them
-                return EngineHandle(url=urls[slot], client=EngineClient(urls[slot], self.http, **client_kw))
+        else:  # external SGLang servers: the pool re-admits a URL once its operator restarts it
+            factory = url_factory(self.cfg.urls, self.http, **client_kw)
         self.pool = EnginePool(factory, self.cfg, version=version, checkpoint_dir=checkpoint_dir)
         self.pool.start()
 
@@ -60,12 +55,17 @@ class EngineRouter:
         return self.pool.describe()
 
     def dead_engines(self) -> list[str]:
-        return [part for part in self.pool.describe().split(", ") if " dead" in part]
+        out = []
+        for i in range(self.cfg.num_engines):
+            status, reason, _ = self.pool.slot_state(i)
+            if status == "dead":
+                out.append(f"engine {i} ({reason})")
+        return out
 
     def engine_pids(self) -> list[int]:
         """Pids of the engine processes this router owns (for chaos and host guards)."""
-        return [self.pool.slot(i).process.pid for i in range(self.cfg.num_engines)
-                if isinstance(self.pool.slot(i).process, subprocess.Popen)]
+        handles = [self.pool.slot(i) for i in range(self.cfg.num_engines)]
+        return [h.process.pid for h in handles if h is not None and isinstance(h.process, subprocess.Popen)]
 
     def close(self) -> None:
         self.pool.close()

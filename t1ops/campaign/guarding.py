@@ -13,7 +13,6 @@ guarded where they happen (trainer host, engine fleet, workers, agent loop).
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import psutil
@@ -30,13 +29,15 @@ TRAINER_RANK = 0
 
 
 class CampaignGuards:
-    def __init__(self, cfg: CampaignConfig, run_dir: Path, dead_engines) -> None:
+    def __init__(self, cfg: CampaignConfig, run_dir: Path, dead_engines, pids=None) -> None:
         self.cfg = cfg
         self.host_mem = HostMemoryMonitor(cfg.guards.host_ram_warn_fraction)
         self.oom = OomWatch().arm()
-        self.fd_guard = FdGuard(cfg.guards.fd_warn_fraction).start()
+        # pids: the coordinator plus the campaign's local processes (workers, engines); a process on
+        # another node is skipped by the guard (its own node's worker watches it).
+        self.fd_guard = FdGuard(cfg.guards.fd_warn_fraction, pids=pids).start()
         self.stall = StallDetector(cfg.guards.stall_timeout_s, fd_guard=self.fd_guard,
-                                   dead_engines=dead_engines, what="rollout batches")
+                                   dead_engines=dead_engines, what="trials")
         self.run_dir = run_dir
         self.watchdog: Watchdog | None = None
         self.trainer_pid: int | None = None
@@ -67,10 +68,15 @@ class CampaignGuards:
                     telemetry.event("campaign.trainer_hung", severity="error")
                     raise
 
+    def train_submitted(self, step: int) -> None:
+        """The trainer's silence is timed from here: sync and rollout time are not its silence."""
+        if self.watchdog is not None:
+            self.watchdog.report(TRAINER_RANK, 2 * step - 1)
+
     def wait_train(self, ref, step: int) -> dict:
         stats = self.wait(ref, "train")
         if self.watchdog is not None:
-            self.watchdog.report(TRAINER_RANK, step)
+            self.watchdog.report(TRAINER_RANK, 2 * step)
         return stats
 
     def _explain_death(self, err: Exception, what: str) -> None:

@@ -26,6 +26,7 @@ from t1ops.campaign.summary import Summary, plot
 from t1ops.campaign.trainer_host import TrainerHost
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
+from t1ops.guards.dist import timeout_for
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
 
 # Observations a tiny policy should be able to read back (other output maps to UNK).
@@ -56,11 +57,12 @@ def _init_ray(cfg: CampaignConfig):
     return ray
 
 
-def start_roles(cfg: CampaignConfig, run: RunDir, progress: Progress) -> Campaign:
+def start_roles(c: Campaign, progress: Progress) -> Campaign:
+    """Fill ``c`` with running roles (so a failure half-way still lets the caller shut them down)."""
+    cfg, run = c.cfg, c.run
     ray = _init_ray(cfg)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    c = Campaign(cfg=cfg, run=run)
     tasks = load_pool(cfg.rollout.tasks_dir)
     renderer = ChatRenderer.default()
     vocab = build_vocab(tasks, renderer, cfg.model.vocab_size)
@@ -69,7 +71,8 @@ def start_roles(cfg: CampaignConfig, run: RunDir, progress: Progress) -> Campaig
     progress.log(f"run {run.run_id}: {len(tasks)} tasks, compact vocabulary {vocab.size} ids, dir {run.path}")
     c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
         spec=spec, settings=cfg.trainer.model_dump(), vocab_path=str(run.vocab),
-        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path))
+        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
+        telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds())
     examples = [(t.instruction, solution_command(t.solution)) for t in tasks if t.solution]
     c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
     if c.warm_start_loss:
@@ -79,9 +82,12 @@ def start_roles(cfg: CampaignConfig, run: RunDir, progress: Progress) -> Campaig
     c.router = ray.remote(EngineRouter).options(num_cpus=0, max_concurrency=256).remote(
         engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0,
         version="0", num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
-        num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path))
+        num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
+        telemetry_cfg=_telemetry_kw(cfg))
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
-    c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()))
+    c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()),
+                              pids=lambda: [os.getpid(), *ray.get(c.router.engine_pids.remote()),
+                                            *(c.rollouts.pids if c.rollouts else [])])
     progress.log("host memory: " + c.guards.project_host_memory(*ray.get(c.trainer.num_params.remote())))
     pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
     c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
@@ -91,10 +97,23 @@ def start_roles(cfg: CampaignConfig, run: RunDir, progress: Progress) -> Campaig
             num_cpus=0, max_restarts=2, max_task_retries=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
             run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
             settings=settings, router=c.router, node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
-            run_dir=str(run.path), index=index))
+            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg)))
     ray.get([w.ping.remote() for w in c.workers])
-    c.rollouts = Rollouts(cfg, c.workers, [t.name for t in tasks], c.guards.stall)
+    c.rollouts = Rollouts(cfg, c.workers, train_task_names(tasks, cfg), c.guards.stall)
     return c
+
+
+def _telemetry_kw(cfg: CampaignConfig) -> dict:
+    return {"otlp_endpoint": cfg.telemetry.otlp_endpoint, "export_interval_s": cfg.telemetry.export_interval_s}
+
+
+def train_task_names(tasks, cfg: CampaignConfig) -> list[str]:
+    """The tasks RL samples from: the whole pool, or a fixed seeded subset (``num_train_tasks``)."""
+    import random
+
+    names = sorted(t.name for t in tasks)
+    n = cfg.rollout.num_train_tasks
+    return names if n is None or n >= len(names) else sorted(random.Random(cfg.run.seed).sample(names, n))
 
 
 def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
@@ -114,13 +133,12 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     ``on_step`` callables ``(campaign, step)`` run as each step starts (the chaos schedule's seam)."""
     run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)
     (run.path / "config.json").write_text(cfg.model_dump_json(indent=2))
-    telemetry.setup(run.path, otlp_endpoint=cfg.telemetry.otlp_endpoint,
-                    export_interval_s=cfg.telemetry.export_interval_s)
+    telemetry.setup(run.path, **_telemetry_kw(cfg))
     raise_nofile_limit()
     progress = Progress(cfg.run.steps, enabled=show_progress)
-    c = None
+    c = Campaign(cfg=cfg, run=run)
     try:
-        c = start_roles(cfg, run, progress)
+        start_roles(c, progress)
         c.on_step = list(on_step or [])
         summary = Summary(run.path, run.run_id, cfg.model_dump(),
                           extra={"warm_start_loss": c.warm_start_loss, "num_workers": len(c.workers)})

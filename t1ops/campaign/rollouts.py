@@ -1,9 +1,9 @@
 """Dispatch a step's trial groups to the rollout workers and collect them.
 
 Groups are dealt round-robin to the workers (one per node). Collection goes
-through the stall detector: work in flight with no batch arriving for
-``guards.stall_timeout_s`` is a StallError naming the causes it can check,
-never an endless "collected 0/N". A MissingRoutingError raised by a worker
+through the stall detector, fed per finished trial (workers count them): trials
+in flight with none finishing for ``guards.stall_timeout_s`` is a StallError
+naming the causes it can check, never an endless "collected 0/N". A MissingRoutingError raised by a worker
 aborts the campaign by name (a dropped sample would bias the batch).
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ class Rollouts:
         self.cfg, self.workers, self.task_names, self.stall = cfg, workers, task_names, stall
         self.in_flight = 0
         self.pids = ray.get([w.pid.remote() for w in workers])
+        self._finished = [0] * len(workers)  # last progress() seen per worker
 
     def check_workers(self) -> list[int]:
         """Indices of workers Ray restarted since the last check (their rollouts were rerun)."""
@@ -53,16 +54,28 @@ class Rollouts:
                                      self.cfg.run.seed, r.skim_overprovision)
         shards = [groups[i::len(self.workers)] for i in range(len(self.workers))]
         refs = []
-        for w, shard in zip(self.workers, shards):
-            if not shard:
-                continue
-            share = max(1, round(accept * len(shard) / len(groups)))
-            refs.append(w.rollout.remote(step, shard, share))
-        self.stall.on_submit(len(refs))
+        for w, shard, share in zip(self.workers, shards, _split(accept, [len(s) for s in shards])):
+            if shard:
+                refs.append(w.rollout.remote(step, shard, share))
         n = sum(len(g) for g in groups)
+        self.stall.on_submit(n)
         self.in_flight += n
         telemetry.gauge("rollout.in_flight", self.in_flight)
         return Pending(step, refs, n)
+
+    def _pulse(self, check: bool = True) -> None:
+        """Feed finished trials to the stall detector, then let it judge the silence."""
+        import ray
+
+        now = ray.get([w.progress.remote() for w in self.workers])
+        for i, n in enumerate(now):
+            delta = n - self._finished[i] if n >= self._finished[i] else n  # a restarted worker counts anew
+            delta = min(delta, self.stall.num_in_flight)  # a rerun rollout repeats trials
+            if delta > 0:
+                self.stall.on_complete(delta)
+            self._finished[i] = n
+        if check:
+            self.stall.check()
 
     def wait_done(self, pending: Pending) -> None:
         """Block until the batch is generated (results stay in Ray's object store)."""
@@ -72,7 +85,7 @@ class Rollouts:
         while remaining:
             _, remaining = ray.wait(remaining, num_returns=len(remaining), timeout=POLL_S)
             if remaining:
-                self.stall.check()
+                self._pulse()
         pending.done_at = time.monotonic()
 
     def collect(self, pending: Pending) -> tuple[list[dict], float, dict]:
@@ -84,7 +97,7 @@ class Rollouts:
         while remaining:
             ready, remaining = ray.wait(remaining, num_returns=1, timeout=POLL_S)
             if not ready:
-                self.stall.check()
+                self._pulse()
                 continue
             try:
                 out = ray.get(ready[0])
@@ -94,11 +107,19 @@ class Rollouts:
                     telemetry.event("rollout.aborted", severity="error", step=pending.step, reason=str(cause))
                     raise cause from None
                 raise
-            self.stall.on_complete(1)
             results += out["results"]
             for k in books:
                 books[k] += out["ledger"][k]
-            for tid, err in out["failed"].items():
-                telemetry.event("trial.failed", severity="warn", step=pending.step, trial=tid, error=err)
+        self._pulse(check=False)
         self.in_flight -= pending.num_trials
         return results, (pending.done_at or time.monotonic()) - pending.submitted_at, books
+
+
+def _split(total: int, sizes: list[int]) -> list[int]:
+    """Split ``total`` accepted groups over shards in proportion to their sizes (largest remainder)."""
+    n = sum(sizes)
+    exact = [total * k / n for k in sizes]
+    out = [int(x) for x in exact]
+    for i in sorted(range(len(sizes)), key=lambda i: exact[i] - out[i], reverse=True)[: total - sum(out)]:
+        out[i] += 1
+    return [min(o, k) for o, k in zip(out, sizes)]

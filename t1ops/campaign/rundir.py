@@ -1,7 +1,7 @@
 """Run identity and the run directory layout.
 
 ``<out>/<run_id>/``:
-  ``config.toml``       the campaign file as given
+  ``config.json``       the validated campaign config
   ``summary.json``      per-step numbers (``t1ops.campaign.summary``)
   ``report.png``        the curves
   ``vocab.json``        the tiny model's compact vocabulary

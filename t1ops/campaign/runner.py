@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -97,6 +96,7 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         pending = c.rollouts.submit(step + 1) if pipelined and step < steps else None  # t+1 generates ...
         progress.update(step=step, phase="train", in_flight=c.rollouts.in_flight)
         t_train = time.monotonic()
+        c.guards.train_submitted(step)
         stats = c.guards.wait_train(c.trainer.train.remote(results), step)  # ... while step t trains
         train_s = time.monotonic() - t_train
         if pending is not None:

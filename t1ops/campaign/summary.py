@@ -2,7 +2,7 @@
 
 summary.json: ``{"run_id", "config", "warm_start": {...}, "steps": [{"step",
 "reward_mean", "explained_variance", "logprob_gap", "turns_mean", "tokens",
-"rollout_s", "train_s", "step_s", ...}, ...], "guards": {...}}``; rewritten
+"rollout_s", "train_s", "step_s", "ledger", ...}, ...], "warm_start_loss": [...]}``; rewritten
 atomically after every step so a crash leaves the steps completed so far.
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from t1ops.errors import InputError
 
 STEP_KEYS = ("step", "reward_mean", "explained_variance", "logprob_gap", "turns_mean", "tokens",
              "rollout_s", "train_s", "step_s")
@@ -40,7 +42,7 @@ class Summary:
     def add_step(self, row: dict) -> None:
         missing = [k for k in STEP_KEYS if k not in row]
         if missing:
-            raise ValueError(f"summary step row lacks {missing}")
+            raise InputError(f"summary step row lacks {missing}", missing=missing)
         self.steps.append(row)
         self.save()
 

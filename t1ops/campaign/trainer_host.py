@@ -9,14 +9,13 @@ critic every ``save_every`` steps (weights only, as the report chose).
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from rl.agent.loop import sft_example
 from rl.chat import ChatRenderer
-from rl.errors import DataContractError
+from rl.errors import ConfigError, DataContractError
 from rl.model import ModelSpec, weights_state_dict
 from rl.trainer.batch import TrainBatch
 from rl.trainer.optim import build_optimizer
@@ -28,12 +27,17 @@ from t1ops.guards.checkpoints import CheckpointManager
 
 class TrainerHost:
     def __init__(self, *, spec: dict, settings: dict, vocab_path: str, ckpt_base: str, seed: int,
-                 num_threads: int = 1, run_dir: str | None = None) -> None:
+                 num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
+                 gloo_timeout_s: float = 3600.0) -> None:
         torch.set_num_threads(num_threads)
         if run_dir is not None:
             from t1ops import telemetry
 
-            telemetry.setup(run_dir, role="trainer")
+            telemetry.setup(run_dir, role="trainer", **(telemetry_cfg or {}))
+        # The trainer's process group gets the configured Gloo timeout, never the library default.
+        from rl.megatron_cpu import init_single_process
+
+        init_single_process(timeout_s=gloo_timeout_s)
         self.vocab = CompactVocab.load(vocab_path)
         self.spec = ModelSpec(**{**spec, "vocab_size": self.vocab.size})
         self.settings = TrainerSettings.from_mapping(settings)
@@ -46,6 +50,9 @@ class TrainerHost:
     # --- warm start ----------------------------------------------------------------
     def warm_start(self, examples: list[tuple[str, str]], num_steps: int, batch_size: int = 16) -> list[float]:
         """Supervised steps on (instruction, solution command) pairs; returns the loss curve."""
+        if num_steps > 0 and not examples:
+            raise ConfigError("trainer.warm_start_steps > 0 but no task in the pool has solution/solve.sh; "
+                              "add solutions or set trainer.warm_start_steps = 0", key="trainer.warm_start_steps")
         renderer = ChatRenderer.default()
         seqs = [sft_example(instr, cmd, renderer) for instr, cmd in examples]
         seqs = [(self.vocab.encode_inputs(t), m) for t, m in seqs]

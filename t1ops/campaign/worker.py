@@ -15,10 +15,10 @@ the pool runs out of engines the trial fails loudly and the ledger names it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import threading
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 
 from rl.agent.loop import AgentSettings, run_episode
@@ -57,13 +57,15 @@ class RolloutWorker:
     """Runs trials for the coordinator (wrapped as a Ray actor by the runner)."""
 
     def __init__(self, *, run_id: str, trials_root: str, tasks_dir: str, settings: WorkerSettings,
-                 router, node: str = "local", run_dir: str | None = None, index: int = 0) -> None:
+                 router, node: str = "local", run_dir: str | None = None, index: int = 0,
+                 telemetry_cfg: dict | None = None) -> None:
         from t1ops.guards.fds import raise_nofile_limit
 
         if run_dir is not None:
-            telemetry.setup(run_dir, role=f"worker-{index}")
+            telemetry.setup(run_dir, role=f"worker-{index}", **(telemetry_cfg or {}))
         raise_nofile_limit()
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
+        self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
         self.renderer = ChatRenderer.default()
         self.sandbox = Sandbox(trials_root, run_id, limits=Limits(),
@@ -79,6 +81,10 @@ class RolloutWorker:
 
         return os.getpid()
 
+    def progress(self) -> int:
+        """Trials this worker has finished (any outcome) since it started: the stall detector's pulse."""
+        return self.num_finished
+
     async def rollout(self, step: int, groups: list[list[TrialSpec]], accept_groups: int | None = None) -> dict:
         """Run ``groups`` of trials; accept the first ``accept_groups`` to finish (skim).
 
@@ -88,6 +94,9 @@ class RolloutWorker:
         return await self._rollout(step, groups, accept_groups or len(groups))
 
     async def _rollout(self, step: int, groups, accept_groups: int) -> dict:
+        # Trials run in threads; the default pool (min(32, cores + 4)) would cap concurrency below the config.
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(self.settings.max_concurrency, thread_name_prefix="trial"))
         ledger = TrialLedger(name=f"rollout-step{step}@{self.node}")
         skim = SkimAccounting()
         cancel = threading.Event()
@@ -96,7 +105,10 @@ class RolloutWorker:
         async def one(spec: TrialSpec, idx: int) -> dict:
             async with sem:
                 await self.bucket.acquire()
-                return await asyncio.to_thread(self._trial, spec, idx, cancel)
+                try:
+                    return await asyncio.to_thread(self._trial, spec, idx, cancel)
+                finally:
+                    self.num_finished += 1
 
         group_futs = []
         for g, specs in enumerate(groups):
@@ -176,7 +188,10 @@ def plan_groups(task_names: list[str], step: int, batch_size: int, n_samples: in
 
     num_groups = max(1, batch_size // n_samples)
     launch = max(num_groups, math.ceil(num_groups * overprovision))
-    rng = random.Random(seed * 100_003 + step)
-    picked = [task_names[rng.randrange(len(task_names))] for _ in range(launch)]
+    # Epochs over the pool in a seeded order: every task is seen once before any is seen twice.
+    order = sorted(task_names)
+    random.Random(seed).shuffle(order)
+    start = (step - 1) * launch
+    picked = [order[(start + i) % len(order)] for i in range(launch)]
     groups = [[TrialSpec(t, f"st{step}-g{g}-{t}", s) for s in range(n_samples)] for g, t in enumerate(picked)]
     return groups, num_groups

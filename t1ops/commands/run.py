@@ -30,13 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from t1ops.campaign.launch import run_campaign
-    from t1ops.config import load_toml
+    from t1ops.config import load_toml, parse_config
 
     cfg = load_toml(args.config)
-    if args.steps is not None:
-        cfg.run.steps = args.steps
-    if args.ray_address:
-        cfg.run.ray_address = args.ray_address
+    overrides = {"steps": args.steps, "ray_address": args.ray_address}
+    data = cfg.model_dump()
+    data["run"].update({k: v for k, v in overrides.items() if v is not None})
+    cfg = parse_config(data, source=f"{args.config} with command-line overrides")
     run_dir = run_campaign(cfg, out_dir=str(args.out) if args.out else None,
                            show_progress=not args.no_progress and sys.stderr.isatty())
     print(f"run complete: {run_dir}\n  summary: {run_dir / 'summary.json'}\n  report:  {run_dir / 'report.png'}\n"

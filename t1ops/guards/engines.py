@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
-import socket
 import subprocess
 import threading
 import time
@@ -48,6 +47,7 @@ import httpx
 
 from rl.engines import protocol as P
 from rl.engines.client import EngineClient
+from rl.engines.ports import free_port
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import ControlPlaneTimeout, EngineDeadError, EngineError, InputError
@@ -102,13 +102,6 @@ class SyncReport:
     recreated_slots: tuple[int, ...]
     num_aborted_in_flight: int
     duration_s: float
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the engine binds it right after)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def spawn_factory(spawn: Callable[[int], subprocess.Popen], http: Any, *, host: str = "127.0.0.1",

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from t1ops import telemetry
-from t1ops.errors import StallError
+from t1ops.errors import InputError, StallError
 
 
 class TokenBucket:
@@ -40,7 +40,7 @@ class TokenBucket:
 
     def __init__(self, rate_per_s: float, burst: int = 1, clock: Callable[[], float] = time.monotonic):
         if rate_per_s <= 0 or burst < 1:
-            raise ValueError(f"TokenBucket needs rate_per_s > 0 and burst >= 1, got {rate_per_s}, {burst}")
+            raise InputError(f"TokenBucket needs rate_per_s > 0 and burst >= 1, got {rate_per_s}, {burst}")
         self.rate_per_s, self.burst, self._clock = rate_per_s, burst, clock
         self._tokens = float(burst)
         self._stamp = clock()
@@ -84,7 +84,7 @@ class TrialLedger:
 
     def expect(self, trial_id: str) -> None:
         if trial_id in self.expected:
-            raise ValueError(f"trial {trial_id} expected twice in ledger {self.name}")
+            raise InputError(f"trial {trial_id} expected twice in ledger {self.name}")
         self.expected.add(trial_id)
 
     def complete(self, trial_id: str) -> None:
@@ -102,9 +102,9 @@ class TrialLedger:
 
     def _settle(self, trial_id: str) -> None:
         if trial_id not in self.expected:
-            raise ValueError(f"trial {trial_id} settled but never expected in ledger {self.name}")
+            raise InputError(f"trial {trial_id} settled but never expected in ledger {self.name}")
         if trial_id in self.completed or trial_id in self.failed or trial_id in self.cancelled:
-            raise ValueError(f"trial {trial_id} settled twice in ledger {self.name}")
+            raise InputError(f"trial {trial_id} settled twice in ledger {self.name}")
 
     @property
     def missing(self) -> set[str]:

@@ -1,0 +1,11 @@
+"""Loopback ports for engine processes (kept apart from the engine so callers stay light)."""
+from __future__ import annotations
+
+import socket
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on ``host`` (the caller races other binders; fine on loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
