@@ -53,7 +53,7 @@ def test_one_bad_field_names_its_dotted_key(field, value):
     with only_t1ops_errors(ConfigError) as caught:
         cfg = parse_config({section: {key: value}})
     if caught:
-        assert f"'{section}.{key}" in str(caught[0]), str(caught[0])
+        assert f"{section}.{key}" in str(caught[0]), str(caught[0])  # a type/range or cross-field error
     else:
         _check_accepted(cfg)
         got = getattr(getattr(cfg, section), key)
@@ -64,7 +64,11 @@ def test_one_bad_field_names_its_dotted_key(field, value):
 @FAST
 @given(valid_sections(CampaignConfig))
 def test_valid_configs_round_trip_through_dict_and_toml(data):
-    cfg = parse_config(data)
+    with only_t1ops_errors(ConfigError) as caught:  # valid field by field; a cross-field rule may refuse
+        cfg = parse_config(data)
+    if caught:
+        assert "Value error" in str(caught[0]) and any(k in str(caught[0]) for body in data.values() for k in body)
+        return
     assert parse_config(cfg.model_dump()) == cfg
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "campaign.toml"
