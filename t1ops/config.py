@@ -31,6 +31,7 @@ class RunConfig(Section):
     ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None: all).")
     one_step_pipeline: bool = Field(True, description="Generate batch t+1 while step t trains (False: strictly sequential).")
+    plan: str | None = Field(None, description="Cluster plan (TOML) that `t1ops preflight` must accept before launch (None: no gate).")
 
 
 class ModelConfig(Section):

@@ -27,6 +27,7 @@ from t1ops.campaign.trainer_host import TrainerHost
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
 from t1ops.guards.dist import timeout_for
+from t1ops.preflight import require_ok
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
 
 # Observations a tiny policy should be able to read back (other output maps to UNK).
@@ -138,6 +139,8 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     progress = Progress(cfg.run.steps, enabled=show_progress)
     c = Campaign(cfg=cfg, run=run)
     try:
+        if cfg.run.plan:  # refuse a plan that cannot work before any GPU-second is spent
+            progress.log(f"preflight: {cfg.run.plan}: {require_ok(cfg.run.plan).verdict}")
         start_roles(c, progress)
         c.on_step = list(on_step or [])
         summary = Summary(run.path, run.run_id, cfg.model_dump(),

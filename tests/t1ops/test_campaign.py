@@ -50,3 +50,15 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
     report = audit_dump(run_dir / "dumps")
     assert report.samples >= 8 and report.loss_positions > 0 and report.drift_in_loss == 0
     assert (run_dir / "telemetry" / "events.jsonl").exists()
+
+
+def test_refused_plan_stops_the_launch_before_any_role_starts(tmp_path):
+    from t1ops.campaign.launch import run_campaign
+    from t1ops.errors import PreflightRefusal
+
+    cfg = load_toml(REPO / "examples" / "tiny" / "campaign.toml")
+    cfg.run.plan = str(REPO / "examples" / "plans" / "qwen35-122b-dp1.toml")
+    with pytest.raises(PreflightRefusal):
+        run_campaign(cfg, out_dir=str(tmp_path), show_progress=False)
+    (run_dir,) = list(tmp_path.iterdir())
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "vocab.json").exists()
