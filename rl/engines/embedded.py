@@ -79,7 +79,7 @@ def check_actor_checkpoint(model_path: str | Path) -> dict:
     manifest_path, weights_path = directory / MANIFEST_FILE, directory / WEIGHTS_FILE
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # missing, not UTF-8, not JSON, absurdly nested
         raise CheckpointError(f"cannot read {manifest_path}: {exc}; pass a checkpoint step directory",
                               path=str(directory)) from exc
     role = manifest.get("role") if isinstance(manifest, dict) else None
@@ -88,14 +88,19 @@ def check_actor_checkpoint(model_path: str | Path) -> dict:
             f"{directory} holds role {role!r}, not 'actor'; an engine serves only the actor's weights",
             path=str(directory), found_role=role)
     expected = manifest.get("file_sha256")
-    if expected is not None:
-        digest = hashlib.sha256()
+    if not isinstance(expected, str):
+        raise CheckpointError(f"{manifest_path} has no file_sha256: the weights cannot be verified; "
+                              "write checkpoints with t1ops.guards.checkpoints", path=str(directory))
+    digest = hashlib.sha256()
+    try:
         with open(weights_path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
-        if digest.hexdigest() != expected:
-            raise CheckpointError(f"{weights_path} sha256 differs from {manifest_path}: truncated or corrupt",
-                                  path=str(weights_path))
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {weights_path}: {exc}", path=str(weights_path)) from exc
+    if digest.hexdigest() != expected:
+        raise CheckpointError(f"{weights_path} sha256 differs from {manifest_path}: truncated or corrupt",
+                              path=str(weights_path))
     return manifest
 
 
@@ -307,11 +312,16 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _body(self) -> Any:
-            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError as exc:
+                raise ParseError(f"bad Content-Length header: {exc}") from exc
+            if length < 0:
+                raise ParseError(f"bad Content-Length header: {length}")
             raw = self.rfile.read(length) if length else b""
             try:
                 return json.loads(raw) if raw else {}
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, absurdly nested
                 raise ParseError(f"request body is not JSON: {exc}") from exc
 
         def _dispatch(self, routes: dict[str, Callable[[], tuple[int, Any]]]) -> None:
