@@ -84,6 +84,7 @@ class TrainerConfig(Section):
     save_every: int = Field(4, ge=1, description="Save weights-only checkpoints every N steps.")
     warm_start_steps: int = Field(110, ge=0, description="Supervised warm-start steps on task solutions before RL (the report's RL starts from SFT).")
     warm_start_lr: float = Field(3e-3, gt=0, le=1.0, description="Learning rate of the supervised warm start.")
+    warm_start_noise: float = Field(0.5, ge=0, lt=1, description="Share of warm-start demonstrations showing another task's solution (an imperfect demonstrator).")
 
 
 class RolloutConfig(Section):

@@ -42,6 +42,7 @@ class TrainerSettings:
     save_every: int = 4
     warm_start_steps: int = 110
     warm_start_lr: float = 3e-3
+    warm_start_noise: float = 0.5
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -74,7 +74,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         spec=spec, settings=cfg.trainer.model_dump(), vocab_path=str(run.vocab),
         ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
         telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds())
-    examples = [(t.instruction, solution_command(t.solution)) for t in tasks if t.solution]
+    examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
     c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
     if c.warm_start_loss:
         progress.log(f"warm start: {len(c.warm_start_loss)} supervised steps, loss "
@@ -102,6 +102,27 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     ray.get([w.ping.remote() for w in c.workers])
     c.rollouts = Rollouts(cfg, c.workers, train_task_names(tasks, cfg), c.guards.stall)
     return c
+
+
+def warm_start_examples(tasks, noise: float, seed: int) -> list[tuple[str, str]]:
+    """(instruction, command) demonstrations from an imperfect demonstrator.
+
+    Every task's own solution, plus for a ``noise`` share of the demonstrations
+    another task's solution under this task's instruction. The warm-started
+    policy then solves some but not all of its attempts, as the report's RL
+    starts from an SFT checkpoint that solves some tasks: RL has room to improve.
+    """
+    import random
+
+    solved = [t for t in tasks if t.solution]
+    own = [(t.instruction, solution_command(t.solution)) for t in solved]
+    num_wrong = round(len(own) * noise / (1 - noise))
+    rng = random.Random(seed)
+    wrong = []
+    for i in range(num_wrong):
+        t, other = solved[i % len(solved)], solved[(i % len(solved) + 1 + rng.randrange(len(solved) - 1)) % len(solved)]
+        wrong.append((t.instruction, solution_command(other.solution)))
+    return own + wrong
 
 
 def _telemetry_kw(cfg: CampaignConfig) -> dict:
