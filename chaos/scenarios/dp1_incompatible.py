@@ -15,13 +15,11 @@ Runbook: ``runbooks/dp1-incompatible.md``.
 """
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 from chaos.harness import Guarded, Outcome, register
-from t1ops.errors import PreflightRefusal
-from t1ops.preflight import check_plan, load_plan, require_ok
+from chaos.plan_launch import guarded_launch, launch
+from t1ops.preflight import check_plan, load_plan
 
 PLANS = Path(__file__).resolve().parents[2] / "examples" / "plans"
 GOOD_PLAN = PLANS / "qwen35-122b-128gpu-cp4.toml"
@@ -38,19 +36,6 @@ def write_dp1_plan(tmp: Path) -> Path:
     return path
 
 
-def launch(plan_path: Path, run_dir: Path, guarded: bool) -> Path:
-    """A launcher: optional preflight gate, then the launch record a scheduler would run."""
-    if guarded:
-        require_ok(plan_path)
-    plan = load_plan(plan_path)  # the naive path only checks what the schema checks
-    par = plan.parallelism
-    record = run_dir / "launch.json"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"plan": str(plan_path), "train_gpus": par.train_gpus, "tp": par.tp,
-                                  "pp": par.pp, "cp": par.cp, "ep": par.ep, "dp": par.derived_dp}))
-    return record
-
-
 @register("dp1-incompatible", "a DP = 1 plan pins EP at 2 (128 experts per GPU): certain CUDA OOM")
 def run(tmp: Path) -> Outcome:
     path = write_dp1_plan(tmp)
@@ -64,12 +49,7 @@ def run(tmp: Path) -> Outcome:
                  f"at {est.binding.phase} with a {est.binding.peak_bytes / 2**30:.1f} GiB peak on a "
                  f"{on_disk.hardware.gpu_memory_gib:g} GiB GPU")
 
-    t0 = time.monotonic()
-    error, detection_s, finding_ids = "", None, []
-    try:
-        launch(path, tmp / "guarded", guarded=True)
-    except PreflightRefusal as err:
-        error, detection_s, finding_ids = str(err), time.monotonic() - t0, err.context["finding_ids"]
+    error, detection_s, finding_ids = guarded_launch(path, tmp / "guarded")
     good_ok = check_plan(load_plan(GOOD_PLAN)).verdict == "ok"
     return Outcome(
         fault_fired=fault_fired,

@@ -16,15 +16,13 @@ Runbook: ``runbooks/max-tokens-per-gpu.md``.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
-import time
 from pathlib import Path
 
 from chaos.harness import Guarded, Outcome, register
-from t1ops.errors import PreflightRefusal
-from t1ops.preflight import check_plan, load_plan, require_ok
+from chaos.plan_launch import guarded_launch, launch
+from t1ops.preflight import check_plan, load_plan
 from t1ops.preflight.memory import binding_tokens_per_gpu, estimate
 
 PLANS = Path(__file__).resolve().parents[2] / "examples" / "plans"
@@ -37,17 +35,6 @@ def write_lowered_cap_plan(tmp: Path) -> Path:
     path = tmp / "lowered-cap-plan.toml"
     path.write_text(text)
     return path
-
-
-def launch(plan_path: Path, run_dir: Path, guarded: bool) -> Path:
-    """A launcher: optional preflight gate, then the launch record a scheduler would run."""
-    if guarded:
-        require_ok(plan_path)
-    plan = load_plan(plan_path)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    record = run_dir / "launch.json"
-    record.write_text(json.dumps({"plan": str(plan_path), "max_tokens_per_gpu": plan.batch.max_tokens_per_gpu}))
-    return record
 
 
 def micro_batches_per_gpu(plan) -> int:
@@ -76,12 +63,7 @@ def run(tmp: Path) -> Outcome:
                  f"{est.binding.phase} ({est.binding.peak_bytes / 2**30:.1f} GiB > "
                  f"{after.hardware.gpu_memory_gib:g} GiB)")
 
-    t0 = time.monotonic()
-    error, detection_s, finding_ids = "", None, []
-    try:
-        launch(path, tmp / "guarded", guarded=True)
-    except PreflightRefusal as err:
-        error, detection_s, finding_ids = str(err), time.monotonic() - t0, err.context["finding_ids"]
+    error, detection_s, finding_ids = guarded_launch(path, tmp / "guarded")
     suggested = re.search(r"Raise cp to (\d+)", error)
     fixed_ok = bool(suggested) and check_plan(with_cp(before, int(suggested.group(1)))).verdict == "ok"
     return Outcome(
