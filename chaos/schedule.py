@@ -80,8 +80,8 @@ class Injector:
             return _stop_for(pid, STALL_S, f"engine pid {pid}")
         if f.kind == "kill-worker":
             pid = ray.get(c.workers[f.target % len(c.workers)].pid.remote())
-            threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()  # mid-rollout
-            return f"rollout worker pid {pid} SIGKILLed 1 s into the step"
+            os.kill(pid, signal.SIGKILL)  # while this step's batch (submitted last step) may still generate
+            return f"rollout worker pid {pid} SIGKILLed"
         if f.kind == "stall-trainer":
             return _stop_for(c.guards.trainer_pid, STALL_S, f"trainer pid {c.guards.trainer_pid}")
         if f.kind == "fd-pressure":

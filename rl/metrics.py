@@ -127,13 +127,18 @@ def logprob_gap(train_logprobs: torch.Tensor | Sequence[torch.Tensor],
     return acc.value()
 
 
+_FP32_EPS = 1.2e-7  # torch.finfo(torch.float32).eps: returns arrive as fp32
+
+
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """``1 - Var(returns - values) / Var(returns)`` over valid tokens.
 
     1 for a perfect critic, 0 for one that predicts the batch mean, negative and
     unbounded below when subtracting the values adds variance (the report saw
     -33.6 at cold start, 0.71-0.86 warm; section 05). NaN when the returns have
-    no variance (EV is undefined then, not 0 or 1).
+    no variance (EV is undefined then, not 0 or 1): a variance below
+    float32 rounding of the returns' scale counts as none, else equal fp32
+    rewards would report EV ~ -1e14.
     """
     m = _checks.bool_mask("mask", mask)
     v, r = _checks.float_tensor("values", values), _checks.float_tensor("returns", returns)
@@ -144,6 +149,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
         raise InputError(f"mask (shape {list(m.shape)}) has no valid position", argument="mask")
     v64, r64 = v.detach()[m].to(torch.float64), r.detach()[m].to(torch.float64)
     var_returns = float(r64.var(correction=0))
-    if var_returns == 0.0:
+    scale = float(r64.abs().max())
+    if var_returns <= (_FP32_EPS * max(scale, 1e-30)) ** 2:
         return math.nan
     return 1.0 - float((r64 - v64).var(correction=0)) / var_returns

@@ -134,3 +134,15 @@ def test_metrics_bad_input():
         explained_variance(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2))
     with pytest.raises(InputError, match="values"):
         explained_variance(torch.zeros(2), torch.zeros(3), torch.ones(3))
+
+
+def test_explained_variance_is_nan_for_fp32_constant_returns():
+    import math
+
+    import torch
+
+    from rl.metrics import explained_variance
+
+    returns = torch.full((2, 5), 0.4, dtype=torch.float32) + torch.tensor([0.0, 3e-8]).view(2, 1)
+    values = torch.randn(2, 5)
+    assert math.isnan(explained_variance(values, returns, torch.ones(2, 5, dtype=torch.bool)))
