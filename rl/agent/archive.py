@@ -69,6 +69,7 @@ def _link_stays_inside(member: tarfile.TarInfo, rel: PurePosixPath) -> bool:
 def check_members(tar: tarfile.TarFile, archive: str, limits: ArchiveLimits) -> list[tarfile.TarInfo]:
     """Validate every member's header; returns the members in order or raises on the first bad one."""
     members: list[tarfile.TarInfo] = []
+    files_before: set[str] = set()  # a hard link may only name a regular file archived before it
     total = 0
     for member in tar:
         if len(members) >= limits.max_members:
@@ -82,6 +83,10 @@ def check_members(tar: tarfile.TarFile, archive: str, limits: ArchiveLimits) -> 
         if (member.issym() or member.islnk()) and not _link_stays_inside(member, rel):
             raise UnsafeArchiveError(f"{archive}: member {member.name!r} links to {member.linkname!r} "
                                      "outside the task root", archive=archive, member=member.name)
+        if member.islnk() and posixpath.normpath(member.linkname) not in files_before:
+            raise UnsafeArchiveError(f"{archive}: member {member.name!r} is a hard link to {member.linkname!r}, "
+                                     "which is not a regular file earlier in the archive",
+                                     archive=archive, member=member.name)
         if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
             raise UnsafeArchiveError(f"{archive}: member {member.name!r} has unsupported type "
                                      f"{member.type!r}", archive=archive, member=member.name)
@@ -94,6 +99,8 @@ def check_members(tar: tarfile.TarFile, archive: str, limits: ArchiveLimits) -> 
                                      f"bytes (at {member.name!r}); refusing a size bomb",
                                      archive=archive, member=member.name)
         members.append(member)
+        if member.isfile():
+            files_before.add(posixpath.normpath(member.name))
     return members
 
 
