@@ -11,3 +11,12 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
+
+
+# Property tests are reproducible in the suite (the same examples every run, so a green main stays
+# green); explore new inputs with `pytest --hypothesis-profile=explore` (random, more examples).
+from hypothesis import settings as _hyp_settings  # noqa: E402
+
+_hyp_settings.register_profile("repro", derandomize=True, print_blob=True)
+_hyp_settings.register_profile("explore", derandomize=False, max_examples=1000, print_blob=True)
+_hyp_settings.load_profile("repro")
