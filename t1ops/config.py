@@ -139,7 +139,6 @@ class CampaignConfig(Section):
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
 
-
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":
         r, m = self.rollout, self.model

@@ -22,7 +22,8 @@ import httpx
 from chaos.harness import Guarded, Outcome, register
 from rl.agent.budget import compaction_threshold, fit_generation
 from rl.engines.client import EngineClient
-from rl.engines.embedded import free_port, spawn
+from rl.engines.embedded import spawn
+from rl.engines.ports import free_port
 from rl.engines.protocol import GenerateRequest, SamplingParams
 from rl.errors import EngineError
 from rl.model import ModelSpec

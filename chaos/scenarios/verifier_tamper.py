@@ -25,7 +25,6 @@ which solves the task (honest reward 0/4):
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -57,7 +57,6 @@ import numpy as np
 import torch
 
 from rl.engines import protocol as P
-from rl.engines.ports import free_port  # noqa: F401  (re-exported for callers)
 from rl.errors import BudgetError, CheckpointError, CheckpointRoleError, EngineError, InputError, ParseError, T1OpsError
 from rl.model import ModelSpec, WEIGHTS_FILE, build_policy, last_logits, load_weights, record_routing
 from rl.vocab import CompactVocab
