@@ -45,7 +45,7 @@ def _phase(proc, tmp: Path, grace_s: float) -> dict:
     num_events = len(telemetry.recent_events("engine.ping_missed_in_grace"))
     try:
         os.kill(proc.pid, signal.SIGSTOP)  # frozen as in a first compile, before the pool's first ping
-        frozen = psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED
+        frozen = _wait_stopped(proc.pid)
         pool.start()
         time.sleep(FREEZE_S)
         status_frozen = pool.slot_state(0)[0]
@@ -65,6 +65,16 @@ def _phase(proc, tmp: Path, grace_s: float) -> dict:
                 "admitted_after_thaw_s": admitted_s, "served": served}
     finally:
         pool.close()
+
+
+def _wait_stopped(pid: int, limit_s: float = 2.0) -> bool:
+    """SIGSTOP is delivered asynchronously: observe the stop rather than read the state once."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 @register("engine-warmup-grace", "an engine frozen in its first compile is killed by health pings")
