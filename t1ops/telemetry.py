@@ -135,9 +135,27 @@ def recent_events(name: str | None = None) -> list[dict]:
     return [e for e in list(_events) if name is None or e["name"] == name]
 
 
-def span(name: str, **attrs: Any):
-    """A tracing span context manager: ``with span("step", step=3): ...``."""
-    return trace.get_tracer(_METER_NAME).start_as_current_span(name, attributes=_clean(attrs))
+def span(name: str, *, parent: dict | None = None, **attrs: Any):
+    """A tracing span context manager: ``with span("step", step=3): ...``.
+
+    ``parent`` is a carrier from :func:`trace_carrier` in another process (a
+    Ray call's argument): the span continues that trace (see docs/tracing.md).
+    """
+    context = None
+    if parent:
+        from opentelemetry.propagate import extract
+
+        context = extract(parent)
+    return trace.get_tracer(_METER_NAME).start_as_current_span(name, context=context, attributes=_clean(attrs))
+
+
+def trace_carrier() -> dict:
+    """The current span's W3C trace context as a dict to pass to another process."""
+    from opentelemetry.propagate import inject
+
+    carrier: dict = {}
+    inject(carrier)
+    return carrier
 
 
 def _clean(attrs: dict) -> dict:

@@ -27,6 +27,7 @@ from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.summary import Summary
+from t1ops.campaign.trialtrace import step_split
 from t1ops.config import CampaignConfig
 
 
@@ -107,7 +108,8 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         sync_s = time.monotonic() - t_sync
         dump_results(c.run, step, results)
         row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
-        row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"])
+        row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"],
+                   **step_split(results, rollout_s))
         summary.add_step(row)
         c.guards.after_step(step)
         for key in ("reward_mean", "explained_variance", "logprob_gap", "step_s"):
