@@ -1,6 +1,6 @@
 """The coordinator: the campaign's step loop on Ray.
 
-Roles (DESIGN.md, runtime topology): engines (SGLang-protocol servers; the
+Roles (docs/architecture.md, runtime topology): engines (SGLang-protocol servers; the
 embedded CPU engine by default), one rollout worker per node (agent loop and
 sandboxes), the trainer (actor + critic), and this coordinator (step loop,
 weight-sync barrier, guardrails, telemetry).
