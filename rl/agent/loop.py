@@ -31,7 +31,7 @@ from rl.engines.protocol import GenerateRequest, SamplingParams
 from rl.errors import BudgetError
 from rl.tito import TitoBuilder, Trajectory
 
-_TRACER = trace.get_tracer("rl.agent")  # a no-op until the process installs a tracer provider
+_NO_TRACER = trace.NoOpTracer()
 
 SYSTEM_PROMPT = ("You are a terminal agent. Solve the task by running shell commands with the bash "
                  "tool, one command per turn. Reply without a tool call when you are done.")
@@ -108,11 +108,13 @@ def observation_text(stdout: str, stderr: str, exit_code: int | None, reason: st
 
 def run_episode(instruction: str, execute: Callable[[str], Any], generate: Callable[[GenerateRequest], Any],
                 renderer: ChatRenderer, settings: AgentSettings, *, sample_id: str, group_id: str,
-                prompt_id: str, clock: Callable[[], float] | None = None) -> Episode:
+                prompt_id: str, clock: Callable[[], float] | None = None, tracer: Any = None) -> Episode:
     """Run one episode. ``execute(cmd)`` returns an object with stdout/stderr/exit_code/reason
     (``rl.agent.sandbox.Trial.exec``); ``generate(request)`` returns a
     ``GenerateResponse`` (an engine client or pool). Raises MissingRoutingError if
-    routing is required and absent: the caller aborts the rollout, never drops it."""
+    routing is required and absent: the caller aborts the rollout, never drops it.
+    ``tracer`` (an OpenTelemetry tracer) records one ``agent.turn`` span per turn,
+    parent of the spans ``generate`` and ``execute`` open."""
     import time
 
     clock = clock or time.monotonic
@@ -122,7 +124,8 @@ def run_episode(instruction: str, execute: Callable[[str], Any], generate: Calla
     ep = Episode(chunks=[], num_turns=0, end_reason="max_turns")
     routed_upto = 0  # positions [0, routed_upto) already have routing rows
     for turn in range(settings.max_turns):
-        with _TRACER.start_as_current_span("agent.turn", attributes={"turn": turn, "sample_id": sample_id}):
+        turn_span = (tracer or _NO_TRACER).start_as_current_span("agent.turn", attributes={"turn": turn})
+        with turn_span:
             routed_upto, stop = _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id,
                                       routed_upto, clock)
         if stop:

@@ -205,7 +205,8 @@ class RolloutWorker:
 
             try:
                 ep = run_episode(task.instruction, execute, generate, self.renderer, self.settings.agent,
-                                 sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name)
+                                 sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
+                                 tracer=telemetry.tracer())
             finally:
                 with clock.phase("sandbox_s", "sandbox.finish"):
                     trial.finish()
