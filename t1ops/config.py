@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from t1ops.errors import ConfigError
+from t1ops.parallel_layout import trainer_errors
 
 
 class Section(BaseModel):
@@ -63,6 +64,25 @@ class EngineConfig(Section):
     max_resubmits: int = Field(3, ge=0, le=100, description="Times a request is resubmitted after its engine died before it fails loudly.")
 
 
+class ParallelConfig(Section):
+    """The trainer's layout on its ranks (docs/parallelism.md); world size = dp * tp * pp.
+
+    Checked at load against the model by the same rules preflight applies to
+    plans (``t1ops.parallel_layout``)."""
+
+    dp: int = Field(1, ge=1, le=4096, description="Data-parallel ranks: trajectories are packed to them by token count.")
+    tp: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks (megatron-core; > 1 needs sequence_parallel).")
+    ep: int = Field(1, ge=1, le=1024, description="Expert-parallel ranks: must divide num_experts and dp*tp (expert tensor parallelism is 1).")
+    pp: int = Field(1, ge=1, le=1, description="Pipeline stages: 1 only; pipeline schedules are not wired (docs/parallelism.md says why).")
+    sequence_parallel: bool = Field(False, description="Split the sequence over the tensor-parallel ranks (megatron SP); requires tp > 1.")
+    max_tokens_per_gpu: int = Field(8192, ge=16, description="Token cap of one micro-batch (padded tokens) on one rank; a longer sample is its own micro-batch.")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Process-group backend: auto = nccl with CUDA, gloo on CPU.")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
 class TrainerConfig(Section):
     mode: Literal["ppo", "grpo"] = Field("ppo", description="PPO with a critic and GAE, or GRPO with DPPO.")
     actor_lr: float = Field(1e-3, gt=0, le=1.0, description="Actor learning rate (constant).")
@@ -90,6 +110,7 @@ class TrainerConfig(Section):
     tis_cap: float = Field(2.0, gt=0, le=1000, description="Truncation cap of the TIS weight.")
     grpo_norm_by_std: bool = Field(False, description="GRPO: divide group-centred advantages by the group's std (off: the walkthrough's Dr. GRPO-style centring).")
     advantage_whitening: bool = Field(False, description="PPO: whiten GAE advantages over the batch's tokens (off: the report, 'advantage normalization is not enabled').")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Layout of the trainer's ranks.")
 
 
 class RolloutConfig(Section):
@@ -157,6 +178,12 @@ class CampaignConfig(Section):
         if self.engine.kind == "sglang" and len(self.engine.urls) != self.engine.num_engines:
             raise ValueError(f"engine.kind = 'sglang' needs one URL per engine: {len(self.engine.urls)} urls "
                              f"for engine.num_engines = {self.engine.num_engines}")
+        p = self.trainer.parallel
+        errors = trainer_errors(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, sequence_parallel=p.sequence_parallel,
+                                num_layers=m.num_layers, num_experts=m.num_experts,
+                                num_attention_heads=m.num_attention_heads)
+        if errors:
+            raise ValueError("trainer.parallel: " + "; ".join(errors))
         return self
 
 

@@ -1,7 +1,7 @@
 """Trainer hyper-parameters as a plain dataclass (``rl`` cannot import ``t1ops``).
 
 Field names mirror ``t1ops.config.TrainerConfig`` one for one, so the campaign
-builds it with ``TrainerSettings.from_mapping(cfg.trainer.model_dump())``; a
+builds it with ``TrainerSettings.from_mapping(cfg.trainer.model_dump(exclude={"parallel"}))``; a
 test keeps the two in step. Defaults follow the T1 report, section 04: clip
 0.2 symmetric, value clip 0.2, gamma = lambda = 1, Adam(0.9, 0.98), weight
 decay 0.1, constant LR, critic at 30x the actor's LR.
