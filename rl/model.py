@@ -253,8 +253,14 @@ def last_logits(model, ids_BT: torch.Tensor) -> torch.Tensor:
         return _masked_logits(head, model.t1_unk_id, hidden_BTH[:, -1:, :].transpose(0, 1))[0]
 
 
-def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
     """fp32 log p(targets[b, t] | ids[b, :t+1]) as [B, T], differentiable.
+
+    ``temperature`` divides the logits before the log-softmax, as the sampler
+    does (SGLang reports log-probs of the temperature-scaled distribution);
+    the trainer passes the sampling temperature so its PPO ratio compares the
+    same policy the engine sampled from.
 
     Memory-aware: the LM head runs over chunks of positions, each under
     activation checkpointing when grad is on, so at most one chunk of
@@ -270,6 +276,9 @@ def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor) -> tor
             f"targets_BT {tuple(targets_BT.shape)} must match ids_BT {tuple(ids_BT.shape)}",
             targets_shape=tuple(targets_BT.shape), ids_shape=tuple(ids_BT.shape),
         )
+    if not temperature > 0:
+        raise InputError(f"temperature must be > 0 (greedy sampling reports temperature-1 log-probs), "
+                         f"got {temperature!r}", argument="temperature")
     unk_id = model.t1_unk_id
     vocab_size = model.t1_spec.vocab_size
     if int(targets_BT.min()) < 0 or int(targets_BT.max()) >= vocab_size:
@@ -282,6 +291,8 @@ def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor) -> tor
 
     def chunk_logprobs(hidden_cBH: torch.Tensor, targets_cB: torch.Tensor) -> torch.Tensor:
         logits_cBV = _masked_logits(head, unk_id, hidden_cBH)
+        if temperature != 1.0:
+            logits_cBV = logits_cBV / temperature
         picked_cB = logits_cBV.gather(-1, targets_cB.unsqueeze(-1)).squeeze(-1)
         return picked_cB - torch.logsumexp(logits_cBV, dim=-1)
 

@@ -106,6 +106,11 @@ class TrainerConfig(Section):
     warm_start_steps: int = Field(110, ge=0, description="Supervised warm-start steps on task solutions before RL (the report's RL starts from SFT).")
     warm_start_lr: float = Field(3e-3, gt=0, le=1.0, description="Learning rate of the supervised warm start.")
     warm_start_noise: float = Field(0.5, ge=0, lt=1, description="Share of warm-start demonstrations showing another task's solution (an imperfect demonstrator).")
+    clip_ratio_c: float | None = Field(None, gt=1, le=100, description="PPO dual clip: a negative-advantage token's loss is at most -clip_ratio_c * A (None: off, as the report).")
+    tis_mode: Literal["off", "token", "sequence"] = Field("off", description="Apply truncated importance sampling (trainer vs sampler) per token or per sequence; 'off' records it only (the report).")
+    tis_cap: float = Field(2.0, gt=0, le=1000, description="Truncation cap of the TIS weight.")
+    grpo_norm_by_std: bool = Field(False, description="GRPO: divide group-centred advantages by the group's std (off: the walkthrough's Dr. GRPO-style centring).")
+    advantage_whitening: bool = Field(False, description="PPO: whiten GAE advantages over the batch's tokens (off: the report, 'advantage normalization is not enabled').")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Layout of the trainer's ranks.")
 
 
