@@ -156,6 +156,7 @@ class RolloutWorker:
         task = self.tasks[spec.task]
         trial = self.sandbox.create(task, idx)
         sample_id = f"{spec.group_id}-s{spec.sample_idx}"
+        telemetry.event("trial.started", trial=sample_id)  # a progress event (chaos schedules fire on it)
 
         def generate(req):
             if cancel.is_set():
