@@ -71,6 +71,7 @@ class Injector:
     fired: list[dict] = field(default_factory=list)
     _held_fds: list[int] = field(default_factory=list)
     _started: dict[int, int] = field(default_factory=dict)   # step -> trials started
+    _finished: dict[int, int] = field(default_factory=dict)  # step -> trials finished
     _coord: dict[tuple[str, int], float] = field(default_factory=dict)  # (event, step) -> wall time
     _thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -98,9 +99,10 @@ class Injector:
         try:
             while pending and not self._stop.is_set():
                 for ev in tail.poll():
-                    if ev["name"] == "trial.started":
+                    if ev["name"] in ("trial.started", "trial.finished"):
+                        books = self._started if ev["name"] == "trial.started" else self._finished
                         step = _step_of(ev.get("trial", ""))
-                        self._started[step] = self._started.get(step, 0) + 1
+                        books[step] = books.get(step, 0) + 1
                 coord = telemetry.recent_events()
                 for ev in coord[seen_coord:]:
                     if ev["name"] in ("campaign.train_submitted", "campaign.sync_barrier"):
@@ -122,7 +124,8 @@ class Injector:
     def _work(self, f: Fault) -> str:
         """What was in flight when ``f`` fired."""
         if f.trigger == "mid-rollout":
-            return f"rollout of step {f.step}: {self._started.get(f.step, 0)} trials started"
+            started, finished = self._started.get(f.step, 0), self._finished.get(f.step, 0)
+            return f"rollout of step {f.step}: {started} trials started, {finished} finished"
         name = "campaign.train_submitted" if f.trigger == "in-train" else "campaign.sync_barrier"
         ago = time.time() - self._coord[(name, f.step)]
         what = "train step" if f.trigger == "in-train" else "weight-sync barrier after step"
@@ -157,8 +160,15 @@ class Injector:
             observed = f"{len(self._held_fds)} fds opened in the coordinator (soft limit {soft}) for {dur:g} s"
         else:
             raise ValueError(f"unknown fault {f.kind}")
+        in_flight = (self._started.get(f.step, 0) > self._finished.get(f.step, 0)) if f.trigger == "mid-rollout" \
+            else not self._after(f)
         self.fired.append({**asdict(f), "pid": pid, "duration_s": dur, "observed": observed, "work": work,
-                           "at": t_wall})
+                           "in_flight": in_flight, "at": t_wall})
+
+    def _after(self, f: Fault) -> bool:
+        """The work ``f`` targets already ended when it fired (the train result / the sync came back)."""
+        done = "campaign.train_done" if f.trigger == "in-train" else "campaign.sync_done"
+        return any(e["name"] == done and e.get("step") == f.step for e in telemetry.recent_events(done))
 
     def _release_fds(self) -> None:
         held, self._held_fds = self._held_fds, []

@@ -56,13 +56,17 @@ def make_schedule(seed: int, num_faults: int, num_steps: int, num_engines: int, 
               rng.randrange(targets.get(k, 1)), rng.randint(1, max(1, batch_size - 1)), rng.random())
              for k in kinds]
     first_long_trainer = next((i for i, d in enumerate(draws) if d[0] == "stall-trainer" and d[2]), None)
-    faults = []
+    faults, engine_steps = [], set()
     for i, (k, trigger, long, target, after, u) in enumerate(draws):
         if k == "stall-trainer" and long and (i != first_long_trainer or num_steps < 2):
             long = False
         lo = 2 if k == "stall-trainer" and num_steps >= 2 else 1
         hi = num_steps - 1 if first_long_trainer is not None and trigger == "in-sync" and num_steps > 1 else num_steps
         step = num_steps if k == "stall-trainer" and long else lo + int(u * (hi - lo + 1))
+        if k in ("kill-engine", "stall-engine"):  # one engine fault per step: the other engine keeps serving
+            free = [s for s in range(lo, hi + 1) if s not in engine_steps]
+            step = min(free, key=lambda s: (abs(s - step), s)) if free else step
+            engine_steps.add(step)
         faults.append(Fault(f"f{i}", step, k, target, trigger, after if trigger == "mid-rollout" else 0, long))
     return sorted(faults, key=lambda f: (f.step, f.trigger != "mid-rollout", f.id))
 
@@ -137,7 +141,7 @@ def check_invariants(run_dir: Path, injector: Injector, batch_size: int, stopped
             and all(s["ledger"]["missing"] == 0 for s in steps),
             "checkpoints_intact": ckpt_ok,
             "every_fault_fired_on_work_in_flight": len(injector.fired) == len(injector.schedule)
-            and not injector.error,
+            and all(f["in_flight"] for f in injector.fired) and not injector.error,
             "every_fault_caught_or_absorbed": all(v["ok"] for v in verdicts),
             "stopped_only_by_a_named_hang": (not stopped_by) or (expected_stop and "HangError" in stopped_by),
             "faults": verdicts,

@@ -101,6 +101,7 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
         stats = c.guards.wait_train(c.trainer.train.remote(results), step)  # ... while step t trains
         train_s = time.monotonic() - t_train
+        telemetry.event("campaign.train_done", step=step)
         if pending is not None:
             c.rollouts.wait_done(pending)  # no request may span the weight sync
         t_sync = time.monotonic()
@@ -108,6 +109,7 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         telemetry.event("campaign.sync_barrier", step=step)
         sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
         sync_s = time.monotonic() - t_sync
+        telemetry.event("campaign.sync_done", step=step)
         dump_results(c.run, step, results)
         row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
         row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"])

@@ -31,6 +31,8 @@ def test_schedules_hit_work_and_keep_a_long_trainer_stall_last():
             assert not [f for f in s if f.trigger == "in-sync" and f.step == 4]
         assert all(f.step >= 2 for f in s if f.kind == "stall-trainer")  # a learned bound exists
         assert all(1 <= f.after_trials <= 3 for f in s if f.trigger == "mid-rollout")
+        engine_steps = [f.step for f in s if f.kind in ("kill-engine", "stall-engine")]
+        assert len(engine_steps) == len(set(engine_steps)), "two engine faults in one step"
     kinds_long = {(f.kind, f.long) for seed in range(50) for f in make_schedule(seed, 5, 4, 2, 1)}
     assert {("stall-engine", True), ("stall-engine", False), ("stall-trainer", True)} <= kinds_long
 
