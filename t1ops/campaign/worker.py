@@ -186,47 +186,55 @@ class RolloutWorker:
             with clock.phase("sandbox_s", "sandbox.create", task=task.name):
                 trial = self.sandbox.create(task, idx)
             trial_span.set_attribute("trial_id", trial.trial_id)
-
-            def generate(req):
-                if cancel.is_set():
-                    raise Cancelled(sample_id)
-                with clock.phase("generate_s", "generate", prompt_tokens=len(req.input_ids),
-                                 max_new_tokens=req.sampling_params.max_new_tokens) as sp:
-                    resp = self.engines.generate(req)
-                    sp.set_attribute("output_tokens", len(resp.output_ids))
-                    sp.set_attribute("finish_reason", resp.finish_reason.type)
-                    sp.set_attribute("weight_version", resp.weight_version)
-                    return resp
-
-            def execute(command):
-                with clock.phase("sandbox_s", "sandbox.exec", command=command[:200]) as sp:
-                    res = trial.exec(command)
-                    sp.set_attribute("exit_code", -1 if res.exit_code is None else res.exit_code)
-                    sp.set_attribute("reason", res.reason)
-                    return res
-
+            telemetry.event("trial.started", trial=sample_id)  # progress events (chaos schedules fire on them)
             try:
-                ep = run_episode(task.instruction, execute, generate, self.renderer, self.settings.agent,
-                                 sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
-                                 tracer=telemetry.tracer())
+                out = self._run_trial(task, trial, spec, sample_id, cancel, clock)
             finally:
-                with clock.phase("sandbox_s", "sandbox.finish"):
-                    trial.finish()
-            with clock.phase("verify_s", "verify") as sp:
-                verdict = verify(trial, scale=self.settings.reward_scale)
-                sp.set_attribute("tamper_events", len(verdict.tamper_events))
-            with telemetry.span("reward", reward=verdict.reward.value, source=verdict.reward.source,
-                                passed=verdict.reward.passed, total=verdict.reward.total):
-                for ev in verdict.tamper_events:
-                    telemetry.event("verifier.tamper", severity="error", trial=ev.trial_id, kind=ev.kind,
-                                    path=ev.path)
-            trial_span.set_attribute("num_turns", ep.num_turns)
-            trial_span.set_attribute("end_reason", ep.end_reason)
+                telemetry.event("trial.finished", trial=sample_id)
+            trial_span.set_attribute("num_turns", out["num_turns"])
+            trial_span.set_attribute("end_reason", out["end_reason"])
+        return {**out, **clock.row()}
+
+    def _run_trial(self, task, trial, spec: TrialSpec, sample_id: str, cancel: threading.Event,
+                   clock: TrialClock) -> dict:
+
+        def generate(req):
+            if cancel.is_set():
+                raise Cancelled(sample_id)
+            with clock.phase("generate_s", "generate", prompt_tokens=len(req.input_ids),
+                             max_new_tokens=req.sampling_params.max_new_tokens) as sp:
+                resp = self.engines.generate(req)
+                sp.set_attribute("output_tokens", len(resp.output_ids))
+                sp.set_attribute("finish_reason", resp.finish_reason.type)
+                sp.set_attribute("weight_version", resp.weight_version)
+                return resp
+
+        def execute(command):
+            with clock.phase("sandbox_s", "sandbox.exec", command=command[:200]) as sp:
+                res = trial.exec(command)
+                sp.set_attribute("exit_code", -1 if res.exit_code is None else res.exit_code)
+                sp.set_attribute("reason", res.reason)
+                return res
+
+        try:
+            ep = run_episode(task.instruction, execute, generate, self.renderer, self.settings.agent,
+                             sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
+                             tracer=telemetry.tracer())
+        finally:
+            with clock.phase("sandbox_s", "sandbox.finish"):
+                trial.finish()
+        with clock.phase("verify_s", "verify") as sp:
+            verdict = verify(trial, scale=self.settings.reward_scale)
+            sp.set_attribute("tamper_events", len(verdict.tamper_events))
+        with telemetry.span("reward", reward=verdict.reward.value, source=verdict.reward.source,
+                            passed=verdict.reward.passed, total=verdict.reward.total):
+            for ev in verdict.tamper_events:
+                telemetry.event("verifier.tamper", severity="error", trial=ev.trial_id, kind=ev.kind, path=ev.path)
         return {"trial_id": trial.trial_id, "task": task.name, "family": task.family, "group_id": spec.group_id,
                 "sample_id": sample_id, "reward": verdict.reward.value, "reward_source": verdict.reward.source,
                 "passed": verdict.reward.passed, "total": verdict.reward.total, "num_turns": ep.num_turns,
                 "end_reason": ep.end_reason, "commands": ep.commands, "parse_failures": ep.parse_failures,
-                "tamper": [asdict(e) for e in verdict.tamper_events], "chunks": ep.chunks, **clock.row()}
+                "tamper": [asdict(e) for e in verdict.tamper_events], "chunks": ep.chunks}
 
 
 def plan_groups(task_names: list[str], step: int, batch_size: int, n_samples: int, seed: int,
