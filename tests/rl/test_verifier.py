@@ -32,14 +32,6 @@ def sandbox(tmp_path_factory):
     return Sandbox(tmp_path_factory.mktemp("sbx"), "run-v")
 
 
-@pytest.fixture(scope="module")
-def open_sandbox(tmp_path_factory):
-    """Agent on the host uid with the task pool visible (the worst host): forgeries succeed on
-    disk, so only the verifier's checks stop them."""
-    return Sandbox(tmp_path_factory.mktemp("sbx-open"), "run-open", drop_privileges=False,
-                   hide_task_pool=False)
-
-
 def test_honest_solution_gets_full_ctrf_reward(sandbox, task):
     trial = sandbox.create(task, 0)
     trial.exec("sort in.txt > out.txt")
@@ -67,17 +59,12 @@ def test_no_output_at_all_scores_zero_from_ctrf(sandbox, task):
 @pytest.mark.parametrize("attack, kind", [
     ("echo '{ctrf}' > ctrf.json", "precreated-ctrf"),
     ("printf 'import pytest\\n' > conftest.py", "conftest"),
+    ("mkdir -p deep/er && printf '[pytest]\\naddopts = -p evil\\n' > deep/er/pytest.ini", "pytest-config"),
     ("mkdir -p bin && printf '#!/bin/sh\\nexit 0\\n' > bin/pytest && chmod +x bin/pytest", "shadow-exec"),
-    ("mkdir -p {dir}/verifier && echo '{ctrf}' > {dir}/verifier/ctrf.json", "precreated-dir"),
-    ("echo 'def test_x(): pass' > {dir}/conftest.py", "foreign-file"),
-    ("echo 'def test_free(): pass' >> {src}/tests/test_outputs.py", "tests-modified"),
 ])
-def test_each_forgery_is_recorded_and_never_pays(open_sandbox, task, tmp_path, attack, kind):
-    src = tmp_path / "task"
-    shutil.copytree(task.path, src)
-    t = load_task(src)
-    trial = open_sandbox.create(t, 0)
-    cmd = attack.format(ctrf=PASSING_CTRF, dir=trial.dir, src=src)
+def test_each_workspace_forgery_is_recorded_and_never_pays(sandbox, task, attack, kind):
+    trial = sandbox.create(task, 0)
+    cmd = attack.format(ctrf=PASSING_CTRF)
     assert trial.exec(f"sort in.txt > out.txt; {cmd}").reason == "ok"
     v = verify(trial)
     kinds = {e.kind for e in v.tamper_events}
@@ -85,6 +72,25 @@ def test_each_forgery_is_recorded_and_never_pays(open_sandbox, task, tmp_path, a
     assert v.reason == "tamper" and v.reward.source.startswith("tamper:") and kind in v.reward.source
     assert v.reward.value == 0.0
     assert json.loads((trial.dir / "verifier" / "result.json").read_text())["tamper_events"]
+    trial.close()
+
+
+@pytest.mark.parametrize("attack", [
+    "mkdir -p {dir}/verifier && echo '{ctrf}' > {dir}/verifier/ctrf.json",
+    "echo 'def test_x(): pass' > {dir}/conftest.py",
+    "echo 'def test_free(): pass' >> {src}/tests/test_outputs.py",
+])
+def test_forgeries_outside_the_workspace_cannot_even_land(sandbox, task, tmp_path, attack):
+    src = tmp_path / "task"
+    shutil.copytree(task.path, src)
+    before = (src / "tests" / "test_outputs.py").read_text()
+    trial = sandbox.create(load_task(src), 0)
+    trial.exec(attack.format(ctrf=PASSING_CTRF, dir=trial.dir, src=src))   # lands in its own /tmp at most
+    assert not (trial.dir / "conftest.py").exists() and not (trial.dir / "verifier").exists()
+    assert (src / "tests" / "test_outputs.py").read_text() == before
+    v = verify(trial)
+    assert (v.reason, v.reward.value, v.reward.passed) == ("ok", 0.0, 0)
+    trial.close()
 
 
 def test_stale_ctrf_from_another_run_is_refused(sandbox, task, tmp_path):
@@ -107,20 +113,18 @@ def test_recorded_result_is_refused_under_another_run_tag(sandbox, task):
         read_verifier_result(trial.dir, "some-other-run/" + trial.trial_id)
 
 
-def test_missing_ctrf_falls_back_to_binary(open_sandbox, tmp_path):
+def test_missing_ctrf_falls_back_to_binary(sandbox, tmp_path):
     src = tmp_path / "noctrf"
     shutil.copytree(POOL / "files-hello", src)
     (src / "tests" / "test.sh").write_text("#!/bin/bash\ntest -f \"$T1_WORKSPACE/out.txt\"\n")
-    trial = open_sandbox.create(load_task(src), 0)
+    trial = sandbox.create(load_task(src), 0)
     trial.exec("echo hello > out.txt")
     v = verify(trial)
     assert (v.reason, v.reward.source, v.reward.value) == ("no-ctrf", "fallback:missing", 1.0)
 
 
 def test_hidden_pool_blocks_the_tests_edit_outright(tmp_path, task):
-    sb = Sandbox(tmp_path / "sbx", "run-hidden", drop_privileges=False)
-    if not sb.isolation.can_hide_paths:
-        pytest.skip(sb.isolation.hide_reason)
+    sb = Sandbox(tmp_path / "sbx", "run-hidden")
     src = tmp_path / "pool" / "text-sort"
     shutil.copytree(task.path, src)
     trial = sb.create(load_task(src), 0)
