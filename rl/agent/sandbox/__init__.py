@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping
 
+from rl.agent.environment import LocalEnvironment
 from rl.agent.sandbox.isolation import (AGENT_UID, LEVELS, VERIFIER_UID, Isolation,
                                         probe_isolation, require)
 from rl.agent.sandbox.jail import PINNED_PYTEST_INI, View, run_jailed
@@ -73,7 +74,7 @@ class Sandbox:
         except FileExistsError as e:
             raise TrialDirError(f"trial dir {tdir} already exists; trial dirs are never reused",
                                 path=str(tdir)) from e
-        wants_net = bool(getattr(task, "allow_internet", getattr(task, "allow_network", False)))
+        wants_net = task.allow_network
         if wants_net and not self.allow_internet:
             log.warning("sandbox: task %s asks for the network; this sandbox gives none "
                         "(allow_internet = false)", task.name)
@@ -81,8 +82,8 @@ class Sandbox:
             task=task, run_id=self.run_id, trial_idx=trial_idx, tdir=tdir, budget=budget,
             limits=task_limits(limits or self.limits, task), isolation=self.isolation,
             secrets=secrets, network=wants_net and self.allow_internet,
-            workdir=workdir or getattr(task, "workdir", None) or "/app", oracle=oracle,
-            env=env if env is not None else getattr(task, "agent_env", None) or {})
+            workdir=workdir or LocalEnvironment().check(task).workdir, oracle=oracle,
+            env=env if env is not None else task.agent_env)
 
 
 def require_isolation(level: str) -> Isolation:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
+from rl.agent.environment import LocalEnvironment
 from rl.agent.sandbox.cgroup import TrialCgroup
 from rl.agent.sandbox.cgroup import probe as probe_cgroup
 from rl.agent.sandbox.isolation import AGENT_UID, UID_SPAN, VERIFIER_UID, Isolation
@@ -243,8 +244,7 @@ def create_trial(*, task: Task, run_id: str, trial_idx: int, tdir: Path, budget:
         (tdir / d).mkdir(mode=0o700)
     mount_trial_fs(tdir / "fs", limits)
     try:
-        if task.environment_dir.is_dir():
-            shutil.copytree(task.environment_dir, tdir / "fs" / "workspace", symlinks=True)
+        LocalEnvironment().populate(task, tdir / "fs" / "workspace")   # environment/ or its Dockerfile
         for d in AGENT_DIRS + ("vtmp",):
             (tdir / "fs" / d).mkdir(mode=0o755, exist_ok=True)
         for d in AGENT_DIRS:
