@@ -117,15 +117,18 @@ def apply_cpu_shims() -> bool:
     return True
 
 
-class SequenceParallelNorm(torch.nn.LayerNorm):
-    """torch ``LayerNorm`` (same parameters and numerics) usable under sequence parallelism."""
+class SequenceParallelNorm:
+    """megatron's ``WrappedTorchNorm`` (torch LayerNorm / RMSNorm, same parameters and numerics)
+    usable under sequence parallelism: the parameters are marked ``sequence_parallel``."""
 
-    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused) -> None:
-        if config.normalization != "LayerNorm":
-            raise InputError(f"SequenceParallelNorm implements LayerNorm only, config asks {config.normalization!r}")
-        super().__init__(hidden_size, eps=eps)
-        for param in self.parameters():
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused) -> torch.nn.Module:
+        norms = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
+        if config.normalization not in norms:
+            raise InputError(f"SequenceParallelNorm implements {sorted(norms)}, config asks {config.normalization!r}")
+        norm = norms[config.normalization](normalized_shape=hidden_size, eps=eps)
+        for param in norm.parameters():
             param.sequence_parallel = bool(config.sequence_parallel)
+        return norm
 
 
 def init_model_parallel(*, tp: int = 1, pp: int = 1, ep: int = 1, seed: int = 1234,

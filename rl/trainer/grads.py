@@ -4,7 +4,8 @@ After a rank's micro-batches have accumulated their gradients (each loss
 already weighted by the whole batch's reduction weights, so sums are right):
 
 - sequence-parallel replicas (norms, router: marked ``sequence_parallel``)
-  saw only this rank's slice of the sequence: summed over the TP group;
+  saw only this rank's slice of the sequence, and the q/k norms only this
+  rank's heads: summed over the TP group;
 - dense parameters: summed over the data-parallel group;
 - experts: summed over the expert-data-parallel group (ranks holding the
   same experts; with ep = 1 and tp > 1 that includes the TP peers, which
@@ -41,6 +42,12 @@ def _all_reduce_flat(tensors: list[torch.Tensor], group, size: int) -> None:
         offset += t.numel()
 
 
+def _tp_partial(name: str, param: torch.Tensor) -> bool:
+    """Replicated over TP but fed only part of the work per TP rank: sequence-parallel replicas, and the
+    per-head q/k norms (each TP rank normalises its own heads), as megatron's finalize_model_grads."""
+    return getattr(param, "sequence_parallel", False) or "q_layernorm" in name or "k_layernorm" in name
+
+
 def reduce_grads(model: torch.nn.Module) -> None:
     """Sum partial gradients over the groups that share each parameter (see module docstring)."""
     ps = _groups()
@@ -49,8 +56,7 @@ def reduce_grads(model: torch.nn.Module) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     tp = ps.get_tensor_model_parallel_world_size()
-    _all_reduce_flat([p.grad for _, p in named if getattr(p, "sequence_parallel", False)],
-                     ps.get_tensor_model_parallel_group(), tp)
+    _all_reduce_flat([p.grad for n, p in named if _tp_partial(n, p)], ps.get_tensor_model_parallel_group(), tp)
     _all_reduce_flat([p.grad for n, p in named if not is_expert(n)], ps.get_data_parallel_group(),
                      ps.get_data_parallel_world_size())
     _all_reduce_flat([p.grad for n, p in named if is_expert(n)], ps.get_expert_data_parallel_group(),
