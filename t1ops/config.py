@@ -134,6 +134,7 @@ class RolloutConfig(Section):
 
 class GuardsConfig(Section):
     fd_warn_fraction: float = Field(0.8, gt=0, le=1, description="Warn when open fds exceed this fraction of the soft limit.")
+    fd_sample_interval_s: float = Field(10.0, gt=0, le=3600, description="The fd guard samples every campaign process's open fds this often, on its own thread (and after every step).")
     stall_timeout_s: float = Field(300.0, gt=0, description="In-flight work with zero completions this long is an error.")
     host_ram_warn_fraction: float = Field(0.9, gt=0, le=1, description="Warn when projected host RAM exceeds this fraction.")
     nccl_timeout_min: float = Field(30.0, gt=0, description="NCCL group timeout (report: 30 min).")
@@ -185,7 +186,7 @@ class CampaignConfig(Section):
         p = self.trainer.parallel
         errors = trainer_errors(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, sequence_parallel=p.sequence_parallel,
                                 num_layers=m.num_layers, num_experts=m.num_experts,
-                                num_attention_heads=m.num_attention_heads)
+                                num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups)
         if errors:
             raise ValueError("trainer.parallel: " + "; ".join(errors))
         return self

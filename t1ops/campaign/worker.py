@@ -158,6 +158,13 @@ class RolloutWorker:
         task = self.tasks[spec.task]
         trial = self.sandbox.create(task, idx)
         sample_id = f"{spec.group_id}-s{spec.sample_idx}"
+        telemetry.event("trial.started", trial=sample_id)  # progress events (chaos schedules fire on them)
+        try:
+            return self._run_trial(task, trial, spec, sample_id, cancel)
+        finally:
+            telemetry.event("trial.finished", trial=sample_id)
+
+    def _run_trial(self, task, trial, spec: TrialSpec, sample_id: str, cancel: threading.Event) -> dict:
 
         def generate(req):
             if cancel.is_set():
