@@ -69,7 +69,9 @@ class RolloutWorker:
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
-        require_runnable(list(self.tasks.values()))   # fail before any trial, naming each line
+        # fail before any trial, naming each task and Dockerfile line the local backend cannot honour
+        require_runnable(list(self.tasks.values()),
+                         allow_internet=bool((settings.sandbox or {}).get("allow_internet", False)))
         self.renderer = ChatRenderer.default()
         self.sandbox = make_sandbox(trials_root, run_id, settings.sandbox or {},
                                     agent_timeout_override_s=settings.timeout_override_s,
