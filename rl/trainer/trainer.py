@@ -12,6 +12,12 @@ weights, so the campaign calls :meth:`Trainer.snapshot_behaviour` inside the
 weight-sync barrier, when it publishes weights; old log-probs are then
 recomputed under those weights. Without a snapshot the current weights are
 the behaviour policy (synchronous loop).
+
+Fully async (``behaviour="rollout"``, docs/async.md): a trajectory may span
+several weight versions, so no snapshot is the policy that sampled it; the
+per-token ``rollout_logprobs`` are the behaviour log-probs (the PPO ratio's
+denominator; GRPO's DPPO mask always uses them). TIS and the log-prob gap then
+compare the trainer's current weights (the proximal policy) with the rollout.
 """
 from __future__ import annotations
 
@@ -98,18 +104,24 @@ class Trainer:
         self._behaviour: dict[str, torch.Tensor] | None = None
 
     # --- the RL step ------------------------------------------------------------
-    def train_step(self, batch: TrainBatch) -> StepStats:
-        """Critic step (PPO), then the actor's clipped step unless in critic warm-up."""
+    def train_step(self, batch: TrainBatch, *, behaviour: str = "snapshot") -> StepStats:
+        """Critic step (PPO), then the actor's clipped step unless in critic warm-up.
+
+        ``behaviour``: ``"snapshot"`` recomputes old log-probs under the behaviour snapshot;
+        ``"rollout"`` takes the per-token rollout log-probs (fully async)."""
         s = self.settings
+        if behaviour not in ("snapshot", "rollout"):
+            raise InputError(f"behaviour must be 'snapshot' or 'rollout', got {behaviour!r}", argument="behaviour")
         if batch.num_loss_tokens == 0:
             raise InputError("the batch has no loss-bearing token; skip it explicitly rather than "
                              "stepping on nothing", num_samples=batch.num_samples)
         critic = critic_step(self.critic, self.critic_optimizer, batch, s) if s.mode == "ppo" else None
         advantages = critic.advantages_BT if critic else grpo_token_advantages(batch)
-        old_logprobs_BT = self.behaviour_logprobs(batch)
+        recomputed_BT = self.behaviour_logprobs(batch)
+        old_logprobs_BT = batch.rollout_logprobs_BT if behaviour == "rollout" else recomputed_BT
         mask_BT = batch.loss_mask_BT
-        _, tis = tis_weights(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT)
-        gap = logprob_gap(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT)
+        _, tis = tis_weights(recomputed_BT, batch.rollout_logprobs_BT, mask_BT)
+        gap = logprob_gap(recomputed_BT, batch.rollout_logprobs_BT, mask_BT)
         actor_updated = self.step >= s.critic_warmup_steps
         actor = actor_step(self.actor, self.actor_optimizer, batch, advantages, old_logprobs_BT, s) \
             if actor_updated else None
