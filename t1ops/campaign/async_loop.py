@@ -153,24 +153,29 @@ def async_step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
             progress.update(step=step, phase="train", in_flight=len(d.in_flight))
             t_train = time.monotonic()
             c.guards.train_submitted(step)
+            telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
             train_ref = c.trainer.train.remote(results, "rollout")
             while not d.poll(extra=[train_ref]):  # generation continues while the trainer trains
                 if c.guards.watchdog is not None:
                     c.guards.watchdog.check()
             stats = c.guards.wait_train(train_ref, step)
             train_s = time.monotonic() - t_train
+            telemetry.event("campaign.train_done", step=step)
             t_sync = time.monotonic()
             ckpt = ray.get(c.trainer.publish.remote(step))
+            telemetry.event("campaign.sync_barrier", step=step)
             sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))  # pause in place, publish, resume
             d.buffer.advance()
             sync_s = time.monotonic() - t_sync
+            telemetry.event("campaign.sync_done", step=step)
             dump_results(c.run, step, results)
             row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
             row.update(mode="fully_async", engines_recreated=sync["recreated"], engines_dead=sync["dead"],
                        **_accounting(d.buffer, groups, results, step, c.cfg.fully_async.staleness_alarm_share))
-            summary.add_step(row)
-            summary.extra["async_books"] = d.buffer.books()
             c.guards.after_step(step)
+            row["guards_s"] = round(c.guards.take_busy_s(), 4)
+            summary.extra["async_books"] = d.buffer.books()
+            summary.add_step(row)
             d.fill()
             progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()))
     finally:

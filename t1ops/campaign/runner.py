@@ -1,6 +1,6 @@
 """The coordinator: the campaign's step loop on Ray.
 
-Roles (DESIGN.md, runtime topology): engines (SGLang-protocol servers; the
+Roles (docs/architecture.md, runtime topology): engines (SGLang-protocol servers; the
 embedded CPU engine by default), one rollout worker per node (agent loop and
 sandboxes), the trainer (actor + critic), and this coordinator (step loop,
 weight-sync barrier, guardrails, telemetry).
@@ -54,7 +54,8 @@ def _metrics_row(step: int, results: list[dict], stats: dict, rollout_s: float, 
             "turns_mean": float(np.mean([r["num_turns"] for r in results])) if results else math.nan,
             "tokens": int(stats.get("num_tokens", 0)), "rollout_s": round(rollout_s, 3),
             "train_s": round(train_s, 3), "step_s": round(step_s, 3), "sync_s": round(sync_s, 3),
-            "solved_share": float(np.mean([r["passed"] == r["total"] and r["total"] > 0 for r in results])),
+            "solved_share": float(np.mean([bool(r["total"]) and r["passed"] == r["total"] for r in results])),
+            "no_verdict": sum(r["reward_source"] == "no-verdict" for r in results),
             "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
             "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
             "reward_sources": _count(r["reward_source"] for r in results),
@@ -108,20 +109,25 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         progress.update(step=step, phase="train", in_flight=c.rollouts.in_flight)
         t_train = time.monotonic()
         c.guards.train_submitted(step)
+        telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
         stats = c.guards.wait_train(c.trainer.train.remote(results), step)  # ... while step t trains
         train_s = time.monotonic() - t_train
+        telemetry.event("campaign.train_done", step=step)
         if pending is not None:
             c.rollouts.wait_done(pending)  # no request may span the weight sync
         t_sync = time.monotonic()
         ckpt = ray.get(c.trainer.publish.remote(step))
+        telemetry.event("campaign.sync_barrier", step=step)
         sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
         sync_s = time.monotonic() - t_sync
+        telemetry.event("campaign.sync_done", step=step)
         dump_results(c.run, step, results)
         row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
         row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"],
                    mode=c.cfg.pipeline_mode, version_lag_tokens=_lag_histogram(results, step))
-        summary.add_step(row)
         c.guards.after_step(step)
+        row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
+        summary.add_step(row)
         for key in ("reward_mean", "explained_variance", "logprob_gap", "step_s"):
             if not math.isnan(row[key]):  # NaN: not defined this step (e.g. EV with constant returns)
                 telemetry.gauge(f"campaign.{key}", row[key], step=step)
