@@ -131,16 +131,6 @@ class Trainer:
             raise InputError("the batch has no loss-bearing token; skip it explicitly rather than "
                              "stepping on nothing", num_samples=batch.num_samples)
         critic = critic_step(self.critic, self.critic_optimizer, batch, s) if s.mode == "ppo" else None
-<<<<<<< HEAD
-        advantages = critic.advantages_BT if critic else grpo_token_advantages(batch)
-        recomputed_BT = self.behaviour_logprobs(batch)
-        old_logprobs_BT = batch.rollout_logprobs_BT if behaviour == "rollout" else recomputed_BT
-        mask_BT = batch.loss_mask_BT
-        _, tis = tis_weights(recomputed_BT, batch.rollout_logprobs_BT, mask_BT)
-        gap = logprob_gap(recomputed_BT, batch.rollout_logprobs_BT, mask_BT)
-        actor_updated = self.step >= s.critic_warmup_steps
-        actor = actor_step(self.actor, self.actor_optimizer, batch, advantages, old_logprobs_BT, s) \
-=======
         advantages = critic.advantages_BT if critic else grpo_token_advantages(batch, s.grpo_norm_by_std)
         mask_BT = batch.loss_mask_BT
         recompute = s.mode == "ppo" or s.tis_mode != "off"
@@ -149,10 +139,13 @@ class Trainer:
         if old_logprobs_BT is not None:
             tis_BT, tis = tis_weights(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
                                       "token" if s.tis_mode == "off" else s.tis_mode)
+        # Fully async: the rollout's per-token log-probs are the behaviour, so the ratio already holds the
+        # off-policy correction; TIS (current weights vs rollout) is then recorded, not applied on top.
+        ratio_old_BT = batch.rollout_logprobs_BT if behaviour == "rollout" else old_logprobs_BT
+        apply_tis = s.tis_mode != "off" and behaviour != "rollout"
         actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
-        actor = actor_step(self.actor, self.actor_optimizer, batch, advantages, old_logprobs_BT, s,
-                           temperature=self.temperature, tis_BT=None if s.tis_mode == "off" else tis_BT) \
->>>>>>> main
+        actor = actor_step(self.actor, self.actor_optimizer, batch, advantages, ratio_old_BT, s,
+                           temperature=self.temperature, tis_BT=tis_BT if apply_tis else None) \
             if actor_updated else None
         if old_logprobs_BT is None:  # GRPO without TIS: measure on the first epoch's forward
             old_logprobs_BT = actor.first_logprobs_BT
