@@ -163,6 +163,20 @@ class FullyAsyncConfig(Section):
     max_draws_factor: int = Field(8, ge=1, le=1000, description="A step that drops more than this many times its group count (all zero variance) stops with an error naming the fix.")
 
 
+class SandboxConfig(Section):
+    """How trials are isolated (docs/sandbox.md). A task's own ``[environment]`` memory_mb /
+    cpus / storage_mb replace the limits below for its trials."""
+
+    isolation: Literal["strict", "namespaces", "none"] = Field("strict", description="Weakest isolation `t1ops run` accepts: strict = per-trial uid + namespaces + cgroup; namespaces = the same with per-process rlimits; none = host user (non-root only).")
+    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network).")
+    memory_mb: int = Field(1024, ge=16, description="Memory of one trial, all its processes and its tmpfs together (cgroup; rlimit fallback per process).")
+    cpus: float | None = Field(None, gt=0, description="CPU quota of one trial in cores (cgroup cpu.cfs_quota_us); None: no quota.")
+    storage_mb: int = Field(256, ge=1, description="Size of the trial's tmpfs: workspace, /tmp, /var/tmp, /dev/shm together.")
+    num_files: int = Field(20_000, ge=64, description="Inodes of the trial's tmpfs (files + dirs).")
+    num_procs: int = Field(64, ge=4, description="Processes of one trial (cgroup pids.max and RLIMIT_NPROC).")
+    cpu_s: int = Field(30, ge=1, description="CPU seconds per process (RLIMIT_CPU).")
+
+
 class TelemetryConfig(Section):
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint; None writes JSON lines only.")
     export_interval_s: float = Field(5.0, gt=0, description="Metric export interval.")
@@ -178,6 +192,7 @@ class CampaignConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
     fully_async: FullyAsyncConfig = Field(default_factory=FullyAsyncConfig, description="Fully async pipeline (run.mode = 'fully_async').")
 
     @property
@@ -204,7 +219,7 @@ class CampaignConfig(Section):
         p = self.trainer.parallel
         errors = trainer_errors(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, sequence_parallel=p.sequence_parallel,
                                 num_layers=m.num_layers, num_experts=m.num_experts,
-                                num_attention_heads=m.num_attention_heads)
+                                num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups)
         if errors:
             raise ValueError("trainer.parallel: " + "; ".join(errors))
         return self
