@@ -139,6 +139,18 @@ class RolloutWorker:
         return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": self.node,
                 "skim": {"accepted": dict(skim.accepted), "cancelled": dict(skim.cancelled)}}
 
+    async def rollout_group(self, group: list[TrialSpec], started_step: int) -> dict:
+        """Fully async: one prompt group, returned as soon as it is done (t1ops.campaign.async_worker)."""
+        from t1ops.campaign.async_worker import run_group
+
+        return await run_group(self, group, started_step)
+
+    async def stop_groups(self) -> None:
+        """Fully async, end of run: running group trials stop at their next turn (cancelled)."""
+        from t1ops.campaign.async_worker import stop_groups
+
+        stop_groups(self)
+
     def _book(self, outcomes, specs, ledger: TrialLedger, skim: SkimAccounting, accepted: bool) -> list[dict]:
         """Settle one group's trials in the ledger; abort on missing routing (never drop)."""
         kept = []
