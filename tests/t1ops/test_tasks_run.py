@@ -92,3 +92,11 @@ def test_cli_json_rows_and_exit_code(tmp_path):
     assert rc == 1 and [r["task"] for r in rows] == ["count-words", "needs-container"]
     for key in ("task", "reward", "source", "passed", "total", "reason", "duration_s"):
         assert all(key in r for r in rows)
+
+
+def test_relative_paths_are_resolved(tmp_path, monkeypatch):
+    shutil.copytree(FIX / "pool" / "count-words", tmp_path / "pool" / "count-words")
+    monkeypatch.chdir(tmp_path)
+    [row] = run_paths([Path("pool")], oracle=True, trials_root=Path("trials"))
+    assert (row["source"], row["reward"]) == ("harbor-reward", 1.0)
+    assert (tmp_path / "trials").is_dir()
