@@ -152,8 +152,19 @@ class RolloutWorker:
         skim.record(self.tasks[specs[0].task].family, accepted=accepted)
         return kept if accepted else []
 
-    def _trial(self, spec: TrialSpec, idx: int, cancel: threading.Event) -> dict:
-        task = self.tasks[spec.task]
+    async def evaluate(self, step: int, trials: list, temperature: float, tasks_dir: str | None = None) -> dict:
+        """Held-out eval trials on their own event loop, sharing this worker's token bucket
+        (``t1ops.campaign.evaluation``); returns results and the eval ledger's books."""
+        from t1ops.campaign.evaluation import eval_agent, run_on_own_loop
+
+        if tasks_dir is not None and not hasattr(self, "_eval_tasks"):
+            self._eval_tasks = {t.name: t for t in load_pool(tasks_dir)}
+        tasks = self._eval_tasks if tasks_dir is not None else self.tasks
+        return await run_on_own_loop(self, step, trials, eval_agent(self.settings.agent, temperature), tasks)
+
+    def _trial(self, spec: TrialSpec, idx: int, cancel: threading.Event, *, task=None,
+               agent: AgentSettings | None = None) -> dict:
+        task = task or self.tasks[spec.task]
         trial = self.sandbox.create(task, idx)
         sample_id = f"{spec.group_id}-s{spec.sample_idx}"
 
@@ -165,7 +176,7 @@ class RolloutWorker:
             return ray.get(self.router.generate.remote(req))
 
         try:
-            ep = run_episode(task.instruction, trial.exec, generate, self.renderer, self.settings.agent,
+            ep = run_episode(task.instruction, trial.exec, generate, self.renderer, agent or self.settings.agent,
                              sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name)
         finally:
             trial.finish()
