@@ -41,6 +41,7 @@ class ModelConfig(Section):
     num_layers: int = Field(2, ge=1, le=128, description="Transformer layers (all MoE).")
     hidden_size: int = Field(64, ge=8, le=16384, description="Hidden size.")
     num_attention_heads: int = Field(4, ge=1, le=256, description="Attention heads.")
+    num_query_groups: int = Field(2, ge=1, le=256, description="Key/value heads (grouped-query attention; divides num_attention_heads).")
     ffn_hidden_size: int = Field(128, ge=8, description="Dense FFN size.")
     num_experts: int = Field(8, ge=2, le=1024, description="Routed experts per MoE layer.")
     moe_router_topk: int = Field(2, ge=1, le=64, description="Experts selected per token (top-k).")
@@ -145,6 +146,7 @@ class EvalConfig(Section):
 
 class GuardsConfig(Section):
     fd_warn_fraction: float = Field(0.8, gt=0, le=1, description="Warn when open fds exceed this fraction of the soft limit.")
+    fd_sample_interval_s: float = Field(10.0, gt=0, le=3600, description="The fd guard samples every campaign process's open fds this often, on its own thread (and after every step).")
     stall_timeout_s: float = Field(300.0, gt=0, description="In-flight work with zero completions this long is an error.")
     host_ram_warn_fraction: float = Field(0.9, gt=0, le=1, description="Warn when projected host RAM exceeds this fraction.")
     nccl_timeout_min: float = Field(30.0, gt=0, description="NCCL group timeout (report: 30 min).")
@@ -188,13 +190,16 @@ class CampaignConfig(Section):
         if r.context_window > m.max_seq_len:
             raise ValueError(f"rollout.context_window ({r.context_window}) exceeds model.max_seq_len "
                              f"({m.max_seq_len}): the engine would refuse long prompts")
+        if m.num_attention_heads % m.num_query_groups:
+            raise ValueError(f"model.num_attention_heads ({m.num_attention_heads}) must be a multiple of "
+                             f"model.num_query_groups ({m.num_query_groups}) (grouped-query attention)")
         if self.engine.kind == "sglang" and len(self.engine.urls) != self.engine.num_engines:
             raise ValueError(f"engine.kind = 'sglang' needs one URL per engine: {len(self.engine.urls)} urls "
                              f"for engine.num_engines = {self.engine.num_engines}")
         p = self.trainer.parallel
         errors = trainer_errors(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, sequence_parallel=p.sequence_parallel,
                                 num_layers=m.num_layers, num_experts=m.num_experts,
-                                num_attention_heads=m.num_attention_heads)
+                                num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups)
         if errors:
             raise ValueError("trainer.parallel: " + "; ".join(errors))
         return self

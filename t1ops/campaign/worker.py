@@ -21,6 +21,7 @@ import threading
 from dataclasses import asdict, dataclass
 
 
+from rl.agent.environment import require_runnable
 from rl.agent.loop import AgentSettings, run_episode
 from rl.agent.sandbox import Limits, Sandbox
 from rl.agent.tasks import load_pool
@@ -67,6 +68,7 @@ class RolloutWorker:
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
+        require_runnable(list(self.tasks.values()))   # fail before any trial, naming each line
         self.renderer = ChatRenderer.default()
         self.sandbox = Sandbox(trials_root, run_id, limits=Limits(),
                                agent_timeout_override_s=settings.timeout_override_s,
@@ -167,6 +169,13 @@ class RolloutWorker:
         task = task or self.tasks[spec.task]
         trial = self.sandbox.create(task, idx)
         sample_id = f"{spec.group_id}-s{spec.sample_idx}"
+        telemetry.event("trial.started", trial=sample_id)  # progress events (chaos schedules fire on them)
+        try:
+            return self._run_trial(task, trial, spec, sample_id, cancel)
+        finally:
+            telemetry.event("trial.finished", trial=sample_id)
+
+    def _run_trial(self, task, trial, spec: TrialSpec, sample_id: str, cancel: threading.Event) -> dict:
 
         def generate(req):
             if cancel.is_set():
