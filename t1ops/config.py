@@ -163,6 +163,20 @@ class GuardsConfig(Section):
     sandbox_host_gib: float = Field(2.0, ge=0, description="Host RAM one concurrent sandbox worker costs, for the host-memory projection.")
 
 
+class SandboxConfig(Section):
+    """How trials are isolated (docs/sandbox.md). A task's own ``[environment]`` memory_mb /
+    cpus / storage_mb replace the limits below for its trials."""
+
+    isolation: Literal["strict", "namespaces", "none"] = Field("strict", description="Weakest isolation `t1ops run` accepts: strict = per-trial uid + namespaces + cgroup; namespaces = the same with per-process rlimits; none = host user (non-root only).")
+    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network).")
+    memory_mb: int = Field(1024, ge=16, description="Memory of one trial, all its processes and its tmpfs together (cgroup; rlimit fallback per process).")
+    cpus: float | None = Field(None, gt=0, description="CPU quota of one trial in cores (cgroup cpu.cfs_quota_us); None: no quota.")
+    storage_mb: int = Field(256, ge=1, description="Size of the trial's tmpfs: workspace, /tmp, /var/tmp, /dev/shm together.")
+    num_files: int = Field(20_000, ge=64, description="Inodes of the trial's tmpfs (files + dirs).")
+    num_procs: int = Field(64, ge=4, description="Processes of one trial (cgroup pids.max and RLIMIT_NPROC).")
+    cpu_s: int = Field(30, ge=1, description="CPU seconds per process (RLIMIT_CPU).")
+
+
 class TelemetryConfig(Section):
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint; None writes JSON lines only.")
     export_interval_s: float = Field(5.0, gt=0, description="Metric export interval.")
@@ -179,6 +193,7 @@ class CampaignConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":
