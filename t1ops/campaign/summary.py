@@ -2,11 +2,13 @@
 
 summary.json: ``{"run_id", "config", "warm_start": {...}, "steps": [{"step",
 "reward_mean", "explained_variance", "logprob_gap", "turns_mean", "tokens",
-"rollout_s", "train_s", "step_s", "ledger", ...}, ...], "eval": [{"step", "eval_reward_mean",
-"eval_solved_share", "eval_num_trials", "eval_expected", "eval_failed", "eval_reward_sem", ...}],
-"warm_start_loss": [...]}``; rewritten atomically after every step and every evaluation so a crash
-leaves what was completed so far. An evaluation's fields are also copied into the row of the step
-whose weights it evaluated (step 0, the warm-started weights, has only its ``eval`` entry).
+"rollout_s", "train_s", "step_s", "ledger", "generate_s", "sandbox_s", "verify_s", "queue_s",
+"generate_share", ..., ...}, ...], "eval": [{"step", "eval_reward_mean", "eval_solved_share",
+"eval_num_trials", "eval_expected", "eval_failed", "eval_reward_sem", ...}], "warm_start_loss": [...]}``
+(the split: docs/tracing.md; the eval: docs/campaign.md); rewritten atomically after every step and
+every evaluation so a crash leaves what was completed so far. An evaluation's fields are also copied
+into the row of the step whose weights it evaluated (step 0, the warm-started weights, has only its
+``eval`` entry).
 """
 from __future__ import annotations
 
@@ -83,12 +85,11 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
     evals = data.get("eval", [])
     fig, axes = plt.subplots(2, 3, figsize=(15, 7))
     panels = [("reward_mean", "mean reward (CTRF, passed/S)"), ("explained_variance", "critic explained variance"),
-              ("logprob_gap", "train-vs-rollout log-prob gap"), ("solved_share", "solved share"),
-              ("step_s", "seconds per step"), ("checkpoint_bytes", "checkpoint disk used (MiB)")]
+              ("logprob_gap", "train-vs-rollout log-prob gap"), ("step_s", "seconds per step"),
+              ("solved_share", "solved share")]
+    _plot_split(axes.flat[5], steps)
     for ax, (key, title) in zip(axes.flat, panels):
-        scale = 1 / 2**20 if key == "checkpoint_bytes" else 1
-        ys = [s.get(key) for s in steps]
-        ax.plot(x, [None if y is None else y * scale for y in ys], marker="o", label="training batch")
+        ax.plot(x, [s.get(key) for s in steps], marker="o", label="training batch")
         if key in ("reward_mean", "solved_share") and evals:
             ex = [e["step"] for e in evals]
             ey = [e["eval_" + key] for e in evals]
@@ -107,3 +108,18 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _plot_split(ax, steps: list[dict]) -> None:
+    """Stacked shares of the active trial-seconds per step: generate, sandbox, verify, other."""
+    x = [s["step"] for s in steps]
+    bottom = [0.0] * len(steps)
+    for name in ("generate", "sandbox", "verify", "other"):
+        values = [s.get(f"{name}_share", 0.0) for s in steps]
+        ax.bar(x, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.plot(x, [s.get("queue_share", 0.0) for s in steps], "k.--", label="queued (of all)")
+    ax.set_title("where trial time goes (share of trial-seconds)")
+    ax.set_xlabel("step")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)

@@ -28,6 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine precision (the trainer runs fp32)")
     s.add_argument("--seed", type=int, default=0, help="init seed (without --checkpoint) and sampler seed")
     s.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads")
+    s.add_argument("--recompute", action="store_true",
+                   help="recompute the whole sequence per token, one request at a time (no K/V cache)")
+    s.add_argument("--kv-slots", type=int, default=128,
+                   help="K/V cache slots: running requests plus finished ones kept for prefix reuse")
 
 
 def run(args: argparse.Namespace) -> int:
