@@ -184,6 +184,8 @@ class TitoBuilder:
         self._offsets: list[int] = [0]   # generation-time byte-offset map
         self._bytes = bytearray()
         self._relations: list[str] = []
+        self._spans: list[list] = []     # [start, end, relation]: positions each turn added
+        self._span_from = 0              # first position not yet attributed to a turn
         self._repairs: list[dict] = []
         self._segments: list[tuple[np.ndarray, np.ndarray]] = []  # (stream positions, rows)
         self._last_gen_end = -1
@@ -227,11 +229,17 @@ class TitoBuilder:
     def add_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
                  output_logprobs: Sequence[float], *, policy_version: int,
                  routing_rows: np.ndarray | None = None, routing_start: int = 0) -> str:
-        """Add a turn whose prompt the harness rendered; returns the relation that held."""
+        """Add a turn whose prompt the harness rendered; returns the relation that held.
+
+        After a truncated turn (no stop token) nothing may follow in the same
+        chunk, so the turn splits. Each chunk's ``meta["turn_spans"]`` lists
+        ``[start, end, relation]``: the positions each turn added (the audit's shares).
+        """
         prompt = np.asarray(prompt_ids, dtype=np.int64)
-        if self.num_turns > 0:
-            self._check_last_turn_stopped()
-        relation, prompt_map, obs_from = self._relate(prompt)
+        if self._last_turn_truncated():  # nothing may follow a truncated turn in its chunk
+            relation, prompt_map, obs_from = "split", None, prompt.shape[0]
+        else:
+            relation, prompt_map, obs_from = self._relate(prompt)
         if relation == "split":
             self.chunks.append(self._finish_chunk())
             self._new_chunk(prompt)
@@ -287,8 +295,11 @@ class TitoBuilder:
         for j in positions:
             self._origin[j] = max(self._origin[j], RETOKENIZED)
 
+    def _last_turn_truncated(self) -> bool:
+        return self._last_gen_end >= 0 and self._tok[self._last_gen_end - 1] not in self.stop_ids
+
     def _check_last_turn_stopped(self) -> None:
-        if self._last_gen_end >= 0 and self._tok[self._last_gen_end - 1] not in self.stop_ids:
+        if self._last_turn_truncated():
             raise TitoError(
                 f"sample {self.sample_id} turn {self.num_turns - 1}: generation ended with id "
                 f"{self._tok[self._last_gen_end - 1]}, not a stop token {sorted(self.stop_ids)}; a "
@@ -309,6 +320,8 @@ class TitoBuilder:
         self._add_routing(prompt_map, gen_start, prompt_len + len(output_ids), routing_rows,
                           routing_start)
         self._relations.append(relation)
+        self._spans.append([self._span_from, len(self._tok), relation])
+        self._span_from = len(self._tok)
         self._last_gen_end = len(self._tok)
         self.num_turns += 1
 
@@ -368,7 +381,7 @@ class TitoBuilder:
             policy_version=np.asarray(self._ver, dtype=np.int32), routing=routing,
             meta={"sample_id": self.sample_id, "group_id": self.group_id, "prompt_id": self.prompt_id,
                   "chunk_id": len(self.chunks), "relations": list(self._relations),
-                  "repairs": list(self._repairs)})
+                  "turn_spans": [list(x) for x in self._spans], "repairs": list(self._repairs)})
         traj.check_invariants()
         return traj
 
