@@ -23,6 +23,9 @@ guardrail catches it. Runbooks: runbooks/<id>.md.
   t1ops chaos schedule --seed N [--faults 5] [--steps 4] [--config FILE]
                                    a seeded random fault schedule against a short
                                    real campaign; the seed replays it exactly
+  t1ops chaos soak [ID...] --repeat 5 --load 1 [--json-out FILE]
+                                   the suite N times under K busy background cores:
+                                   pass rate and detection-time spread per scenario
 """
 
 
@@ -45,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sc.add_argument("--config", type=Path, default=Path("examples/tiny/campaign.toml"),
                     help="base campaign file (default: the tiny campaign)")
     sc.add_argument("--out", type=Path, default=Path("runs"), help="parent of the run directory")
+    sk = sub.add_parser("soak", help="run scenarios N times under background CPU load; pass rate per scenario")
+    sk.add_argument("ids", nargs="*", metavar="ID", help="scenario ids (default: every registered scenario)")
+    sk.add_argument("--repeat", type=int, default=5, help="rounds over the scenarios (default 5)")
+    sk.add_argument("--load", type=int, default=1, help="busy background processes, one core each (default 1)")
+    sk.add_argument("--json-out", type=Path, help="also write per-scenario results as JSON here")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         return _index(args, scenarios)
     if args.action == "schedule":
         return _schedule(args)
+    if args.action == "soak":
+        return _soak(args, scenarios)
     ids = list(scenarios) if args.all else args.ids
     if not ids:
         print("name scenario ids or pass --all (see `t1ops chaos list`)", file=sys.stderr)
@@ -126,3 +136,22 @@ def _schedule(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _soak(args: argparse.Namespace, scenarios: dict) -> int:
+    from chaos.soak import soak, table_lines
+
+    ids = args.ids or list(scenarios)
+    unknown = [i for i in ids if i not in harness.discover(include_private=True)]
+    if unknown:
+        print(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(scenarios)}", file=sys.stderr)
+        return 2
+    try:
+        books = soak(ids, args.repeat, args.load)
+    except ValueError as err:
+        print(f"t1ops chaos soak: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(table_lines(books, args.repeat, args.load)))
+    if args.json_out:
+        args.json_out.write_text(json.dumps([b.to_dict() for b in books], indent=2))
+    return 0 if all(b.pass_rate == 1.0 for b in books) else 1

@@ -1,6 +1,6 @@
 """Chaos harness core: the scenario registry, the result shape, the runner.
 
-A scenario reproduces one failure of the catalogue in DESIGN.md. It injects a
+A scenario reproduces one failure of the catalogue in docs/failures.md. It injects a
 real fault through a seam the code already has (a process, a socket, an
 rlimit, a file, a clock), runs once with the guardrail off and once with it
 on, and reports what it *observed*:
@@ -76,7 +76,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Scenario:
-    id: str            # the catalogue id in DESIGN.md, also the runbook's file name
+    id: str            # the catalogue id in docs/failures.md, also the runbook's file name
     title: str         # one line
     run: Callable[[Path], Outcome]  # takes a scratch directory
 

@@ -17,7 +17,7 @@ INDEX_NAME = "README.md"
 _HEADER = """\
 # Runbooks
 
-One runbook per failure of the catalogue (`DESIGN.md`, "Failure catalogue"), written for the
+One runbook per failure of the catalogue (`docs/failures.md`), written for the
 person paged at 3 a.m. Each has the same sections: Symptom, Wrong first hypothesis, Mechanism,
 How t1ops detects it, What to do, Reproduce. Every one is reproduced by its chaos scenario,
 `t1ops chaos run <id>` (module `chaos/scenarios/<id_with_underscores>.py`); `t1ops chaos run --all`

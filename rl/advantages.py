@@ -154,3 +154,17 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: Any, norm_by_std: bool = F
     std_N = torch.sqrt(sq_G / (count_G - 1).clamp(min=1))[index_N]
     # a zero-variance group (or a singleton) has no signal: 0, not 0/eps noise or 0/0 = NaN
     return torch.where(std_N > 0, centred_N / (std_N + eps), torch.zeros_like(centred_N))
+
+
+def whiten_advantages(advantages: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Advantages shifted and scaled to mean 0, std 1 over the valid tokens of the whole batch
+    (0 at masked positions). PPO advantage whitening: off in the T1 report ("advantage
+    normalization is not enabled", section 06); ``trainer.advantage_whitening`` turns it on."""
+    mask_BT = _checks.bool_mask("mask", mask)
+    adv_BT = _checks.float_tensor("advantages", advantages).detach()
+    _checks.same_shape(advantages=adv_BT, mask=mask_BT)
+    valid = adv_BT[mask_BT]
+    if valid.numel() < 2:
+        return torch.where(mask_BT, adv_BT - (valid.mean() if valid.numel() else 0.0), 0.0)
+    out = (adv_BT - valid.mean()) / (valid.std() + eps)
+    return torch.where(mask_BT, out, 0.0)

@@ -9,6 +9,13 @@ tokens have no log-prob), without leaking into the loss or its gradient.
 Report defaults (T1 report, section 04): symmetric clip 0.2, value clip 0.2
 anchored to the critic's pre-update values, TIS recorded but not applied.
 Walkthrough defaults (SkyRL, section 6.1): DPPO binary-TV with delta 0.15.
+
+Numerics (docs/campaign.md, "PPO numerics"): every importance ratio (PPO,
+DPPO, TIS) is ``exp(clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))``.
+Without the clamp a log-ratio above ~88.7 overflows fp32 to inf: the loss of
+a negative-advantage token is inf and a positive one's gradient is NaN, so
+one bad token poisons a whole optimizer step. ``clip_ratio_c`` adds the dual
+clip: a negative-advantage token's loss is bounded by ``-clip_ratio_c * A``.
 """
 from __future__ import annotations
 
@@ -21,6 +28,13 @@ from rl.errors import InputError
 
 ReduceMode = Literal["token_mean", "seq_mean", "prompt_mean"]
 REDUCE_MODES: tuple[str, ...] = ("token_mean", "seq_mean", "prompt_mean")
+TIS_MODES: tuple[str, ...] = ("off", "token", "sequence")
+LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 4.9e8: far past any clip, far below fp32/bf16 overflow (~88.7)
+
+
+def safe_ratio(log_ratio: torch.Tensor, clamp: float = LOG_RATIO_CLAMP) -> torch.Tensor:
+    """``exp(clamp(log_ratio, -clamp, clamp))``: finite value and gradient for any finite input."""
+    return torch.exp(torch.clamp(log_ratio, -clamp, clamp))
 
 
 def _prepare(mask: torch.Tensor, **named: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -47,25 +61,37 @@ def _masked_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
 
 
 def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor, clip_low: float = 0.2,
-                  clip_high: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+                  mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
+                  clip_ratio_c: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate per token: ``-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)``.
 
-    ``r = exp(logprobs - old_logprobs)``; ``old_logprobs`` is the report's
+    ``r = safe_ratio(logprobs - old_logprobs)``; ``old_logprobs`` is the report's
     training-side recomputation under the behaviour snapshot. ``advantages`` is
-    ``[B, T]`` or ``[B]``. Stats: ``clip_fraction`` (share of valid tokens where
-    the clipped branch is active), ``ratio_mean``, ``ratio_max``, ``num_tokens``.
+    ``[B, T]`` or ``[B]``. ``clip_ratio_c`` (> 1, None = off) is the dual clip:
+    where ``A < 0`` the loss is at most ``-clip_ratio_c * A``. Stats:
+    ``clip_fraction`` (share of valid tokens where the clipped branch is active),
+    ``dual_clip_fraction``, ``ratio_mean``, ``ratio_max``, ``num_tokens``.
     """
     clip_low = _checks.non_negative("clip_low", clip_low)
     clip_high = _checks.non_negative("clip_high", clip_high)
+    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
+        raise InputError(f"clip_ratio_c must be > 1 (dual clip bound on r for A < 0) or None, got {clip_ratio_c!r}",
+                         argument="clip_ratio_c")
     mask_BT, t = _prepare(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
-    ratio_BT = torch.exp(t["logprobs"] - t["old_logprobs"].detach())
+    ratio_BT = safe_ratio(t["logprobs"] - t["old_logprobs"].detach())
     adv_BT = t["advantages"].detach()
     surr_BT = ratio_BT * adv_BT
     clipped_BT = torch.clamp(ratio_BT, 1.0 - clip_low, 1.0 + clip_high) * adv_BT
-    loss_BT = torch.where(mask_BT, -torch.minimum(surr_BT, clipped_BT), 0.0)
+    token_loss_BT = -torch.minimum(surr_BT, clipped_BT)
+    dual_BT = torch.zeros_like(mask_BT)
+    if clip_ratio_c is not None:
+        bound_BT = -clip_ratio_c * adv_BT
+        dual_BT = (adv_BT < 0) & (token_loss_BT > bound_BT)
+        token_loss_BT = torch.where(adv_BT < 0, torch.minimum(token_loss_BT, bound_BT), token_loss_BT)
+    loss_BT = torch.where(mask_BT, token_loss_BT, 0.0)
     with torch.no_grad():
         stats = {"clip_fraction": _masked_mean((clipped_BT < surr_BT).float(), mask_BT),
+                 "dual_clip_fraction": _masked_mean(dual_BT.float(), mask_BT),
                  "ratio_mean": _masked_mean(ratio_BT, mask_BT),
                  "ratio_max": float(ratio_BT[mask_BT].max()) if mask_BT.any() else float("nan"),
                  "num_tokens": float(mask_BT.sum())}
@@ -106,7 +132,7 @@ def dppo_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantag
     mask_BT, t = _prepare(mask, logprobs=logprobs, behaviour_logprobs=behaviour_logprobs,
                           advantages=advantages)
     keep_BT = dppo_mask(t["logprobs"], t["behaviour_logprobs"], t["advantages"], delta_low, delta_high)
-    ratio_BT = torch.exp(t["logprobs"] - t["behaviour_logprobs"].detach())
+    ratio_BT = safe_ratio(t["logprobs"] - t["behaviour_logprobs"].detach())
     loss_BT = torch.where(mask_BT, -(ratio_BT * t["advantages"].detach() * keep_BT), 0.0)
     with torch.no_grad():
         stats = {"tv_masked_fraction": _masked_mean(1.0 - keep_BT, mask_BT),
@@ -189,17 +215,26 @@ def reduce_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str, prompt_ids=No
 
 
 def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
-                clip: float = 2.0) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated importance weights ``min(exp(old - rollout), clip)`` per token (0 when masked).
+                clip: float = 2.0, mode: str = "token") -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights of the trainer's policy against the sampler's, ``[B, T]``
+    (0 when masked, no gradient).
 
-    Recorded, not applied (T1 report, section 04: "TIS correction is recorded but
-    not applied to the loss"): log the stats; do not multiply the loss by them.
+    ``mode="token"``: ``min(exp(old - rollout), clip)`` per token.
+    ``mode="sequence"``: one weight per row, ``min(exp(sum_t (old - rollout)), clip)``,
+    broadcast to its valid tokens. Log-ratios are clamped before ``exp``
+    (:func:`safe_ratio`). The T1 report records TIS without applying it
+    (section 04); ``trainer.tis_mode`` decides, the stats are logged either way.
     Stats: ``tis_mean``, ``tis_max_raw`` (before truncation), ``tis_clip_fraction``.
     """
     clip = _checks.non_negative("clip", clip)
+    if mode not in ("token", "sequence"):
+        raise InputError(f"TIS mode must be 'token' or 'sequence', got {mode!r}", argument="mode")
     mask_BT, t = _prepare(mask, old_logprobs=old_logprobs, rollout_logprobs=rollout_logprobs)
     with torch.no_grad():
-        raw_BT = torch.exp(t["old_logprobs"] - t["rollout_logprobs"])
+        log_ratio_BT = t["old_logprobs"] - t["rollout_logprobs"]
+        if mode == "sequence":
+            log_ratio_BT = log_ratio_BT.sum(dim=1, keepdim=True).expand(mask_BT.shape)
+        raw_BT = safe_ratio(log_ratio_BT)
         w_BT = torch.where(mask_BT, torch.clamp(raw_BT, max=clip), 0.0)
         stats = {"tis_mean": _masked_mean(w_BT, mask_BT),
                  "tis_max_raw": float(raw_BT[mask_BT].max()) if mask_BT.any() else float("nan"),

@@ -2,9 +2,9 @@
 
 megatron-core 0.16.1 builds, runs forward and backward on CPU with the local
 layer spec and the ``allgather`` token dispatcher once four CUDA assumptions
-are bypassed (DESIGN.md, "Embedded defaults"). ``apply_cpu_shims()`` patches
+are bypassed (docs/architecture.md, "Embedded defaults"). ``apply_cpu_shims()`` patches
 them at runtime, only when ``torch.cuda.is_available()`` is False; upstream
-files are never edited (STYLE.md 9). Each shim says why it exists, and
+files are never edited (docs/style.md 9). Each shim says why it exists, and
 ``tests/rl/test_megatron_cpu.py`` fails if an upgrade makes one unnecessary
 or insufficient.
 

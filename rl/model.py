@@ -17,10 +17,14 @@ API (all tensors on CPU in the embedded setup; ids are COMPACT ids, see rl.vocab
     save_weights(model, dir)  /  load_weights(model, dir)     # dir/weights.pt (tensors only)
     state = weights_state_dict(model); load_state(model, state)  # for t1ops checkpoints
 
-Model: megatron-core ``GPTModel`` with the local layer spec, every layer MoE
-(top-k softmax router, ``allgather`` dispatcher, no aux loss, no biases,
-RoPE, dropout 0, untied embeddings), ``moe_enable_routing_replay`` on for the
-policy. Call ``rl.megatron_cpu.init_single_process()`` (done by the builders)
+Model: megatron-core ``GPTModel`` with the local layer spec, every layer MoE,
+configured as Qwen3-MoE so that :mod:`rl.hf` maps it exactly onto
+``transformers``' ``Qwen3MoeForCausalLM``: RMSNorm (eps 1e-6), grouped-query
+attention (``num_query_groups``) with per-head q/k RMSNorm, RoPE (base 1e6,
+rotate-half), SwiGLU experts, a softmax top-k router whose top-k weights are
+renormalised (megatron: softmax over the top-k logits, the same numbers), no
+shared expert, no aux loss, no biases, dropout 0, untied embeddings;
+``moe_enable_routing_replay`` on for the policy. Call ``rl.megatron_cpu.init_single_process()`` (done by the builders)
 before anything else. Row convention: position t's routing row is what the
 layer chose for the token at t when it was fed as input; a trajectory of N
 tokens has N-1 rows (the last token is never fed), matching SGLang's
@@ -46,7 +50,11 @@ from rl.errors import CheckpointError, InputError, RoutingError
 from rl.megatron_cpu import init_single_process
 
 WEIGHTS_FILE = "weights.pt"
-_LOGPROB_CHUNK_TOKENS = 4096  # positions per LM-head chunk: bounds B x chunk x V logits
+_LOGPROB_CHUNK_TOKENS = 4096  # positions per LM-head chunk: bounds B x chunk x V logits ...
+_LOGPROB_CHUNK_LOGITS = 1 << 25  # ... and B x chunk x V <= 32 Mi floats (128 MiB) for a full vocabulary
+#: Qwen3-MoE constants the tiny model shares with the HF layout (rl.hf.qwen3_moe writes them to config.json).
+RMS_NORM_EPS = 1e-6
+ROPE_THETA = 1_000_000.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ class ModelSpec:
     moe_ffn_hidden_size: int = 64
     max_seq_len: int = 2048
     vocab_size: int = 248_320
+    num_query_groups: int = 2
 
     @classmethod
     def from_config(cls, config) -> "ModelSpec":
@@ -77,6 +86,12 @@ def _transformer_config(spec: ModelSpec, dtype: torch.dtype, routing_replay: boo
 
     if dtype not in (torch.float32, torch.bfloat16):
         raise InputError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}", dtype=str(dtype))
+    if spec.num_attention_heads % spec.num_query_groups:
+        raise InputError(
+            f"num_attention_heads ({spec.num_attention_heads}) must be a multiple of num_query_groups "
+            f"({spec.num_query_groups}) for grouped-query attention",
+            num_attention_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups,
+        )
     if spec.moe_router_topk > spec.num_experts:
         raise InputError(
             f"moe_router_topk ({spec.moe_router_topk}) exceeds num_experts ({spec.num_experts})",
@@ -86,6 +101,7 @@ def _transformer_config(spec: ModelSpec, dtype: torch.dtype, routing_replay: boo
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
         num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups,
         ffn_hidden_size=spec.ffn_hidden_size,
         num_moe_experts=spec.num_experts,
         moe_router_topk=spec.moe_router_topk,
@@ -98,6 +114,11 @@ def _transformer_config(spec: ModelSpec, dtype: torch.dtype, routing_replay: boo
         # Expert MLP biases hit an in-place-on-view autograd error in mcore 0.16's
         # SequentialMLP; MoE models of this family carry no linear biases anyway.
         add_bias_linear=False,
+        normalization="RMSNorm",
+        layernorm_epsilon=RMS_NORM_EPS,
+        qk_layernorm=True,
+        gated_linear_unit=True,  # SwiGLU: fc1 = [gate; up], act(gate) * up
+        activation_func=torch.nn.functional.silu,
         use_cpu_initialization=not torch.cuda.is_available(),
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -115,10 +136,12 @@ def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: b
     model_parallel_cuda_manual_seed(seed)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=spec.num_experts),
+        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=spec.num_experts, qk_layernorm=True,
+                                                        normalization="RMSNorm"),
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.max_seq_len,
         position_embedding_type="rope",
+        rotary_base=ROPE_THETA,
         share_embeddings_and_output_weights=False,
     )
     model.t1_spec = spec
@@ -230,8 +253,14 @@ def last_logits(model, ids_BT: torch.Tensor) -> torch.Tensor:
         return _masked_logits(head, model.t1_unk_id, hidden_BTH[:, -1:, :].transpose(0, 1))[0]
 
 
-def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
     """fp32 log p(targets[b, t] | ids[b, :t+1]) as [B, T], differentiable.
+
+    ``temperature`` divides the logits before the log-softmax, as the sampler
+    does (SGLang reports log-probs of the temperature-scaled distribution);
+    the trainer passes the sampling temperature so its PPO ratio compares the
+    same policy the engine sampled from.
 
     Memory-aware: the LM head runs over chunks of positions, each under
     activation checkpointing when grad is on, so at most one chunk of
@@ -247,6 +276,9 @@ def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor) -> tor
             f"targets_BT {tuple(targets_BT.shape)} must match ids_BT {tuple(ids_BT.shape)}",
             targets_shape=tuple(targets_BT.shape), ids_shape=tuple(ids_BT.shape),
         )
+    if not temperature > 0:
+        raise InputError(f"temperature must be > 0 (greedy sampling reports temperature-1 log-probs), "
+                         f"got {temperature!r}", argument="temperature")
     unk_id = model.t1_unk_id
     vocab_size = model.t1_spec.vocab_size
     if int(targets_BT.min()) < 0 or int(targets_BT.max()) >= vocab_size:
@@ -259,12 +291,15 @@ def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor) -> tor
 
     def chunk_logprobs(hidden_cBH: torch.Tensor, targets_cB: torch.Tensor) -> torch.Tensor:
         logits_cBV = _masked_logits(head, unk_id, hidden_cBH)
+        if temperature != 1.0:
+            logits_cBV = logits_cBV / temperature
         picked_cB = logits_cBV.gather(-1, targets_cB.unsqueeze(-1)).squeeze(-1)
         return picked_cB - torch.logsumexp(logits_cBV, dim=-1)
 
     hidden_TBH = hidden_BTH.transpose(0, 1)
     targets_TB = targets_BT.long().transpose(0, 1)
-    chunk = max(1, _LOGPROB_CHUNK_TOKENS // max(1, ids_BT.shape[0]))
+    batch_size = max(1, ids_BT.shape[0])
+    chunk = max(1, min(_LOGPROB_CHUNK_TOKENS // batch_size, _LOGPROB_CHUNK_LOGITS // (batch_size * vocab_size)))
     pieces = []
     for start in range(0, hidden_TBH.shape[0], chunk):
         args = (hidden_TBH[start:start + chunk], targets_TB[start:start + chunk])

@@ -2,7 +2,7 @@
 
 The trainer must consume exactly the ids the engine sampled (T1 report,
 section 05). :class:`TitoBuilder` keeps the aligned arrays of the data
-contract (DESIGN.md) for one trajectory:
+contract (docs/architecture.md) for one trajectory:
 
 ``tokens``, ``loss_mask`` (1 = sampled), ``rollout_logprobs`` (0 off-loss),
 ``routing`` (num_tokens x layers x topk int32, optional), ``policy_version``,

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from t1ops.errors import ConfigError
+from t1ops.parallel_layout import trainer_errors
 
 
 class Section(BaseModel):
@@ -40,6 +41,7 @@ class ModelConfig(Section):
     num_layers: int = Field(2, ge=1, le=128, description="Transformer layers (all MoE).")
     hidden_size: int = Field(64, ge=8, le=16384, description="Hidden size.")
     num_attention_heads: int = Field(4, ge=1, le=256, description="Attention heads.")
+    num_query_groups: int = Field(2, ge=1, le=256, description="Key/value heads (grouped-query attention; divides num_attention_heads).")
     ffn_hidden_size: int = Field(128, ge=8, description="Dense FFN size.")
     num_experts: int = Field(8, ge=2, le=1024, description="Routed experts per MoE layer.")
     moe_router_topk: int = Field(2, ge=1, le=64, description="Experts selected per token (top-k).")
@@ -61,6 +63,25 @@ class EngineConfig(Section):
     generate_timeout_s: float = Field(600.0, gt=0, description="Timeout of one /generate call.")
     retry_backoff_s: float = Field(0.5, ge=0, le=60, description="Base of the exponential backoff between control-plane attempts.")
     max_resubmits: int = Field(3, ge=0, le=100, description="Times a request is resubmitted after its engine died before it fails loudly.")
+
+
+class ParallelConfig(Section):
+    """The trainer's layout on its ranks (docs/parallelism.md); world size = dp * tp * pp.
+
+    Checked at load against the model by the same rules preflight applies to
+    plans (``t1ops.parallel_layout``)."""
+
+    dp: int = Field(1, ge=1, le=4096, description="Data-parallel ranks: trajectories are packed to them by token count.")
+    tp: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks (megatron-core; > 1 needs sequence_parallel).")
+    ep: int = Field(1, ge=1, le=1024, description="Expert-parallel ranks: must divide num_experts and dp*tp (expert tensor parallelism is 1).")
+    pp: int = Field(1, ge=1, le=1, description="Pipeline stages: 1 only; pipeline schedules are not wired (docs/parallelism.md says why).")
+    sequence_parallel: bool = Field(False, description="Split the sequence over the tensor-parallel ranks (megatron SP); requires tp > 1.")
+    max_tokens_per_gpu: int = Field(8192, ge=16, description="Token cap of one micro-batch (padded tokens) on one rank; a longer sample is its own micro-batch.")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Process-group backend: auto = nccl with CUDA, gloo on CPU.")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
 
 
 class TrainerConfig(Section):
@@ -85,6 +106,12 @@ class TrainerConfig(Section):
     warm_start_steps: int = Field(110, ge=0, description="Supervised warm-start steps on task solutions before RL (the report's RL starts from SFT).")
     warm_start_lr: float = Field(3e-3, gt=0, le=1.0, description="Learning rate of the supervised warm start.")
     warm_start_noise: float = Field(0.5, ge=0, lt=1, description="Share of warm-start demonstrations showing another task's solution (an imperfect demonstrator).")
+    clip_ratio_c: float | None = Field(None, gt=1, le=100, description="PPO dual clip: a negative-advantage token's loss is at most -clip_ratio_c * A (None: off, as the report).")
+    tis_mode: Literal["off", "token", "sequence"] = Field("off", description="Apply truncated importance sampling (trainer vs sampler) per token or per sequence; 'off' records it only (the report).")
+    tis_cap: float = Field(2.0, gt=0, le=1000, description="Truncation cap of the TIS weight.")
+    grpo_norm_by_std: bool = Field(False, description="GRPO: divide group-centred advantages by the group's std (off: the walkthrough's Dr. GRPO-style centring).")
+    advantage_whitening: bool = Field(False, description="PPO: whiten GAE advantages over the batch's tokens (off: the report, 'advantage normalization is not enabled').")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Layout of the trainer's ranks.")
 
 
 class RolloutConfig(Section):
@@ -149,9 +176,18 @@ class CampaignConfig(Section):
         if r.context_window > m.max_seq_len:
             raise ValueError(f"rollout.context_window ({r.context_window}) exceeds model.max_seq_len "
                              f"({m.max_seq_len}): the engine would refuse long prompts")
+        if m.num_attention_heads % m.num_query_groups:
+            raise ValueError(f"model.num_attention_heads ({m.num_attention_heads}) must be a multiple of "
+                             f"model.num_query_groups ({m.num_query_groups}) (grouped-query attention)")
         if self.engine.kind == "sglang" and len(self.engine.urls) != self.engine.num_engines:
             raise ValueError(f"engine.kind = 'sglang' needs one URL per engine: {len(self.engine.urls)} urls "
                              f"for engine.num_engines = {self.engine.num_engines}")
+        p = self.trainer.parallel
+        errors = trainer_errors(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, sequence_parallel=p.sequence_parallel,
+                                num_layers=m.num_layers, num_experts=m.num_experts,
+                                num_attention_heads=m.num_attention_heads)
+        if errors:
+            raise ValueError("trainer.parallel: " + "; ".join(errors))
         return self
 
 

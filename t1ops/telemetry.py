@@ -38,7 +38,8 @@ def setup(run_dir: str | Path, *, service: str = "t1ops", role: str | None = Non
     ``role`` names another process of the same run (``router``, ``worker-0``,
     ``trainer``): its files go to ``run_dir/telemetry/<role>/``, so every
     process of a campaign reports into one tree. Safe to call once per
-    process; a second call is a no-op that returns the existing directory.
+    process at a time; a second call is a no-op that returns the existing directory, and
+    after :func:`shutdown` a new call starts fresh files (two runs in one process are safe).
     """
     with _lock:
         if _state["meter_provider"] is not None:
@@ -61,8 +62,9 @@ def setup(run_dir: str | Path, *, service: str = "t1ops", role: str | None = Non
             readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{otlp_endpoint}/v1/metrics")))
             tp.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_endpoint}/v1/traces")))
         mp = MeterProvider(resource=resource, metric_readers=readers)
-        metrics.set_meter_provider(mp)
-        trace.set_tracer_provider(tp)
+        # The providers are ours, never installed as OpenTelemetry's process globals: those can be
+        # set once per process, so a second campaign in one process (a benchmark, the chaos soak)
+        # would keep writing through the first run's closed files.
         _state.update(meter_provider=mp, tracer_provider=tp, files=[mfile, sfile, efile],
                       events_file=efile, dir=str(out))
         _instruments.clear()
@@ -82,11 +84,17 @@ def shutdown() -> None:
         for f in _state["files"]:
             f.close()
         _state.update(meter_provider=None, tracer_provider=None, files=[], events_file=None)
+        _instruments.clear()  # instruments of a shut-down provider record nowhere
 
 
 def _meter():
     mp = _state["meter_provider"]
     return mp.get_meter(_METER_NAME) if mp is not None else metrics.get_meter(_METER_NAME)
+
+
+def _tracer():
+    tp = _state["tracer_provider"]
+    return tp.get_tracer(_METER_NAME) if tp is not None else trace.get_tracer(_METER_NAME)
 
 
 def _instrument(kind: str, name: str):
@@ -137,7 +145,7 @@ def recent_events(name: str | None = None) -> list[dict]:
 
 def span(name: str, **attrs: Any):
     """A tracing span context manager: ``with span("step", step=3): ...``."""
-    return trace.get_tracer(_METER_NAME).start_as_current_span(name, attributes=_clean(attrs))
+    return _tracer().start_as_current_span(name, attributes=_clean(attrs))
 
 
 def _clean(attrs: dict) -> dict:

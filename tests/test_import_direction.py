@@ -1,4 +1,4 @@
-"""Imports go one way: chaos -> t1ops -> rl (STYLE.md rule 1)."""
+"""Imports go one way: chaos -> t1ops -> rl (docs/style.md rule 1)."""
 from __future__ import annotations
 
 import ast

@@ -166,6 +166,7 @@ def run(tmp: Path) -> Outcome:
         guarded=Guarded(caught=caught, detection_s=good["detection_s"],
                         error=f"engine.dead: {dead['reason']}" if dead else ""),
         invariants={
+            "unguarded_run_lost_samples": bad["lost"] + bad["hung"] > 0,
             "no_sample_lost": len(results) == NUM_SAMPLES and all(len(r.output_ids) == NEW_TOKENS for r in results),
             "detected_within_two_ping_intervals": good["detection_s"] is not None
             and good["detection_s"] <= 2 * PING_S,

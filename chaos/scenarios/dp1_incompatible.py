@@ -57,6 +57,8 @@ def run(tmp: Path) -> Outcome:
         guarded=Guarded(caught=bool(error), detection_s=detection_s, error=error),
         invariants={
             "unguarded launch record written": record.exists(),
+            "unguarded plan's peak exceeds the GPU (the OOM it would meet)":
+                est.binding.peak_bytes > on_disk.hardware.gpu_memory_gib * 2**30,
             "guarded launch never started": not (tmp / "guarded" / "launch.json").exists(),
             "refusal names dp1-incompatible": "dp1-incompatible" in finding_ids,
             "refusal carries the arithmetic (ep pinned at 2, 128 experts)":

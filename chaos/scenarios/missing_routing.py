@@ -147,6 +147,7 @@ def run(tmp: Path) -> Outcome:
         unguarded=unguarded,
         guarded=Guarded(caught=err is not None, detection_s=detection_s, error=str(err or "")),
         invariants={
+            "unguarded_batch_shrank_silently": len(kept) == NUM_TRIALS - 1 and FAULTY not in ids,
             "rollout_aborted_not_shrunk": err is not None and ledger is None,
             "error_names_the_trial": err is not None and FAULTY in str(err),
             "builder_refuses_absent_routing": FAULTY in builder_err,

@@ -95,6 +95,7 @@ def run(tmp: Path) -> Outcome:
         fault_fired=fault_fired, unguarded=unguarded,
         guarded=Guarded(caught=caught, detection_s=detection_s, error=error),
         invariants={
+            "unguarded_call_hung": hung,
             "raised_within_deadline": caught and detection_s <= bounded.deadline_s + 0.5,
             "error_names_attempts": "3/3 attempts" in error,
             "bulk_transfer_not_cut_short": bulk_pending_past_deadline and bulk_answered,

@@ -4,10 +4,11 @@ A task directory holds::
 
     <name>/
       instruction.md        the only text the agent sees
-      task.toml             timeouts, family, resources, required env keys
-      environment/          files copied into the agent's workspace (optional)
-      tests/test.sh         the verifier; runs ``pytest --ctrf $T1_CTRF_PATH``
-      solution/solve.sh     a reference solution (optional at run time)
+      task.toml             timeouts, resources, env (read as Harbor does: rl/agent/task_toml.py)
+      environment/          the build context: a Dockerfile (rl/agent/dockerfile.py) or plain
+                            files copied into the workspace
+      tests/test.sh         the verifier; writes CTRF and/or /logs/verifier/reward.txt
+      solution/solve.sh     a reference solution (``t1ops tasks run --oracle``)
 
 ``tests/`` is checksummed (sha256 per file) when the task is loaded; the
 verifier re-checks that digest before and after it runs, so an edit made
@@ -21,33 +22,25 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import tomllib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl.agent.dockerfile import image_settings
+from rl.agent.task_toml import (parse_size_mb, parse_task_toml, read_task_toml,  # noqa: F401
+                               resolve_env, template_vars)
 from rl.errors import TaskError
 
 log = logging.getLogger("rl.agent.tasks")
 
-# Harbor's key names (``timeout_sec``) are kept so real Harbor tasks load unchanged.
-_SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
-    "metadata": {"family": (str,), "difficulty": (str,), "category": (str,), "tags": (list,),
-                 "author_name": (str,), "author_email": (str,)},
-    "agent": {"timeout_sec": (int, float), "max_turns": (int,)},
-    "verifier": {"timeout_sec": (int, float), "env": (dict,)},
-    "environment": {"memory_mb": (int,), "cpus": (int, float), "storage_mb": (int,),
-                    "build_timeout_sec": (int, float), "required_env_keys": (list,),
-                    "allow_network": (bool,)},
-}
-_TOP_LEVEL = {"version": (str,)}
 DEFAULT_AGENT_TIMEOUT_S = 600.0     # used only when task.toml declares none
 DEFAULT_VERIFIER_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
 class Task:
-    """One Harbor task, validated and checksummed at load time."""
+    """One Harbor task, validated and checksummed at load time (fields: docs/tasks.md)."""
 
     name: str
     path: Path
@@ -56,15 +49,35 @@ class Task:
     agent_timeout_s: float
     verifier_timeout_s: float
     required_env_keys: tuple[str, ...] = ()
-    memory_mb: int | None = None
+    memory_mb: int | None = None           # [environment] memory_mb, or memory = "4G"
     max_turns: int | None = None
-    allow_network: bool = False
+    allow_internet: bool | None = None     # None: not declared (Harbor's default is true)
     verifier_env: dict[str, str] = field(default_factory=dict)
     tests_sha256: dict[str, str] = field(default_factory=dict)   # relpath -> sha256
     tests_digest: str = ""
     # the bytes hashed at load time: the verifier installs these, never re-reads the disk
     tests_snapshot: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
     solution: str | None = None                                  # solve.sh text
+    cpus: float | None = None
+    storage_mb: int | None = None          # [environment] storage_mb, or storage = "10G"
+    gpus: int = 0
+    docker_image: str | None = None        # a prebuilt image: only a container runtime has it
+    workdir: str | None = None             # [environment] workdir (else the Dockerfile's WORKDIR)
+    env: dict[str, str] = field(default_factory=dict)            # [environment.env] templates
+    solution_env: dict[str, str] = field(default_factory=dict)   # [solution.env]
+    ignored: tuple[str, ...] = ()          # task.toml keys kept but not used, "key (why)"
+    image_env: dict[str, str] = field(default_factory=dict)      # the Dockerfile's ENV lines
+
+    @property
+    def agent_env(self) -> dict[str, str]:
+        """What the task's commands see besides the sandbox's base: the Dockerfile's ENV,
+        then ``[environment.env]`` with ``${VAR}`` resolved from the host now (as Harbor)."""
+        return {**self.image_env, **resolve_env(self.env, os.environ)}
+
+    @property
+    def allow_network(self) -> bool:
+        """Whether the task asks for network (``allow_internet = true``, declared)."""
+        return self.allow_internet is True
 
     @property
     def tests_dir(self) -> Path:
@@ -73,6 +86,22 @@ class Task:
     @property
     def environment_dir(self) -> Path:
         return self.path / "environment"
+
+    @property
+    def solution_dir(self) -> Path:
+        return self.path / "solution"
+
+
+@dataclass(frozen=True)
+class TaskCheck:
+    """Everything wrong with one task directory (all problems, not the first), and what
+    its task.toml holds that t1ops ignores. ``task`` is set only when nothing is wrong."""
+
+    path: Path
+    task: "Task | None"
+    problems: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()             # dotted task.toml keys of the problems, if any
 
 
 @dataclass(frozen=True)
@@ -113,105 +142,99 @@ def hash_tree(root: Path) -> tuple[str, dict[str, str]]:
     return digest_files(snapshot_tree(root))
 
 
-def parse_task_toml(text: str, *, source: str = "task.toml") -> dict[str, Any]:
-    """Parse and type-check task.toml text; unknown sections/keys and wrong types are TaskError."""
-    try:
-        data = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise TaskError(f"{source}: not valid TOML ({e}); fix the syntax", file=source) from e
-    for key, value in data.items():
-        if key in _TOP_LEVEL:
-            _check_type(source, key, value, _TOP_LEVEL[key])
-            continue
-        if key not in _SCHEMA:
-            raise TaskError(f"{source}: unknown key {key!r}; known: "
-                            f"{sorted([*_SCHEMA, *_TOP_LEVEL])}", file=source, key=key)
-        if not isinstance(value, dict):
-            raise TaskError(f"{source}: [{key}] must be a table, got {type(value).__name__}",
-                            file=source, key=key)
-        for sub, sv in value.items():
-            if sub not in _SCHEMA[key]:
-                raise TaskError(f"{source}: unknown key {key}.{sub}; known: {sorted(_SCHEMA[key])}",
-                                file=source, key=f"{key}.{sub}")
-            _check_type(source, f"{key}.{sub}", sv, _SCHEMA[key][sub])
-    _check_values(source, data)
-    return data
+LEGACY_HINT = ("older Terminal-Bench layout (task.yaml, run-tests.sh, solution.sh); convert it "
+               "to the Harbor layout with `t1ops tasks import DIR --into POOL`")
 
 
-def _check_type(source: str, key: str, value: Any, types: tuple[type, ...]) -> None:
-    if isinstance(value, bool) and bool not in types:
-        ok = False
-    else:
-        ok = isinstance(value, types)
-    if not ok:
-        names = "/".join(t.__name__ for t in types)
-        raise TaskError(f"{source}: {key} must be {names}, got {type(value).__name__} {value!r:.40}",
-                        file=source, key=key)
-
-
-def _check_values(source: str, data: dict[str, Any]) -> None:
-    for sec in ("agent", "verifier", "environment"):
-        for sub in ("timeout_sec", "build_timeout_sec"):
-            v = data.get(sec, {}).get(sub)
-            if v is not None and not (0 < v <= 86_400):
-                raise TaskError(f"{source}: {sec}.{sub} = {v} must be in (0, 86400] seconds",
-                                file=source, key=f"{sec}.{sub}")
-    env = data.get("environment", {})
-    for sub in ("memory_mb", "storage_mb", "cpus"):
-        if sub in env and env[sub] <= 0:
-            raise TaskError(f"{source}: environment.{sub} = {env[sub]} must be > 0",
-                            file=source, key=f"environment.{sub}")
-    keys = env.get("required_env_keys", [])
-    if not all(isinstance(k, str) and k.isidentifier() for k in keys):
-        raise TaskError(f"{source}: environment.required_env_keys must be identifiers, got {keys!r:.80}",
-                        file=source, key="environment.required_env_keys")
-    venv = data.get("verifier", {}).get("env", {})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in venv.items()):
-        raise TaskError(f"{source}: verifier.env must map strings to strings",
-                        file=source, key="verifier.env")
-    tags = data.get("metadata", {}).get("tags", [])
-    if not all(isinstance(t, str) for t in tags):
-        raise TaskError(f"{source}: metadata.tags must be strings", file=source, key="metadata.tags")
-
-
-def load_task(path: str | Path) -> Task:
-    """Read one Harbor task directory; missing files or a malformed task.toml are TaskError."""
-    root = Path(path)
+def inspect_task(path: str | Path) -> TaskCheck:
+    """Read one task directory and collect every problem (see :class:`TaskCheck`)."""
+    root = Path(path).resolve()
+    if (root / "task.yaml").is_file() and not (root / "task.toml").is_file():
+        return TaskCheck(root, None, (f"{root}: {LEGACY_HINT}",))
+    problems: list[str] = []
     missing = [f for f in ("instruction.md", "task.toml", "tests/test.sh") if not (root / f).is_file()]
     if missing:
-        raise TaskError(f"{root}: not a Harbor task, missing {missing}; see rl/agent/tasks.py",
-                        path=str(root), missing=missing)
-    toml_path = root / "task.toml"
-    data = parse_task_toml(toml_path.read_text(errors="replace"), source=str(toml_path))
+        problems.append(f"{root}: not a Harbor task, missing {missing}; see docs/tasks.md")
+    report, keys = None, []
+    if (root / "task.toml").is_file():
+        source = str(root / "task.toml")
+        try:
+            report = read_task_toml((root / "task.toml").read_text(errors="replace"), source=source)
+        except TaskError as e:
+            problems.append(str(e))
+        else:
+            problems += [f"{source}: {msg}" for _, msg in report.problems]
+            keys = [k for k, _ in report.problems]
+    snapshot = None
+    if (root / "tests").is_dir():
+        try:
+            snapshot = snapshot_tree(root / "tests")
+        except TaskError as e:
+            problems.append(str(e))
+    ignored = report.ignored if report else ()
+    if problems or report is None or snapshot is None:
+        return TaskCheck(root, None, tuple(problems), ignored, tuple(keys))
+    return TaskCheck(root, _build(root, report.data, snapshot, ignored), (), ignored)
+
+
+def _build(root: Path, data: dict[str, Any], snapshot: dict[str, bytes],
+           ignored: tuple[str, ...]) -> Task:
     meta, agent = data.get("metadata", {}), data.get("agent", {})
     verifier, env = data.get("verifier", {}), data.get("environment", {})
-    snapshot = snapshot_tree(root / "tests")
+    solution = data.get("solution", {})
     digest, files = digest_files(snapshot)
     sol = root / "solution" / "solve.sh"
+    memory = env.get("memory_mb", parse_size_mb(env["memory"]) if "memory" in env else None)
+    storage = env.get("storage_mb", parse_size_mb(env["storage"]) if "storage" in env else None)
+    internet = env.get("allow_internet", env.get("allow_network"))
+    workdir, image_env = None, {}
+    if (root / "environment" / "Dockerfile").is_file():
+        workdir, image_env = image_settings((root / "environment" / "Dockerfile").read_text(
+            errors="replace"))
+    task_env = dict(env.get("env", {}))
+    secret_keys = tuple(dict.fromkeys([*env.get("required_env_keys", ()), *template_vars(task_env)]))
     return Task(
-        name=root.name, path=root.resolve(),
+        name=root.name, path=root,
         family=meta.get("family") or meta.get("category") or root.name.split("-")[0],
-        instruction=(root / "instruction.md").read_text(),
+        instruction=(root / "instruction.md").read_text(errors="replace"),
         agent_timeout_s=float(agent.get("timeout_sec", DEFAULT_AGENT_TIMEOUT_S)),
         verifier_timeout_s=float(verifier.get("timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S)),
-        required_env_keys=tuple(env.get("required_env_keys", ())),
-        memory_mb=env.get("memory_mb"), max_turns=agent.get("max_turns"),
-        allow_network=bool(env.get("allow_network", False)),
+        required_env_keys=secret_keys,
+        memory_mb=memory, max_turns=agent.get("max_turns"), allow_internet=internet,
         verifier_env=dict(verifier.get("env", {})),
         tests_sha256=files, tests_digest=digest, tests_snapshot=snapshot,
-        solution=sol.read_text() if sol.is_file() else None,
+        solution=sol.read_text(errors="replace") if sol.is_file() else None,
+        cpus=env.get("cpus"), storage_mb=storage, gpus=env.get("gpus", 0),
+        docker_image=env.get("docker_image"), workdir=env.get("workdir") or workdir,
+        env=task_env, solution_env=dict(solution.get("env", {})), ignored=ignored,
+        image_env=image_env,
     )
 
 
+def load_task(path: str | Path) -> Task:
+    """Read one Harbor task directory; any problem is a TaskError naming all of them."""
+    check = inspect_task(path)
+    if check.task is None:
+        raise TaskError("; ".join(check.problems), path=str(check.path),
+                        key=check.keys[0] if check.keys else None, problems=list(check.problems))
+    return check.task
+
+
 def load_pool(root: str | Path) -> list[Task]:
-    """Every task directory directly under ``root``, sorted by name (a bad one raises)."""
+    """Every task directory directly under ``root``, sorted by name; any bad task is a
+    TaskError naming every problem of every bad task."""
     base = Path(root)
     if not base.is_dir():
         raise TaskError(f"task pool {base} is not a directory", path=str(base))
-    tasks = [load_task(p) for p in sorted(base.iterdir()) if p.is_dir() and not p.name.startswith(".")]
-    if not tasks:
+    checks = [inspect_task(p) for p in sorted(base.iterdir())
+              if p.is_dir() and not p.name.startswith(".")]
+    if not checks:
         raise TaskError(f"task pool {base} holds no task directories", path=str(base))
-    return tasks
+    problems = [msg for c in checks for msg in c.problems]
+    if problems:
+        raise TaskError(f"task pool {base}: {len(problems)} problem(s): " + "; ".join(problems),
+                        path=str(base), problems=problems)
+    return [c.task for c in checks if c.task is not None]
 
 
 def effective_timeout(task_timeout_s: float, override_s: float | None, *,

@@ -18,8 +18,9 @@ Here it is enforced:
    run (its summary start/stop lie inside the run) and the run tag still
    matches; ``result.json`` records the reward with the tag.
 
-Any tamper event voids the forged path: the reward comes from the fallback
-rule with ``solved=False`` and its source reads ``tamper:<kinds>``.
+The reward itself is decided by rl/agent/verdict.py (CTRF, then Harbor's
+reward.json / reward.txt, else 0 tagged ``no-verdict``; never the exit code).
+Any tamper event voids the forged path: reward 0, source ``tamper:<kinds>``.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from typing import Any
 from rl.agent.ctrf import read_ctrf
 from rl.agent.sandbox import VERIFIER_LIMITS, ExecResult, Limits, Trial, run_limited
 from rl.agent.tasks import hash_tree
+from rl.agent.verdict import SOURCE_NO_VERDICT, decide, no_verdict
 from rl.errors import ParseError, TaskError, TrialDirError
 from rl.rewards import RewardResult, ctrf_reward
 
@@ -61,7 +63,8 @@ class TamperEvent:
 
 @dataclass(frozen=True)
 class VerifierResult:
-    """The verdict on one trial. ``reason``: ok | tamper | no-ctrf | bad-ctrf | verifier-timeout."""
+    """The verdict on one trial. ``reason``: ok | tamper | no-verdict | verifier-timeout | a
+    sandbox limit (memory_limit, cpu_limit, ...) that ended the verifier."""
 
     trial_id: str
     run_tag: str
@@ -248,20 +251,22 @@ def _post_checks(trial: Trial, tests: Path) -> list[TamperEvent]:
 
 def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out: ExecResult,
             events: list[TamperEvent], scale: float) -> tuple[RewardResult | None, str]:
-    solved = out.exit_code == 0
+    """The verdict (rl/agent/verdict.py): CTRF, then reward.json/reward.txt, else no-verdict.
+    The exit code is never a reward; a limit that ended the verifier names the reason."""
     if out.reason in ("timeout", "budget_exhausted"):
-        return ctrf_reward(None, solved=False, scale=scale), "verifier-timeout"
+        return no_verdict(f"verifier timed out after {out.duration_s:.1f}s"), "verifier-timeout"
+    doc, problem = None, None
     try:
         doc = accept_ctrf(vdir, tag, t0_ms, t1_ms)
     except TrialDirError as e:
         events.append(TamperEvent(trial.trial_id, "stale-ctrf", str(vdir), str(e)))
         return None, "tamper"
     except ParseError as e:
-        exists = (vdir / "ctrf.json").exists()
-        base = ctrf_reward(None, solved=solved, scale=scale)
-        source = "fallback:unparsable" if exists else "fallback:missing"
-        return dataclasses.replace(base, source=source, detail=str(e)), "bad-ctrf" if exists else "no-ctrf"
-    return ctrf_reward(doc, solved=solved, scale=scale), "ok"
+        problem = str(e) if (vdir / "ctrf.json").exists() else "no CTRF report"
+    reward = decide(doc, problem, vdir, since_s=t0_ms / 1000, scale=scale)
+    if out.limit_hit:
+        return reward, out.reason
+    return reward, "no-verdict" if reward.source == SOURCE_NO_VERDICT else "ok"
 
 
 def _write_result(vdir: Path, result: VerifierResult) -> None:

@@ -2,7 +2,7 @@
 
 Public API::
 
-    settings = TrainerSettings.from_mapping(cfg.trainer.model_dump())
+    settings = TrainerSettings.from_mapping(cfg.trainer.model_dump(exclude={"parallel"}))
     trainer = Trainer(ModelSpec(...), settings, seed=0, unk_id=vocab.unk_id)
     batch = TrainBatch.from_sequences(tokens=..., loss_mask=..., rollout_logprobs=..., routing=...,
                                       rewards=..., group_ids=..., prompt_ids=...)

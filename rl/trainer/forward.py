@@ -45,13 +45,14 @@ def shift_to_tokens(x_BT1: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x_BT1, (1, 0))
 
 
-def actor_logprobs(actor, batch: TrainBatch, *, replay: bool) -> torch.Tensor:
-    """fp32 ``[B, T]`` token-aligned log-probs; differentiable when grad is enabled."""
+def actor_logprobs(actor, batch: TrainBatch, *, replay: bool, temperature: float = 1.0) -> torch.Tensor:
+    """fp32 ``[B, T]`` token-aligned log-probs at the sampling ``temperature``; differentiable
+    when grad is enabled."""
     ids_BT1, targets_BT1 = batch.tokens_BT[:, :-1], batch.tokens_BT[:, 1:]
     if not replay:
-        return shift_to_tokens(rmodel.token_logprobs(actor, ids_BT1, targets_BT1))
+        return shift_to_tokens(rmodel.token_logprobs(actor, ids_BT1, targets_BT1, temperature))
     with rmodel.replay_routing(actor, forward_rows(batch)):
-        return shift_to_tokens(rmodel.token_logprobs(actor, ids_BT1, targets_BT1))
+        return shift_to_tokens(rmodel.token_logprobs(actor, ids_BT1, targets_BT1, temperature))
 
 
 def critic_values(critic, batch: TrainBatch) -> torch.Tensor:

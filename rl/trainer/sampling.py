@@ -40,16 +40,17 @@ def sample_responses(policy, prompts: Sequence[Sequence[int]], max_new_tokens: i
 
 
 @torch.no_grad()
-def score_with_routing(sampler, sequences: Sequence[np.ndarray],
-                       loss_masks: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(rollout log-probs ``[N]``, routing rows ``[N, L, K]``) per sequence under ``sampler``."""
+def score_with_routing(sampler, sequences: Sequence[np.ndarray], loss_masks: Sequence[np.ndarray],
+                       temperature: float = 1.0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(rollout log-probs ``[N]`` at ``temperature``, routing rows ``[N, L, K]``) per sequence
+    under ``sampler``."""
     T = max(len(s) for s in sequences)
     ids_BT = torch.full((len(sequences), T), PAD_TOKEN_ID, dtype=torch.long)
     for b, seq in enumerate(sequences):
         ids_BT[b, :len(seq)] = torch.as_tensor(seq)
     sampler.eval()
     with rmodel.record_routing(sampler) as record:
-        lp_BT1 = rmodel.token_logprobs(sampler, ids_BT[:, :-1], ids_BT[:, 1:])
+        lp_BT1 = rmodel.token_logprobs(sampler, ids_BT[:, :-1], ids_BT[:, 1:], temperature)
     logprobs, rows = [], []
     for b, seq in enumerate(sequences):
         n = len(seq)
@@ -66,9 +67,11 @@ def score_with_routing(sampler, sequences: Sequence[np.ndarray],
 
 
 def rollout_batch(sampler, sequences: Sequence[np.ndarray], prompt_lens: Sequence[int], rewards: Sequence[float],
-                  group_ids: Sequence[Hashable], prompt_ids: Sequence[Hashable]) -> TrainBatch:
-    """A :class:`TrainBatch` whose response tokens (after each prompt) carry loss, scored by ``sampler``."""
+                  group_ids: Sequence[Hashable], prompt_ids: Sequence[Hashable],
+                  temperature: float = 1.0) -> TrainBatch:
+    """A :class:`TrainBatch` whose response tokens (after each prompt) carry loss, scored by
+    ``sampler`` at the sampling ``temperature``."""
     masks = [np.arange(len(s)) >= p for s, p in zip(sequences, prompt_lens)]
-    logprobs, rows = score_with_routing(sampler, sequences, masks)
+    logprobs, rows = score_with_routing(sampler, sequences, masks, temperature)
     return TrainBatch.from_sequences(tokens=list(sequences), loss_mask=masks, rollout_logprobs=logprobs,
                                      rewards=rewards, group_ids=group_ids, prompt_ids=prompt_ids, routing=rows)

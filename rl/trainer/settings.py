@@ -1,7 +1,7 @@
 """Trainer hyper-parameters as a plain dataclass (``rl`` cannot import ``t1ops``).
 
 Field names mirror ``t1ops.config.TrainerConfig`` one for one, so the campaign
-builds it with ``TrainerSettings.from_mapping(cfg.trainer.model_dump())``; a
+builds it with ``TrainerSettings.from_mapping(cfg.trainer.model_dump(exclude={"parallel"}))``; a
 test keeps the two in step. Defaults follow the T1 report, section 04: clip
 0.2 symmetric, value clip 0.2, gamma = lambda = 1, Adam(0.9, 0.98), weight
 decay 0.1, constant LR, critic at 30x the actor's LR.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from rl.errors import ConfigError
-from rl.losses import REDUCE_MODES
+from rl.losses import REDUCE_MODES, TIS_MODES
 
 MODES = ("ppo", "grpo")
 
@@ -43,6 +43,11 @@ class TrainerSettings:
     warm_start_steps: int = 110
     warm_start_lr: float = 3e-3
     warm_start_noise: float = 0.5
+    clip_ratio_c: float | None = None
+    tis_mode: str = "off"
+    tis_cap: float = 2.0
+    grpo_norm_by_std: bool = False
+    advantage_whitening: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -56,6 +61,13 @@ class TrainerSettings:
         for key in ("gamma", "lam", "adam_beta1", "adam_beta2", "weight_decay"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"{key} must lie in [0, 1], got {getattr(self, key)!r}", key=key)
+        if self.tis_mode not in TIS_MODES:
+            raise ConfigError(f"tis_mode must be one of {TIS_MODES}, got {self.tis_mode!r}", key="tis_mode")
+        if not self.tis_cap > 0:
+            raise ConfigError(f"tis_cap must be > 0, got {self.tis_cap!r}", key="tis_cap")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
+            raise ConfigError(f"clip_ratio_c (dual clip) must be > 1 or unset, got {self.clip_ratio_c!r}",
+                              key="clip_ratio_c")
         if self.ppo_epochs < 1 or self.critic_warmup_steps < 0:
             raise ConfigError(f"ppo_epochs must be >= 1 and critic_warmup_steps >= 0, got "
                               f"{self.ppo_epochs} and {self.critic_warmup_steps}", key="ppo_epochs")

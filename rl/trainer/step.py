@@ -5,6 +5,8 @@ both GAE and its own clipped value loss. The actor then recomputes old
 log-probs under the behaviour snapshot (done by the caller) and takes the
 clipped step. GRPO mode (SkyRL walkthrough, section 6): group-centred
 advantages, the DPPO binary-TV mask against the per-token rollout log-probs.
+Every actor forward runs at the sampling temperature; with ``tis_mode`` on,
+the per-token loss is multiplied by the (detached) TIS weights.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.advantages import compute_gae, grpo_advantages
+from rl.advantages import compute_gae, grpo_advantages, whiten_advantages
 from rl.losses import dppo_loss, ppo_clip_loss, reduce_loss, value_loss
 from rl.metrics import explained_variance
 from rl.trainer.batch import TrainBatch
@@ -39,6 +41,8 @@ class ActorUpdate:
     grad_norm: float
     clip_fraction: float  # PPO: clipped-branch share; GRPO: DPPO TV-masked share
     ratio_mean: float
+    dual_clip_fraction: float
+    first_logprobs_BT: torch.Tensor  # detached log-probs of the first epoch's forward (current weights)
 
 
 def critic_step(critic, optimizer, batch: TrainBatch, s: TrainerSettings) -> CriticUpdate:
@@ -48,6 +52,8 @@ def critic_step(critic, optimizer, batch: TrainBatch, s: TrainerSettings) -> Cri
         old_values_BT = critic_values(critic, batch)
     advantages_BT, returns_BT = compute_gae(batch.rewards_B, old_values_BT, mask_BT, s.gamma, s.lam)
     ev = explained_variance(old_values_BT, returns_BT, mask_BT)
+    if s.advantage_whitening:  # the returns (critic targets) stay raw
+        advantages_BT = whiten_advantages(advantages_BT, mask_BT)
     critic.train()
     for _ in range(s.ppo_epochs):
         loss_BT, stats = value_loss(critic_values(critic, batch), old_values_BT, returns_BT, mask_BT,
@@ -59,27 +65,36 @@ def critic_step(critic, optimizer, batch: TrainBatch, s: TrainerSettings) -> Cri
                         stats["clip_fraction"])
 
 
-def grpo_token_advantages(batch: TrainBatch) -> torch.Tensor:
-    """Group-centred advantage per trajectory (no std normalisation, as the walkthrough), ``[B]``."""
-    return grpo_advantages(batch.rewards_B, batch.group_ids, norm_by_std=False)
+def grpo_token_advantages(batch: TrainBatch, norm_by_std: bool = False) -> torch.Tensor:
+    """Group-centred advantage per trajectory, ``[B]``; divided by the group std when
+    ``norm_by_std`` (off by default, as the walkthrough)."""
+    return grpo_advantages(batch.rewards_B, batch.group_ids, norm_by_std=norm_by_std)
 
 
-def actor_step(actor, optimizer, batch: TrainBatch, advantages: torch.Tensor, old_logprobs_BT: torch.Tensor,
-               s: TrainerSettings) -> ActorUpdate:
-    """``ppo_epochs`` clipped steps: PPO against ``old_logprobs_BT``, or DPPO against the rollout's."""
+def actor_step(actor, optimizer, batch: TrainBatch, advantages: torch.Tensor,
+               old_logprobs_BT: torch.Tensor | None, s: TrainerSettings, *, temperature: float = 1.0,
+               tis_BT: torch.Tensor | None = None) -> ActorUpdate:
+    """``ppo_epochs`` clipped steps: PPO against ``old_logprobs_BT``, or DPPO against the rollout's.
+
+    ``tis_BT`` (None: not applied) multiplies the per-token loss."""
     mask_BT = batch.loss_mask_BT
     actor.train()
+    first = None
     for _ in range(s.ppo_epochs):
-        logprobs_BT = actor_logprobs(actor, batch, replay=s.r3)
+        logprobs_BT = actor_logprobs(actor, batch, replay=s.r3, temperature=temperature)
+        first = logprobs_BT.detach() if first is None else first
         if s.mode == "ppo":
             loss_BT, stats = ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages, mask_BT,
-                                           s.clip_low, s.clip_high)
+                                           s.clip_low, s.clip_high, s.clip_ratio_c)
             clip_fraction = stats["clip_fraction"]
         else:
             loss_BT, stats = dppo_loss(logprobs_BT, batch.rollout_logprobs_BT, advantages, mask_BT,
                                        s.dppo_delta, s.dppo_delta)
             clip_fraction = stats["tv_masked_fraction"]
+        if tis_BT is not None:
+            loss_BT = loss_BT * tis_BT
         loss = reduce_loss(loss_BT, mask_BT, s.loss_reduction, batch.prompt_ids)
         loss.backward()
         grad_norm = clip_and_step(actor, optimizer, s.grad_clip)
-    return ActorUpdate(float(loss.detach()), grad_norm, clip_fraction, stats["ratio_mean"])
+    return ActorUpdate(float(loss.detach()), grad_norm, clip_fraction, stats["ratio_mean"],
+                       stats.get("dual_clip_fraction", float("nan")), first)

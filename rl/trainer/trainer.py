@@ -1,10 +1,18 @@
 """The trainer: a megatron-core actor, a same-shape critic (PPO), and their step.
 
 Step order (T1 report, section 03): critic first, then the actor. The first
-``critic_warmup_steps`` steps move only the critic. Logged each step (a
-:class:`StepStats`): explained variance, the train-vs-rollout log-prob gap
-(``rl.metrics.logprob_gap``, one token-mean over the whole batch), clip
-fraction, TIS (recorded, not applied: section 04), grad norms, tokens.
+``critic_warmup_steps`` steps move only the critic (PPO only: GRPO has no
+critic to warm up, so the setting neither freezes its actor nor builds one).
+Logged each step (a :class:`StepStats`): explained variance, the
+train-vs-rollout log-prob gap (``rl.metrics.logprob_gap``, one token-mean over
+the whole batch), clip fraction, TIS (recorded; applied when ``tis_mode`` is
+not "off"), grad norms, tokens. Every actor forward runs at the sampling
+temperature the trainer was built with (the engine's log-probs are
+temperature-scaled).
+
+GRPO/DPPO's ratio is against the rollout log-probs, so when TIS is not
+applied nothing needs the behaviour recompute: it is skipped, and the gap and
+TIS stats are measured on the first epoch's forward of the current weights.
 
 The behaviour snapshot: the PPO ratio's denominator is the policy that really
 sampled the batch. In a one-step pipeline that is not the trainer's current
@@ -57,6 +65,9 @@ class StepStats:
     tis_max_raw: float
     tis_clip_fraction: float
     advantage_mean: float
+    dual_clip_fraction: float = math.nan
+    tis_mode: str = "off"             # "off": recorded only; "token"/"sequence": applied to the loss
+    behaviour_recomputed: bool = True  # False: GRPO without TIS skipped the old-log-prob forward
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -85,8 +96,12 @@ class Trainer:
     """Actor (+ critic in PPO mode) with their optimizers; see the module docstring."""
 
     def __init__(self, spec: rmodel.ModelSpec, settings: TrainerSettings, *, seed: int = 0,
-                 unk_id: int | None = None) -> None:
+                 unk_id: int | None = None, temperature: float = 1.0) -> None:
+        if not temperature >= 0:
+            raise InputError(f"temperature must be >= 0, got {temperature!r}", argument="temperature")
         self.spec, self.settings = spec, settings
+        # greedy sampling (0) reports log-probs of the unscaled distribution, as SGLang does
+        self.temperature = temperature if temperature > 0 else 1.0
         self.actor = rmodel.build_policy(spec, seed, torch.float32, unk_id=unk_id)
         self.actor_optimizer = build_optimizer(self.actor, settings.actor_lr, settings)
         self.critic = None
@@ -105,14 +120,22 @@ class Trainer:
             raise InputError("the batch has no loss-bearing token; skip it explicitly rather than "
                              "stepping on nothing", num_samples=batch.num_samples)
         critic = critic_step(self.critic, self.critic_optimizer, batch, s) if s.mode == "ppo" else None
-        advantages = critic.advantages_BT if critic else grpo_token_advantages(batch)
-        old_logprobs_BT = self.behaviour_logprobs(batch)
+        advantages = critic.advantages_BT if critic else grpo_token_advantages(batch, s.grpo_norm_by_std)
         mask_BT = batch.loss_mask_BT
-        _, tis = tis_weights(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT)
-        gap = logprob_gap(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT)
-        actor_updated = self.step >= s.critic_warmup_steps
-        actor = actor_step(self.actor, self.actor_optimizer, batch, advantages, old_logprobs_BT, s) \
+        recompute = s.mode == "ppo" or s.tis_mode != "off"
+        old_logprobs_BT = self.behaviour_logprobs(batch) if recompute else None
+        tis_BT = None
+        if old_logprobs_BT is not None:
+            tis_BT, tis = tis_weights(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
+                                      "token" if s.tis_mode == "off" else s.tis_mode)
+        actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
+        actor = actor_step(self.actor, self.actor_optimizer, batch, advantages, old_logprobs_BT, s,
+                           temperature=self.temperature, tis_BT=None if s.tis_mode == "off" else tis_BT) \
             if actor_updated else None
+        if old_logprobs_BT is None:  # GRPO without TIS: measure on the first epoch's forward
+            old_logprobs_BT = actor.first_logprobs_BT
+            _, tis = tis_weights(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap, "token")
+        gap = logprob_gap(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT)
         self.step += 1
         adv_BT = advantages if advantages.dim() == 2 else advantages[:, None].expand(mask_BT.shape)
         nan = math.nan
@@ -125,12 +148,14 @@ class Trainer:
             actor_grad_norm=actor.grad_norm if actor else nan,
             critic_grad_norm=critic.grad_norm if critic else nan, tis_mean=tis["tis_mean"],
             tis_max_raw=tis["tis_max_raw"], tis_clip_fraction=tis["tis_clip_fraction"],
-            advantage_mean=float(adv_BT[mask_BT].mean()))
+            advantage_mean=float(adv_BT[mask_BT].mean()),
+            dual_clip_fraction=actor.dual_clip_fraction if actor else nan, tis_mode=s.tis_mode,
+            behaviour_recomputed=recompute)
 
     def behaviour_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Old log-probs recomputed by the trainer under the behaviour snapshot (R3 as configured)."""
         with torch.no_grad(), _weights(self.actor, self._behaviour):
-            return actor_logprobs(self.actor, batch, replay=self.settings.r3)
+            return actor_logprobs(self.actor, batch, replay=self.settings.r3, temperature=self.temperature)
 
     def snapshot_behaviour(self) -> None:
         """Remember the actor's current weights as the policy that samples the next batch."""

@@ -71,9 +71,10 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     spec = {**cfg.model.model_dump(), "vocab_size": vocab.size}
     progress.log(f"run {run.run_id}: {len(tasks)} tasks, compact vocabulary {vocab.size} ids, dir {run.path}")
     c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
-        spec=spec, settings=cfg.trainer.model_dump(), vocab_path=str(run.vocab),
+        spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
         ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
-        telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds())
+        telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
+        temperature=cfg.rollout.temperature)
     examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
     c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
     if c.warm_start_loss:

@@ -1,6 +1,6 @@
 """The coordinator: the campaign's step loop on Ray.
 
-Roles (DESIGN.md, runtime topology): engines (SGLang-protocol servers; the
+Roles (docs/architecture.md, runtime topology): engines (SGLang-protocol servers; the
 embedded CPU engine by default), one rollout worker per node (agent loop and
 sandboxes), the trainer (actor + critic), and this coordinator (step loop,
 weight-sync barrier, guardrails, telemetry).
@@ -54,7 +54,8 @@ def _metrics_row(step: int, results: list[dict], stats: dict, rollout_s: float, 
             "turns_mean": float(np.mean([r["num_turns"] for r in results])) if results else math.nan,
             "tokens": int(stats.get("num_tokens", 0)), "rollout_s": round(rollout_s, 3),
             "train_s": round(train_s, 3), "step_s": round(step_s, 3), "sync_s": round(sync_s, 3),
-            "solved_share": float(np.mean([r["passed"] == r["total"] and r["total"] > 0 for r in results])),
+            "solved_share": float(np.mean([bool(r["total"]) and r["passed"] == r["total"] for r in results])),
+            "no_verdict": sum(r["reward_source"] == "no-verdict" for r in results),
             "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
             "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
             "reward_sources": _count(r["reward_source"] for r in results),

@@ -28,7 +28,7 @@ from t1ops.guards.checkpoints import CheckpointManager
 class TrainerHost:
     def __init__(self, *, spec: dict, settings: dict, vocab_path: str, ckpt_base: str, seed: int,
                  num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
-                 gloo_timeout_s: float = 3600.0) -> None:
+                 gloo_timeout_s: float = 3600.0, temperature: float = 1.0) -> None:
         torch.set_num_threads(num_threads)
         if run_dir is not None:
             from t1ops import telemetry
@@ -43,7 +43,9 @@ class TrainerHost:
         self.settings = TrainerSettings.from_mapping(settings)
         # Refuse a bad checkpoint layout before any model exists (critic-overwrites-actor).
         self.ckpt = CheckpointManager.from_base(ckpt_base, save_every=self.settings.save_every)
-        self.trainer = Trainer(self.spec, self.settings, seed=seed, unk_id=self.vocab.unk_id)
+        # log-probs at the sampling temperature: the engine reports temperature-scaled ones
+        self.trainer = Trainer(self.spec, self.settings, seed=seed, unk_id=self.vocab.unk_id,
+                               temperature=temperature)
         self.seed = seed
         self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> actor weights (behaviour snapshots)
 

@@ -21,6 +21,7 @@ import threading
 from dataclasses import asdict, dataclass
 
 
+from rl.agent.environment import require_runnable
 from rl.agent.loop import AgentSettings, run_episode
 from rl.agent.sandbox import Limits, Sandbox
 from rl.agent.tasks import load_pool
@@ -67,6 +68,7 @@ class RolloutWorker:
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
+        require_runnable(list(self.tasks.values()))   # fail before any trial, naming each line
         self.renderer = ChatRenderer.default()
         self.sandbox = Sandbox(trials_root, run_id, limits=Limits(),
                                agent_timeout_override_s=settings.timeout_override_s,

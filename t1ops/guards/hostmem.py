@@ -232,11 +232,14 @@ def kernel_oom_lines(pid: int, kernel_log: str | None) -> list[str] | None:
 class OomWatch:
     """Explain a process death after the fact. Call :meth:`arm` before the process runs.
 
-    A SIGKILL exit is an OOM kill when the cgroup ``oom_kill`` counter grew or
-    the kernel log names the pid; when neither could be read it is reported as
-    a probable OOM kill; when both were readable and say no, it was some other
-    ``kill -9`` and :meth:`explain_exit` returns None. ``cgroup_dir="auto"``
-    watches this process's own memory cgroup; None skips the counter.
+    An OOM kill is only ever *shown*, never guessed: the cgroup ``oom_kill``
+    counter grew, or the kernel log names the pid. ``returncode`` is the dead
+    process's real exit status where it can be read (a child's ``Popen``
+    status); pass None where it cannot (a Ray actor is the raylet's child, and
+    Ray's own message blames "the OOM killer" for every worker death). A death
+    with no such evidence is reported as "killed, cause unknown", naming what
+    could and could not be read. ``cgroup_dir="auto"`` watches this process's
+    own memory cgroup; None skips the counter.
     """
 
     def __init__(self, cgroup_dir: Path | None | str = "auto", kernel_log: Callable[[], str | None] = read_dmesg) -> None:
@@ -248,37 +251,55 @@ class OomWatch:
         self.baseline_oom_kills = read_cgroup_memory(self.cgroup_dir).oom_kills if self.cgroup_dir else None
         return self
 
-    def explain_exit(self, pid: int, returncode: int | None, name: str = "process") -> HostOOMKilled | None:
-        if returncode not in SIGKILL_EXITS:
-            return None
+    def _evidence(self, pid: int) -> tuple[MemorySnapshot, int | None, int | None, list[str] | None]:
         snap = snapshot(self.cgroup_dir)
         after = snap.cgroup.oom_kills if snap.cgroup is not None else None
         delta = after - self.baseline_oom_kills if after is not None and self.baseline_oom_kills is not None else None
-        lines = kernel_oom_lines(pid, self._kernel_log())
-        confirmed = (delta or 0) > 0 or bool(lines)
-        if not confirmed and (delta is not None or lines is not None):
+        return snap, after, delta, kernel_oom_lines(pid, self._kernel_log())
+
+    def explain_exit(self, pid: int, returncode: int | None, name: str = "process") -> HostOOMKilled | None:
+        """A :class:`HostOOMKilled` when the evidence shows an OOM kill of ``pid``; else None.
+
+        A clean or ordinary exit status (anything but SIGKILL) is never an OOM kill.
+        """
+        if returncode is not None and returncode not in SIGKILL_EXITS:
             return None
-        verdict = "was killed by the OS OOM killer" if confirmed else \
-            "was SIGKILLed, probably by the OS OOM killer (no cgroup counter or kernel log readable to confirm)"
+        snap, after, delta, lines = self._evidence(pid)
+        if not ((delta or 0) > 0 or lines):
+            return None
         facts = [snap.describe()]
         if delta is not None:
             facts.append(f"cgroup oom_kill counter {self.baseline_oom_kills} -> {after}")
         if lines:
             facts.append(f"kernel log: {lines[-1]}")
-        msg = (f"{name} (pid {pid}) {verdict} (exit {returncode}): not a crash and not a CUDA OOM. "
+        status = f"exit {returncode}" if returncode is not None else "exit status not readable"
+        msg = (f"{name} (pid {pid}) was killed by the OS OOM killer ({status}): not a crash and not a CUDA OOM. "
                + "; ".join(facts) + ". Reduce host memory: CPU-offloaded Adam of actor and critic, sandbox "
                f"concurrency (t1ops.guards.hostmem.project_host_memory). See {RUNBOOK}.")
-        return HostOOMKilled(msg, pid=pid, returncode=returncode, confirmed=confirmed, oom_kill_delta=delta,
-                             kernel_lines=lines or [], available_bytes=snap.available_bytes,
+        return HostOOMKilled(msg, pid=pid, returncode=returncode, confirmed=True, oom_kill_delta=delta,
+                             kernel_lines=lines, available_bytes=snap.available_bytes,
                              cgroup_limit_bytes=snap.cgroup.limit_bytes if snap.cgroup else None,
                              cgroup_peak_bytes=snap.cgroup.peak_bytes if snap.cgroup else None)
 
+    def unexplained(self, pid: int, returncode: int | None, name: str = "process") -> str:
+        """The 'killed, cause unknown' verdict, naming which evidence was read and what it said."""
+        _, after, delta, lines = self._evidence(pid)
+        counter = ("cgroup oom_kill counter unreadable" if delta is None
+                   else f"cgroup oom_kill counter unchanged at {after}")
+        klog = "kernel log unreadable" if lines is None else f"kernel log names no OOM kill of pid {pid}"
+        status = f"exit {returncode}" if returncode is not None else "exit status not readable"
+        return f"{name} (pid {pid}) was killed, cause unknown ({status}; {counter}; {klog})"
+
     def check_exit(self, pid: int, returncode: int | None, name: str = "process") -> None:
-        """Raise :class:`HostOOMKilled` (and emit ``host.oom_killed``) if the exit was an OOM kill."""
+        """Raise :class:`HostOOMKilled` (event ``host.oom_killed``) for a shown OOM kill; for any other
+        SIGKILL or unreadable status emit ``process.killed`` with the 'cause unknown' verdict."""
         err = self.explain_exit(pid, returncode, name)
         if err is not None:
             telemetry.event("host.oom_killed", "error", pid=pid, returncode=returncode, message=err.message)
             raise err
+        if returncode is None or returncode in SIGKILL_EXITS:
+            telemetry.event("process.killed", "error", pid=pid, returncode=returncode,
+                            message=self.unexplained(pid, returncode, name))
 
 
 @check

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from t1ops.config import Section, load_toml
+from t1ops.parallel_layout import layers_split, plan_errors
 from t1ops.preflight.calibration import SANDBOX_WORKER_GIB
 
 
@@ -69,15 +70,9 @@ class Parallelism(Section):
 
     @model_validator(mode="after")
     def _layout_divides(self) -> "Parallelism":
-        dense = self.tp * self.pp * self.cp
-        if self.train_gpus % dense:
-            raise ValueError(f"train_gpus {self.train_gpus} is not divisible by tp*pp*cp = {dense}")
-        if self.pp * self.etp > self.train_gpus:  # then no expert parallelism, not even 1, fits
-            raise ValueError(f"pp*etp = {self.pp * self.etp} exceeds train_gpus {self.train_gpus}: no expert "
-                             "layout fits; lower etp or pp")
-        if self.dp is not None and self.dp != self.train_gpus // dense:
-            raise ValueError(f"dp = {self.dp} but train_gpus/(tp*pp*cp) = {self.train_gpus // dense}; "
-                             "change train_gpus, tp, pp or cp so they agree (dp is derived)")
+        errors = plan_errors(self.train_gpus, self.tp, self.pp, self.cp, self.etp, self.dp)
+        if errors:  # the same rules validate a campaign's [trainer.parallel] (t1ops.parallel_layout)
+            raise ValueError("; ".join(errors))
         return self
 
     @property
@@ -152,8 +147,9 @@ class Plan(Section):
 
     @model_validator(mode="after")
     def _layers_split(self) -> "Plan":
-        if self.model.num_layers % self.parallelism.pp:
-            raise ValueError(f"num_layers {self.model.num_layers} is not divisible by pp {self.parallelism.pp}")
+        error = layers_split(self.model.num_layers, self.parallelism.pp)
+        if error:
+            raise ValueError(error)
         return self
 
     @property

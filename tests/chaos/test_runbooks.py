@@ -57,11 +57,7 @@ def test_index_generator_lists_each_runbook_once_with_its_symptom(tmp_path):
 
 
 def _catalogue_ids() -> list[str]:
-    design = REPO.parent / "shared" / "DESIGN.md"
-    if not design.exists():
-        pytest.skip("shared/DESIGN.md is not beside the checkout (a clone without shared/)")
-    section = design.read_text().split("## Failure catalogue", 1)[1].split("\n## ", 1)[0]
-    body = section.split("|---", 1)[1]  # the rows after the header's separator line
+    body = (REPO / "docs" / "failures.md").read_text().split("|---", 1)[1]  # rows after the header
     return re.findall(r"^\| ([a-z0-9-]+) \|", body, flags=re.M)
 
 
@@ -76,3 +72,11 @@ def test_every_catalogue_failure_has_a_registered_scenario():
 def test_every_catalogue_failure_has_a_runbook():
     missing = [i for i in _catalogue_ids() if not (RUNBOOKS / f"{i}.md").exists()]
     assert missing == [], f"catalogue failures without runbooks/<id>.md: {missing}"
+
+
+def test_every_catalogue_row_names_a_guard_module_that_exists():
+    body = (REPO / "docs" / "failures.md").read_text().split("|---", 1)[1]
+    rows = re.findall(r"^\| ([a-z0-9-]+) \|.*\| `([^`]+)` \|$", body, flags=re.M)
+    assert len(rows) == len(_catalogue_ids()), "every catalogue row ends with its guard module"
+    missing = [(i, m) for i, m in rows if not (REPO / m).exists()]
+    assert missing == [], f"catalogue rows naming a guard module that does not exist: {missing}"

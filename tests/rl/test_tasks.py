@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.agent.tasks import effective_timeout, hash_tree, load_pool, load_task, parse_task_toml
+from rl.agent.tasks import (effective_timeout, hash_tree, inspect_task, load_pool, load_task,
+                            parse_task_toml)
 from rl.errors import TaskError
 
 POOL = Path(__file__).resolve().parents[2] / "examples" / "tasks"
@@ -42,8 +43,8 @@ def _copy(tmp_path: Path, name: str = "text-sort") -> Path:
 
 @pytest.mark.parametrize("text, key", [
     ("[agent]\ntimeout_sec = 'ten'\n", "agent.timeout_sec"),
-    ("[agent]\ntimeout_secs = 10\n", "agent.timeout_secs"),
-    ("[sandbox]\nx = 1\n", "sandbox"),
+    ("[environment]\nmemory = 'lots'\n", "environment.memory"),
+    ("[[steps]]\nname = 'build'\n[[steps]]\nname = 'deploy'\n", "steps"),
     ("[agent]\ntimeout_sec = -3\n", "agent.timeout_sec"),
     ("[environment]\nrequired_env_keys = ['not an id']\n", "environment.required_env_keys"),
     ("agent = 3\n", "agent"),
@@ -56,6 +57,35 @@ def test_malformed_task_toml_names_file_and_key(tmp_path, text, key):
         load_task(d)
     assert err.value.context["key"] == key
     assert str(d / "task.toml") in str(err.value)
+
+
+def test_unknown_keys_and_free_form_metadata_are_kept_and_listed_not_refused(tmp_path):
+    d = _copy(tmp_path)
+    (d / "task.toml").write_text(
+        'schema_version = "1.1"\n[task]\nname = "org/x"\n[metadata]\nreward_type = "binary"\n'
+        'family = "text"\n[agent]\ntimeout_secs = 10\nuser = "agent"\n[sandbox]\nx = 1\n'
+        '[environment]\nmemory = "2G"\nstorage_mb = 300\ncpus = 2\ngpus = 0\nallow_internet = false\n'
+        'mcp_servers = []\n[environment.env]\nFOO = "${HOME}"\n[verifier.env]\nMODE = "strict"\n'
+        '[solution.env]\nHINT = "1"\n')
+    t = load_task(d)
+    assert (t.memory_mb, t.storage_mb, t.cpus, t.allow_internet) == (2048, 300, 2, False)
+    assert (t.env, t.verifier_env, t.solution_env) == ({"FOO": "${HOME}"}, {"MODE": "strict"},
+                                                       {"HINT": "1"})
+    keys = [i.split(" ")[0] for i in t.ignored]
+    assert keys == ["task", "metadata.reward_type", "agent.timeout_secs", "agent.user", "sandbox",
+                    "environment.mcp_servers"]
+
+
+def test_every_problem_is_reported_not_only_the_first(tmp_path):
+    d = _copy(tmp_path)
+    (d / "task.toml").write_text("[agent]\ntimeout_sec = 'x'\n[environment]\ncpus = -1\n"
+                                 "os = 'windows'\n")
+    (d / "instruction.md").unlink()
+    check = inspect_task(d)
+    assert check.task is None and len(check.problems) == 4
+    text = " ".join(check.problems)
+    for word in ("instruction.md", "agent.timeout_sec", "environment.cpus", "windows"):
+        assert word in text
 
 
 def test_invalid_toml_syntax_and_missing_files(tmp_path):

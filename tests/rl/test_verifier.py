@@ -107,14 +107,44 @@ def test_recorded_result_is_refused_under_another_run_tag(sandbox, task):
         read_verifier_result(trial.dir, "some-other-run/" + trial.trial_id)
 
 
-def test_missing_ctrf_falls_back_to_binary(open_sandbox, tmp_path):
-    src = tmp_path / "noctrf"
+def _script_task(tmp_path: Path, name: str, script: str):
+    src = tmp_path / name
     shutil.copytree(POOL / "files-hello", src)
-    (src / "tests" / "test.sh").write_text("#!/bin/bash\ntest -f \"$T1_WORKSPACE/out.txt\"\n")
-    trial = open_sandbox.create(load_task(src), 0)
+    (src / "tests" / "test.sh").write_text("#!/bin/bash\n" + script)
+    return load_task(src)
+
+
+def test_exit_zero_without_a_verdict_scores_zero_tagged(open_sandbox, tmp_path):
+    task = _script_task(tmp_path, "noverdict", 'test -f "$T1_WORKSPACE/out.txt"\nexit 0\n')
+    trial = open_sandbox.create(task, 0)
     trial.exec("echo hello > out.txt")
     v = verify(trial)
-    assert (v.reason, v.reward.source, v.reward.value) == ("no-ctrf", "fallback:missing", 1.0)
+    assert (v.reason, v.reward.source, v.reward.value, v.exit_code) == ("no-verdict", "no-verdict",
+                                                                       0.0, 0)
+    assert "never a reward" in v.reward.detail
+
+
+@pytest.mark.parametrize("script, value, source", [
+    ('echo 1 > "$V/reward.txt"\nexit 0\n', 1.0, "harbor-reward"),
+    ('echo 0 > "$V/reward.txt"\nexit 0\n', 0.0, "harbor-reward"),
+    ('echo \'{"reward": 0.5, "speed": 3}\' > "$V/reward.json"\necho 1 > "$V/reward.txt"\n', 0.5,
+     "harbor-reward"),
+    ('echo nonsense > "$V/reward.txt"\nexit 0\n', 0.0, "no-verdict"),
+])
+def test_harbor_reward_file_is_the_verdict_when_there_is_no_ctrf(open_sandbox, tmp_path, script,
+                                                                 value, source):
+    task = _script_task(tmp_path, "harbor", 'V=$(dirname "$T1_CTRF_PATH")\n' + script)
+    v = verify(open_sandbox.create(task, 0))
+    assert (v.reward.source, v.reward.value) == (source, value)
+
+
+def test_a_solved_verdict_never_scores_zero_even_with_a_zero_pass_ctrf(open_sandbox, tmp_path):
+    task = _script_task(tmp_path, "zeroctrf", 'cd "$T1_WORKSPACE"\n'
+                        'pytest -q -p no:cacheprovider --ctrf "$T1_CTRF_PATH" "$T1_TESTS_DIR"\n'
+                        'echo 1 > "$(dirname "$T1_CTRF_PATH")/reward.txt"\n')
+    v = verify(open_sandbox.create(task, 0))     # nothing done: CTRF 0 passed, reward.txt 1
+    assert (v.reward.source, v.reward.value) == ("harbor-reward", 1.0)
+    assert "own verdict wins" in v.reward.detail
 
 
 def test_hidden_pool_blocks_the_tests_edit_outright(tmp_path, task):

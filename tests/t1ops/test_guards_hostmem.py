@@ -126,10 +126,26 @@ def test_oom_watch_ignores_normal_exits_and_a_plain_kill_9(tmp_path):
     watch.check_exit(1, -9)
 
 
-def test_oom_watch_says_probably_when_no_evidence_is_readable():
-    watch = hostmem.OomWatch(cgroup_dir=None, kernel_log=lambda: None)
-    err = watch.arm().explain_exit(99, -9)
-    assert err is not None and "probably by the OS OOM killer" in str(err) and err.context["confirmed"] is False
+def test_no_evidence_is_killed_cause_unknown_never_probably_oom(tmp_path):
+    # No counter and no kernel log: a SIGKILL is not called an OOM kill.
+    watch = hostmem.OomWatch(cgroup_dir=None, kernel_log=lambda: None).arm()
+    assert watch.explain_exit(99, -9) is None and watch.explain_exit(99, None) is None
+    watch.check_exit(99, -9, name="trainer")
+    ev = telemetry.recent_events("process.killed")[-1]
+    assert ev["pid"] == 99 and "trainer (pid 99) was killed, cause unknown (exit -9" in ev["message"]
+    assert "oom_kill counter unreadable" in ev["message"] and "kernel log unreadable" in ev["message"]
+    # Readable evidence that says "no": the verdict says what was read.
+    cg = _v1(tmp_path / "b", 64 * MIB, MIB, MIB, 3)
+    text = hostmem.OomWatch(cg, kernel_log=lambda: "").arm().unexplained(7, None)
+    assert "exit status not readable" in text and "unchanged at 3" in text and "names no OOM kill of pid 7" in text
+
+
+def test_unreadable_exit_status_still_attributed_by_evidence(tmp_path):
+    # A Ray actor's exit status cannot be read; the kernel log naming its pid is enough.
+    watch = hostmem.OomWatch(cgroup_dir=None, kernel_log=lambda: KLOG).arm()
+    err = watch.explain_exit(4242, None, name="trainer")
+    assert isinstance(err, HostOOMKilled) and "exit status not readable" in str(err)
+    assert watch.explain_exit(4242, 0) is None  # a clean exit is never an OOM kill
 
 
 def test_doctor_shows_host_and_cgroup_memory():

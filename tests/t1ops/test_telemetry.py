@@ -29,3 +29,27 @@ telemetry.shutdown()
     assert spans[0]["name"] == "step" and spans[0]["events"][0]["name"] == "engine.dead"
     events = [json.loads(l) for l in (tel / "events.jsonl").read_text().splitlines()]
     assert events[0]["name"] == "engine.dead"
+
+
+def test_two_runs_in_one_process_write_their_own_files(tmp_path):
+    # bench_pipeline and the chaos soak run several campaigns in one process: the second run's
+    # spans and metrics must land in its own files, and nothing may write to the first's closed ones.
+    code = f"""
+import warnings
+from t1ops import telemetry
+for run in ("a", "b"):
+    telemetry.setup({str(tmp_path)!r} + "/" + run, export_interval_s=60)
+    telemetry.count("runs.started", run=run)
+    with telemetry.span("step", run=run):
+        telemetry.event("step.done", run=run)
+    telemetry.shutdown()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "closed file" not in proc.stderr, proc.stderr
+    for run in ("a", "b"):
+        tel = tmp_path / run / "telemetry"
+        spans = [json.loads(l) for l in (tel / "spans.jsonl").read_text().splitlines() if l.strip()]
+        assert [s["attributes"]["run"] for s in spans] == [run]
+        metrics = (tel / "metrics.jsonl").read_text()
+        assert "runs.started" in metrics and f'"run": "{run}"' in metrics

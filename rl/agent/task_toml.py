@@ -1,0 +1,221 @@
+"""Reading ``task.toml`` the way Harbor does: known fields typed, everything else kept.
+
+Harbor's ``TaskConfig`` ignores keys it does not model and treats ``[metadata]``
+as free-form, so real task files carry ``schema_version``, ``[task]``,
+``[metadata] reward_type``, ``[environment] gpus / mcp_servers / healthcheck``
+and more. Here every key is sorted into one of three bins (docs/tasks.md):
+
+- **applied**: timeouts, ``[environment] cpus / memory_mb (or memory = "4G") /
+  storage_mb (or storage) / allow_internet / env / workdir``, ``[verifier.env]``,
+  ``[solution.env]``, our ``family``, ``max_turns``, ``required_env_keys``;
+- **ignored**: anything else (unknown keys, unused metadata, Harbor features with
+  no local meaning such as ``build_timeout_sec``); kept and listed once by
+  ``t1ops tasks check``, never a refusal;
+- **problems**: a known key with a wrong type or value, or a feature that would
+  change the result if it were ignored (``[[steps]]``, ``os = "windows"``).
+  Every problem is collected, not only the first.
+"""
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl.errors import TaskError
+
+MAX_TIMEOUT_S = 86_400.0
+# what each known key must be; "size" = int MiB or a "4G"/"512M" string (Harbor's deprecated form)
+_NUM, _INT, _STR, _BOOL, _ENV, _STRS = "number", "int", "string", "bool", "env table", "list of strings"
+_KNOWN: dict[str, dict[str, str]] = {
+    "agent": {"timeout_sec": _NUM, "max_turns": _INT},
+    "verifier": {"timeout_sec": _NUM, "env": _ENV},
+    "solution": {"env": _ENV},
+    "environment": {"cpus": _NUM, "memory_mb": _INT, "memory": _STR, "storage_mb": _INT,
+                    "storage": _STR, "allow_internet": _BOOL, "allow_network": _BOOL, "env": _ENV,
+                    "workdir": _STR, "required_env_keys": _STRS, "gpus": _INT,
+                    "docker_image": _STR, "os": _STR},
+}
+_TOP = {"version": _STR, "schema_version": _STR}
+_METADATA_USED = {"family", "category", "difficulty", "tags"}
+# known to Harbor, with no local meaning: listed as ignored with the reason
+_NO_LOCAL_MEANING = {
+    "agent.user": "the agent always runs as an unprivileged per-trial uid here",
+    "verifier.user": "the verifier always runs as an unprivileged uid here",
+    "environment.build_timeout_sec": "the local backend builds nothing",
+    "environment.gpu_types": "no GPU is given to trials",
+    "environment.mcp_servers": "MCP servers are not started for a task here",
+    "environment.healthcheck": "the local backend starts no services to check",
+    "environment.skills_dir": "agent skills are not copied here",
+}
+
+
+@dataclass(frozen=True)
+class TomlReport:
+    """One task.toml, read: the raw data, what was ignored, and every problem found."""
+
+    data: dict[str, Any]
+    ignored: tuple[str, ...] = ()          # "key (why)" per ignored key, in file order
+    problems: tuple[tuple[str, str], ...] = ()   # (dotted key, message)
+    steps: tuple[str, ...] = field(default=())    # names of [[steps]] (refused)
+
+    def error(self, source: str) -> TaskError:
+        key, _ = self.problems[0]
+        text = "; ".join(m for _, m in self.problems)
+        return TaskError(f"{source}: {text}", file=source, key=key,
+                         problems=[k for k, _ in self.problems])
+
+
+def parse_size_mb(value: str) -> int:
+    """Harbor's deprecated ``memory``/``storage`` strings: "4G", "512M", "2048K" -> MiB."""
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    units = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
+    if not text or text[-1] not in units:
+        raise ValueError(f"{value!r} is not a size like '4G' or '512M'")
+    mb = float(text[:-1]) * units[text[-1]]
+    if not math.isfinite(mb) or mb <= 0:
+        raise ValueError(f"{value!r} must be a positive size")
+    return max(1, int(mb))
+
+
+def _type_ok(kind: str, v: Any) -> bool:
+    if kind == _NUM:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if kind == _INT:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == _STR:
+        return isinstance(v, str)
+    if kind == _BOOL:
+        return isinstance(v, bool)
+    if kind == _ENV:
+        return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
+                                           for k, x in v.items())
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def read_task_toml(text: str, *, source: str = "task.toml") -> TomlReport:
+    """Sort every key of a task.toml into applied / ignored / problems (see module doc).
+    Only unparsable TOML raises (there is nothing to sort)."""
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TaskError(f"{source}: not valid TOML ({e}); fix the syntax", file=source,
+                        key=None) from e
+    ignored: list[str] = []
+    problems: list[tuple[str, str]] = []
+    for key, value in data.items():
+        if key in _TOP:
+            if not _type_ok(_TOP[key], value):
+                problems.append((key, f"{key} must be a {_TOP[key]}, got {value!r:.40}"))
+        elif key == "metadata":
+            _metadata(value, ignored, problems)
+        elif key == "steps":
+            pass   # handled below: a refusal with the step names
+        elif key in _KNOWN:
+            _section(key, value, ignored, problems)
+        else:
+            ignored.append(f"{key} (not used by t1ops)")
+    steps = _steps(data.get("steps"), problems)
+    _values(data, problems)
+    return TomlReport(data, tuple(ignored), tuple(problems), steps)
+
+
+def _metadata(value: Any, ignored: list[str], problems: list[tuple[str, str]]) -> None:
+    if not isinstance(value, dict):
+        problems.append(("metadata", f"[metadata] must be a table, got {type(value).__name__}"))
+        return
+    for k, v in value.items():
+        if k not in _METADATA_USED:
+            ignored.append(f"metadata.{k} (free-form metadata, kept)")
+        elif k == "tags" and not _type_ok(_STRS, v):
+            problems.append(("metadata.tags", "metadata.tags must be a list of strings"))
+        elif k != "tags" and not isinstance(v, str):
+            problems.append((f"metadata.{k}", f"metadata.{k} must be a string, got {v!r:.40}"))
+
+
+def _section(name: str, value: Any, ignored: list[str], problems: list[tuple[str, str]]) -> None:
+    if not isinstance(value, dict):
+        problems.append((name, f"[{name}] must be a table, got {type(value).__name__}"))
+        return
+    for k, v in value.items():
+        dotted = f"{name}.{k}"
+        kind = _KNOWN[name].get(k)
+        if kind is None:
+            why = _NO_LOCAL_MEANING.get(dotted, "not used by t1ops")
+            ignored.append(f"{dotted} ({why})")
+        elif not _type_ok(kind, v):
+            problems.append((dotted, f"{dotted} must be a {kind}, got {type(v).__name__} {v!r:.40}"))
+
+
+def _steps(steps: Any, problems: list[tuple[str, str]]) -> tuple[str, ...]:
+    if steps is None:
+        return ()
+    names = tuple(str(s.get("name", f"#{i + 1}")) if isinstance(s, dict) else f"#{i + 1}"
+                  for i, s in enumerate(steps if isinstance(steps, list) else [steps]))
+    problems.append(("steps", f"multi-step task ([[steps]] {', '.join(names)}) is not supported: "
+                     "t1ops runs one agent episode and one verifier per trial; split the steps "
+                     "into separate tasks"))
+    return names
+
+
+def _values(data: dict[str, Any], problems: list[tuple[str, str]]) -> None:
+    """Range checks on keys whose type is already right."""
+    def get(sec: str, key: str) -> Any:
+        table = data.get(sec)
+        return table.get(key) if isinstance(table, dict) else None
+
+    for sec in ("agent", "verifier"):
+        v = get(sec, "timeout_sec")
+        if _type_ok(_NUM, v) and not 0 < v <= MAX_TIMEOUT_S:
+            problems.append((f"{sec}.timeout_sec", f"{sec}.timeout_sec = {v} must be in "
+                             f"(0, {MAX_TIMEOUT_S:g}] seconds"))
+    for key in ("cpus", "memory_mb", "storage_mb", "max_turns"):
+        sec = "agent" if key == "max_turns" else "environment"
+        v = get(sec, key)
+        if _type_ok(_NUM, v) and v <= 0:
+            problems.append((f"{sec}.{key}", f"{sec}.{key} = {v} must be > 0"))
+    for key in ("memory", "storage"):
+        v = get("environment", key)
+        if isinstance(v, str):
+            try:
+                parse_size_mb(v)
+            except ValueError as e:
+                problems.append((f"environment.{key}", f"environment.{key}: {e}"))
+    keys = get("environment", "required_env_keys")
+    if _type_ok(_STRS, keys) and not all(k.isidentifier() for k in keys):
+        problems.append(("environment.required_env_keys",
+                         f"environment.required_env_keys must be identifiers, got {keys!r:.80}"))
+    gpus = get("environment", "gpus")
+    if _type_ok(_INT, gpus) and gpus < 0:
+        problems.append(("environment.gpus", f"environment.gpus = {gpus} must be >= 0"))
+    os_name = get("environment", "os")
+    if isinstance(os_name, str) and os_name.lower() != "linux":
+        problems.append(("environment.os", f"environment.os = {os_name!r}: only linux tasks run here"))
+
+
+_TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def template_vars(env: dict[str, str]) -> list[str]:
+    """Host variables an ``[environment.env]`` table needs: ``${VAR}`` without a default.
+    They become required env keys, so their values are redacted like any declared secret."""
+    return sorted({m.group(1) for v in env.values() for m in _TEMPLATE.finditer(v)
+                   if m.group(2) is None})
+
+
+def resolve_env(env: dict[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """Harbor's ``${VAR}`` / ``${VAR:-default}`` templates, resolved from the host at runtime
+    (an unset ``${VAR}`` without default resolves to "", as the shell would)."""
+    return {k: _TEMPLATE.sub(lambda m: environ.get(m.group(1)) or (m.group(2) or ""), v)
+            for k, v in env.items()}
+
+
+def parse_task_toml(text: str, *, source: str = "task.toml") -> dict[str, Any]:
+    """The task.toml data if it has no problem, else a TaskError naming every problem
+    (``context['key']`` is the first one's dotted key). Ignored keys are fine."""
+    report = read_task_toml(text, source=source)
+    if report.problems:
+        raise report.error(source)
+    return report.data

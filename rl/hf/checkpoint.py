@@ -1,0 +1,151 @@
+"""Export / import the policy as a Hugging Face Qwen3-MoE checkpoint directory.
+
+Layout written by :func:`export_hf` (what ``AutoModelForCausalLM.from_pretrained`` and SGLang's
+``--model-path`` / ``/update_weights_from_disk`` read)::
+
+    config.json              Qwen3MoeConfig (rl.hf.qwen3_moe.config_dict)
+    generation_config.json   eos = <|im_end|>, <|endoftext|>
+    model.safetensors        tensors by their Hugging Face names (one file: tiny models)
+    tokenizer.json, tokenizer_config.json   (full-vocabulary exports only, rl.hf.tokenizer)
+    t1ops.json               role, step, source, vocabulary of the export
+
+A compact-vocabulary policy (the embedded tiny model's option, ``rl.vocab``) is exported
+with its compact ``vocab_size`` and the id map in ``t1ops.json``; no tokenizer files, because
+its row ``i`` is not tokenizer id ``i``: serve full-vocabulary models to a real server.
+
+Writes are atomic (temp dir + rename). ``import_hf`` reads any such directory back to the
+megatron state, bit-exact (``tests/rl/test_hf.py``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from rl.chat import ENDOFTEXT_ID, IM_END_ID
+from rl.errors import CheckpointError, CheckpointRoleError
+from rl.hf import qwen3_moe
+from rl.model import ModelSpec
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+META_FILE = "t1ops.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def is_hf_dir(path: str | Path) -> bool:
+    """True when ``path`` holds a Hugging Face checkpoint (``config.json`` + safetensors)."""
+    path = Path(path)
+    return (path / CONFIG_FILE).is_file() and any(path.glob("*.safetensors"))
+
+
+def export_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec, out_dir: str | Path, *, dtype: str = "float32",
+              meta: dict | None = None, tokenizer: bool = True) -> Path:
+    """Write ``state`` (megatron names, ``rl.model.weights_state_dict``) as a Qwen3-MoE directory.
+
+    ``meta`` goes to ``t1ops.json`` (role, step, vocabulary...); ``tokenizer`` adds the tokenizer
+    files. ``out_dir`` must not exist or be empty (an export is never merged into another).
+    """
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise CheckpointError(f"{out_dir} exists and is not empty; export into a new directory", path=str(out_dir))
+    if dtype not in DTYPES:
+        raise CheckpointError(f"export dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    hf = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in qwen3_moe.to_hf(state, spec).items()}
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        config = qwen3_moe.config_dict(spec, dtype, bos_token_id=None, eos_token_id=IM_END_ID)
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
+                                                                "pad_token_id": ENDOFTEXT_ID}))
+        save_file(hf, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        if tokenizer:
+            from rl.hf.tokenizer import write_tokenizer
+
+            write_tokenizer(tmp)
+        (tmp / META_FILE).write_text(json.dumps({"format": "t1ops.hf_export.v1", **(meta or {})}, indent=2))
+        if out_dir.exists():
+            out_dir.rmdir()
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def read_meta(path: str | Path) -> dict:
+    """``t1ops.json`` of an export ({} for a third-party checkpoint that has none)."""
+    meta_path = Path(path) / META_FILE
+    if not meta_path.is_file():
+        return {}
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"cannot read {meta_path}: {exc}", path=str(meta_path)) from exc
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{meta_path} is not a JSON object", path=str(meta_path))
+    return meta
+
+
+def check_actor_export(path: str | Path) -> dict:
+    """Refuse an export whose ``t1ops.json`` names another role than ``actor``; return the meta."""
+    meta = read_meta(path)
+    role = meta.get("role", "actor")
+    if role != "actor":
+        raise CheckpointRoleError(f"{path} holds role {role!r}, not 'actor'; an engine serves only the actor's "
+                                  "weights", path=str(path), found_role=role)
+    return meta
+
+
+def read_config(path: str | Path) -> dict:
+    config_path = Path(path) / CONFIG_FILE
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"cannot read {config_path}: {exc}; pass a Hugging Face checkpoint directory",
+                              path=str(path)) from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path} is not a JSON object", path=str(path))
+    return config
+
+
+def load_hf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of every ``*.safetensors`` file in ``path`` (a name in two files raises)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors in {path}", path=str(path))
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors = load_file(str(f))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"cannot read {f}: {exc} (truncated or not safetensors)", path=str(f)) from exc
+        twice = sorted(set(out) & set(tensors))
+        if twice:
+            raise CheckpointError(f"{f} repeats tensor(s) {twice[:3]} of another file", path=str(f))
+        out.update(tensors)
+    return out
+
+
+def import_hf(path: str | Path, spec: ModelSpec | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """Read an export back: its ModelSpec (from ``config.json``) and the megatron state.
+
+    ``spec`` (optional) must equal the directory's. Tensors keep the file's dtype.
+    """
+    found = qwen3_moe.spec_from_config(read_config(path))
+    if spec is not None and spec != found:
+        raise CheckpointError(f"{path} holds a model of {found}, expected {spec}", path=str(path))
+    hf = load_hf_tensors(path)
+    qwen3_moe.check_shapes(hf, found)
+    return found, qwen3_moe.from_hf(hf, found)
