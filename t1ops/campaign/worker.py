@@ -28,6 +28,7 @@ from rl.agent.tasks import load_pool
 from rl.agent.verifier import verify
 from rl.chat import ChatRenderer
 from rl.errors import MissingRoutingError
+from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
 from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
 
@@ -52,6 +53,7 @@ class WorkerSettings:
     reward_scale: float = 20.0
     timeout_override_s: float | None = None
     allow_lower_timeouts: bool = False
+    harness: "HarnessSettings | None" = None  # rollout.agent = "command" (t1ops.campaign.harness)
 
 
 class RolloutWorker:
@@ -74,6 +76,11 @@ class RolloutWorker:
                                agent_timeout_override_s=settings.timeout_override_s,
                                allow_lower_timeout=settings.allow_lower_timeouts)
         self.bucket = TokenBucket(settings.sandbox_rate_per_s, burst=max(1, settings.max_concurrency))
+        self.harness = None
+        if settings.harness is not None:
+            from t1ops.campaign.harness import HarnessHost
+
+            self.harness = HarnessHost(settings.harness, settings.agent, self.renderer, index)
 
     def ping(self) -> str:
         return self.node
@@ -167,8 +174,13 @@ class RolloutWorker:
             return ray.get(self.router.generate.remote(req))
 
         try:
-            ep = run_episode(task.instruction, trial.exec, generate, self.renderer, self.settings.agent,
-                             sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name)
+            if self.harness is not None:
+                ep = self.harness.run(trial, task, generate, sample_id=sample_id, group_id=spec.group_id)
+                if cancel.is_set():
+                    raise Cancelled(sample_id)
+            else:
+                ep = run_episode(task.instruction, trial.exec, generate, self.renderer, self.settings.agent,
+                                 sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name)
         finally:
             trial.finish()
         verdict = verify(trial, scale=self.settings.reward_scale)
@@ -177,8 +189,9 @@ class RolloutWorker:
         return {"trial_id": trial.trial_id, "task": task.name, "family": task.family, "group_id": spec.group_id,
                 "sample_id": sample_id, "reward": verdict.reward.value, "reward_source": verdict.reward.source,
                 "passed": verdict.reward.passed, "total": verdict.reward.total, "num_turns": ep.num_turns,
-                "end_reason": ep.end_reason, "commands": ep.commands, "parse_failures": ep.parse_failures,
-                "generate_s": ep.generate_s, "tamper": [asdict(e) for e in verdict.tamper_events],
+                "end_reason": ep.end_reason, "commands": getattr(ep, "commands", []),
+                "parse_failures": getattr(ep, "parse_failures", 0), "harness": getattr(ep, "stats", None),
+                "generate_s": getattr(ep, "generate_s", 0.0), "tamper": [asdict(e) for e in verdict.tamper_events],
                 "chunks": ep.chunks}
 
 
