@@ -144,6 +144,7 @@ class HarnessConfig(Section):
 
 class GuardsConfig(Section):
     fd_warn_fraction: float = Field(0.8, gt=0, le=1, description="Warn when open fds exceed this fraction of the soft limit.")
+    fd_sample_interval_s: float = Field(10.0, gt=0, le=3600, description="The fd guard samples every campaign process's open fds this often, on its own thread (and after every step).")
     stall_timeout_s: float = Field(300.0, gt=0, description="In-flight work with zero completions this long is an error.")
     host_ram_warn_fraction: float = Field(0.9, gt=0, le=1, description="Warn when projected host RAM exceeds this fraction.")
     nccl_timeout_min: float = Field(30.0, gt=0, description="NCCL group timeout (report: 30 min).")
@@ -158,6 +159,20 @@ class GuardsConfig(Section):
     collective_slow_fraction: float = Field(0.5, gt=0, lt=1, description="Report a collective as slow (not dead) after this fraction of its timeout.")
     adam_host_bytes_per_param: float = Field(12.0, gt=0, description="Host bytes per parameter of CPU-offloaded fp32 Adam (fp32 master + exp_avg + exp_avg_sq).")
     sandbox_host_gib: float = Field(2.0, ge=0, description="Host RAM one concurrent sandbox worker costs, for the host-memory projection.")
+
+
+class SandboxConfig(Section):
+    """How trials are isolated (docs/sandbox.md). A task's own ``[environment]`` memory_mb /
+    cpus / storage_mb replace the limits below for its trials."""
+
+    isolation: Literal["strict", "namespaces", "none"] = Field("strict", description="Weakest isolation `t1ops run` accepts: strict = per-trial uid + namespaces + cgroup; namespaces = the same with per-process rlimits; none = host user (non-root only).")
+    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network).")
+    memory_mb: int = Field(1024, ge=16, description="Memory of one trial, all its processes and its tmpfs together (cgroup; rlimit fallback per process).")
+    cpus: float | None = Field(None, gt=0, description="CPU quota of one trial in cores (cgroup cpu.cfs_quota_us); None: no quota.")
+    storage_mb: int = Field(256, ge=1, description="Size of the trial's tmpfs: workspace, /tmp, /var/tmp, /dev/shm together.")
+    num_files: int = Field(20_000, ge=64, description="Inodes of the trial's tmpfs (files + dirs).")
+    num_procs: int = Field(64, ge=4, description="Processes of one trial (cgroup pids.max and RLIMIT_NPROC).")
+    cpu_s: int = Field(30, ge=1, description="CPU seconds per process (RLIMIT_CPU).")
 
 
 class TelemetryConfig(Section):
@@ -176,6 +191,7 @@ class CampaignConfig(Section):
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The command agent (rollout.agent = 'command').")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":
@@ -196,7 +212,7 @@ class CampaignConfig(Section):
         p = self.trainer.parallel
         errors = trainer_errors(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, sequence_parallel=p.sequence_parallel,
                                 num_layers=m.num_layers, num_experts=m.num_experts,
-                                num_attention_heads=m.num_attention_heads)
+                                num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups)
         if errors:
             raise ValueError("trainer.parallel: " + "; ".join(errors))
         return self

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from rl.agent.loop import AgentSettings, sft_example, solution_command
+from rl.agent.sandbox import require_isolation
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.vocab import CompactVocab
@@ -148,7 +149,7 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
     return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
                           skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
                           timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
-                          harness=harness_settings(cfg))
+                          sandbox=cfg.sandbox.model_dump(), harness=harness_settings(cfg))
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,
@@ -156,6 +157,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     """Run a whole campaign; returns the run directory (summary.json, report.png, dumps, ...).
 
     ``on_step`` callables ``(campaign, step)`` run as each step starts (the chaos schedule's seam)."""
+    require_isolation(cfg.sandbox.isolation)   # before anything starts: never weaker than asked
     run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)
     (run.path / "config.json").write_text(cfg.model_dump_json(indent=2))
     telemetry.setup(run.path, **_telemetry_kw(cfg))

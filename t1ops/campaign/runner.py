@@ -98,19 +98,24 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         progress.update(step=step, phase="train", in_flight=c.rollouts.in_flight)
         t_train = time.monotonic()
         c.guards.train_submitted(step)
+        telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
         stats = c.guards.wait_train(c.trainer.train.remote(results), step)  # ... while step t trains
         train_s = time.monotonic() - t_train
+        telemetry.event("campaign.train_done", step=step)
         if pending is not None:
             c.rollouts.wait_done(pending)  # no request may span the weight sync
         t_sync = time.monotonic()
         ckpt = ray.get(c.trainer.publish.remote(step))
+        telemetry.event("campaign.sync_barrier", step=step)
         sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
         sync_s = time.monotonic() - t_sync
+        telemetry.event("campaign.sync_done", step=step)
         dump_results(c.run, step, results)
         row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
         row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"])
-        summary.add_step(row)
         c.guards.after_step(step)
+        row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
+        summary.add_step(row)
         for key in ("reward_mean", "explained_variance", "logprob_gap", "step_s"):
             if not math.isnan(row[key]):  # NaN: not defined this step (e.g. EV with constant returns)
                 telemetry.gauge(f"campaign.{key}", row[key], step=step)

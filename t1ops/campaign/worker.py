@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 from rl.agent.environment import require_runnable
 from rl.agent.loop import AgentSettings, run_episode
-from rl.agent.sandbox import Limits, Sandbox
+from rl.agent.sandbox import make_sandbox
 from rl.agent.tasks import load_pool
 from rl.agent.verifier import verify
 from rl.chat import ChatRenderer
@@ -53,6 +53,7 @@ class WorkerSettings:
     reward_scale: float = 20.0
     timeout_override_s: float | None = None
     allow_lower_timeouts: bool = False
+    sandbox: dict | None = None      # SandboxConfig fields (isolation, allow_internet, limits)
     harness: "HarnessSettings | None" = None  # rollout.agent = "command" (t1ops.campaign.harness)
 
 
@@ -72,9 +73,9 @@ class RolloutWorker:
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
         require_runnable(list(self.tasks.values()))   # fail before any trial, naming each line
         self.renderer = ChatRenderer.default()
-        self.sandbox = Sandbox(trials_root, run_id, limits=Limits(),
-                               agent_timeout_override_s=settings.timeout_override_s,
-                               allow_lower_timeout=settings.allow_lower_timeouts)
+        self.sandbox = make_sandbox(trials_root, run_id, settings.sandbox or {},
+                                    agent_timeout_override_s=settings.timeout_override_s,
+                                    allow_lower_timeout=settings.allow_lower_timeouts)
         self.bucket = TokenBucket(settings.sandbox_rate_per_s, burst=max(1, settings.max_concurrency))
         self.harness = None
         if settings.harness is not None:
@@ -165,6 +166,13 @@ class RolloutWorker:
         task = self.tasks[spec.task]
         trial = self.sandbox.create(task, idx)
         sample_id = f"{spec.group_id}-s{spec.sample_idx}"
+        telemetry.event("trial.started", trial=sample_id)  # progress events (chaos schedules fire on them)
+        try:
+            return self._run_trial(task, trial, spec, sample_id, cancel)
+        finally:
+            telemetry.event("trial.finished", trial=sample_id)
+
+    def _run_trial(self, task, trial, spec: TrialSpec, sample_id: str, cancel: threading.Event) -> dict:
 
         def generate(req):
             if cancel.is_set():
@@ -174,16 +182,19 @@ class RolloutWorker:
             return ray.get(self.router.generate.remote(req))
 
         try:
-            if self.harness is not None:
-                ep = self.harness.run(trial, task, generate, sample_id=sample_id, group_id=spec.group_id)
-                if cancel.is_set():
-                    raise Cancelled(sample_id)
-            else:
-                ep = run_episode(task.instruction, trial.exec, generate, self.renderer, self.settings.agent,
-                                 sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name)
+            try:
+                if self.harness is not None:
+                    ep = self.harness.run(trial, task, generate, sample_id=sample_id, group_id=spec.group_id)
+                    if cancel.is_set():
+                        raise Cancelled(sample_id)
+                else:
+                    ep = run_episode(task.instruction, trial.exec, generate, self.renderer, self.settings.agent,
+                                     sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name)
+            finally:
+                trial.finish()
+            verdict = verify(trial, scale=self.settings.reward_scale)
         finally:
-            trial.finish()
-        verdict = verify(trial, scale=self.settings.reward_scale)
+            trial.close()   # the trial's tmpfs and cgroup go; verifier/result.json stays
         for ev in verdict.tamper_events:
             telemetry.event("verifier.tamper", severity="error", trial=ev.trial_id, kind=ev.kind, path=ev.path)
         return {"trial_id": trial.trial_id, "task": task.name, "family": task.family, "group_id": spec.group_id,
