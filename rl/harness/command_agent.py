@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl.errors import InputError, TitoError
+from rl.errors import InputError, SandboxError, TitoError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -140,42 +140,33 @@ JAIL_HARNESS_DIR = "/opt/t1ops-harness"   # where the harness program dir appear
 
 
 def run_in_trial(trial, argv: list[str], env: dict[str, str], *, socket_dir: Path, harness_dir: Path):
-    """Run ``argv`` as the trial's agent: its uid, limits, network policy and remaining budget.
+    """Run ``argv`` as the trial's agent: its uid, jail, cgroup, network policy and remaining budget.
 
-    Two sandbox generations are supported: the namespaced one (``trial._agent_view``:
-    a private root where only declared paths exist, so the socket dir and the
-    harness dir are bound in at :data:`JAIL_SOCKET_DIR` / :data:`JAIL_HARNESS_DIR`),
-    and the directory sandbox (``run_limited``: host paths, private network namespace).
+    The trial's private root (``rl.agent.sandbox``) shows only declared paths, so
+    the endpoint's socket directory is bound in read-write at :data:`JAIL_SOCKET_DIR`
+    and the harness program directory read-only at :data:`JAIL_HARNESS_DIR`.
     """
-    from rl.agent.sandbox import ExecResult
+    from dataclasses import replace
 
+    from rl.agent.sandbox import ExecResult, run_jailed
+
+    if trial.finished:
+        raise SandboxError(f"trial {trial.trial_id} is finished; the verifier owns it now", trial_id=trial.trial_id)
     remaining = trial.remaining_s
     if remaining <= 0:
         return ExecResult("", f"agent budget of {trial.budget.timeout_s:g}s is spent", None, "budget_exhausted", 0.0)
-    full_env = {**trial.agent_env(), **env}
-    if hasattr(trial, "_agent_view"):
-        from dataclasses import replace
-
-        from rl.agent.sandbox.jail import run_jailed
-
-        view = trial._agent_view()
-        view = replace(view, ro=view.ro + ((JAIL_HARNESS_DIR, harness_dir),), rw=view.rw + ((JAIL_SOCKET_DIR, socket_dir),))
-        return run_jailed(argv, view, env=full_env, uid=trial.uid, limits=trial.limits, cgroup=trial.cgroup,
-                          timeout_s=remaining, log_dir=trial.dir / "logs", network=trial.network,
-                          secrets=trial.secrets, budget_cut=True)
-    from rl.agent.sandbox import run_limited
-
+    view = trial._agent_view()
+    view = replace(view, ro=view.ro + ((JAIL_HARNESS_DIR, harness_dir),),
+                   rw=view.rw + ((JAIL_SOCKET_DIR, socket_dir),))
     trial.num_commands += 1
-    return run_limited(argv, cwd=trial.workspace, env=full_env, limits=trial.limits, timeout_s=remaining,
-                       log_dir=trial.dir / "logs", marker=trial.trial_id, isolation=trial.isolation, uid=trial.uid,
-                       budget_cut=True, secrets=trial.secrets, hide=trial.hidden_paths, sweep_uid=True)
+    return run_jailed(argv, view, env={**trial.agent_env(), **env}, uid=trial.uid, limits=trial.limits,
+                      cgroup=trial.cgroup, timeout_s=remaining, log_dir=trial.dir / "logs", network=trial.network,
+                      secrets=trial.secrets, budget_cut=True)
 
 
-def trial_paths(trial, *, socket_path: Path, harness_dir: Path) -> tuple[str, str, str]:
+def trial_paths(trial, *, socket_path: Path) -> tuple[str, str, str]:
     """(socket path, harness dir, workspace) as the harness process sees them."""
-    if hasattr(trial, "_agent_view"):
-        return f"{JAIL_SOCKET_DIR}/{socket_path.name}", JAIL_HARNESS_DIR, trial.workdir
-    return str(socket_path), str(harness_dir), str(trial.workspace)
+    return f"{JAIL_SOCKET_DIR}/{socket_path.name}", JAIL_HARNESS_DIR, trial.workdir
 
 
 def resolve_program_dir(program_dir: str) -> Path:

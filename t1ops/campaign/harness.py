@@ -56,7 +56,7 @@ class HarnessHost:
         session = self.registry.add(HarnessSession(name, generate, self.renderer, self.limits(), sample_id=sample_id,
                                                    group_id=group_id, prompt_id=task.name))
         try:
-            sock, harness_dir, workspace = trial_paths(trial, socket_path=self.server.uds, harness_dir=self.program_dir)
+            sock, harness_dir, workspace = trial_paths(trial, socket_path=self.server.uds)
             argv = expand_argv(self.settings.argv, python=self.python, harness=harness_dir)
             env = harness_env(session_url=self.server.session_url(name), session_id=name, socket_path=sock,
                               instruction=task.instruction, workspace=workspace, max_turns=self.agent.max_turns,

@@ -52,10 +52,11 @@ def test_example_harness_runs_in_sandbox_and_records_a_normalized_trajectory(hos
     gen = scripted(renderer, [call, "Done."], seen)
     try:
         out = h.run(trial, task, gen, sample_id="s0", group_id="g0")
-    finally:
         trial.finish()
-    assert out.exit_code == 0, out.stderr_tail
-    assert (trial.workspace / "out.txt").read_text() == "hello\n"      # the harness's bash tool ran in the sandbox
+        assert out.exit_code == 0, out.stderr_tail
+        assert (trial.workspace / "out.txt").read_text() == "hello\n"  # the harness's bash tool ran in the jail
+    finally:
+        trial.close()
     assert out.num_turns == 2 and out.end_reason == "done"
     # the harness re-serialised {"command": ...} compactly: one bounded repair, never a loss-region change
     assert out.stats["relations"] == {"strict": 1, "normalized": 1}
@@ -73,6 +74,8 @@ def test_harness_that_never_calls_the_model_fails_loudly(host, tmp_path):
     broken = HarnessHost.__new__(HarnessHost)
     broken.__dict__.update(h.__dict__)
     broken.settings = HarnessSettings(argv=("/bin/false",))
-    with pytest.raises(Exception, match="made no model call"):
-        broken.run(trial, task, scripted(renderer, [], []), sample_id="s1", group_id="g1")
-    trial.finish()
+    try:
+        with pytest.raises(Exception, match="made no model call"):
+            broken.run(trial, task, scripted(renderer, [], []), sample_id="s1", group_id="g1")
+    finally:
+        trial.close()
