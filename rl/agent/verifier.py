@@ -133,7 +133,8 @@ def _pinned_ini(trial: Trial) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
-    return {**trial.task.verifier_env,
+    # the image's ENV and [environment.env] first, as in Harbor's container, then [verifier.env]
+    return {**trial.env, **trial.task.verifier_env,
             "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONSAFEPATH": "1",
             "PYTHONNOUSERSITE": "1",

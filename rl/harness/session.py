@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rl.agent.budget import fit_generation
+from rl.agent.loop import _version  # one version per turn, or per token when a request spanned a sync
 from rl.chat import STOP_IDS, ChatRenderer, token_bytes
 from rl.engines.protocol import GenerateRequest, GenerateResponse, SamplingParams
 from rl.errors import BudgetError, ParseError
@@ -55,13 +56,6 @@ class SessionLimits:
     max_corrections: int = 2            # corrective observations per request
     num_layers: int | None = None       # set both to require routing on every turn (R3)
     topk: int | None = None
-
-
-def _version(resp: GenerateResponse) -> int:
-    try:
-        return int(resp.weight_version)
-    except (TypeError, ValueError):
-        return -1
 
 
 class HarnessSession:

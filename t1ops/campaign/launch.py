@@ -87,7 +87,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0,
         version="0", num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
         num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
-        telemetry_cfg=_telemetry_kw(cfg))
+        telemetry_cfg=_telemetry_kw(cfg), pause_mode="in_place" if cfg.pipeline_mode == "fully_async" else "abort")
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
     c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()),
                               pids=lambda: [os.getpid(), *ray.get(c.router.engine_pids.remote()),

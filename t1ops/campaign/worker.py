@@ -71,7 +71,9 @@ class RolloutWorker:
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
-        require_runnable(list(self.tasks.values()))   # fail before any trial, naming each line
+        # fail before any trial, naming each task and Dockerfile line the local backend cannot honour
+        require_runnable(list(self.tasks.values()),
+                         allow_internet=bool((settings.sandbox or {}).get("allow_internet", False)))
         self.renderer = ChatRenderer.default()
         self.sandbox = make_sandbox(trials_root, run_id, settings.sandbox or {},
                                     agent_timeout_override_s=settings.timeout_override_s,
@@ -143,6 +145,18 @@ class RolloutWorker:
         skim.check()
         return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": self.node,
                 "skim": {"accepted": dict(skim.accepted), "cancelled": dict(skim.cancelled)}}
+
+    async def rollout_group(self, group: list[TrialSpec], started_step: int) -> dict:
+        """Fully async: one prompt group, returned as soon as it is done (t1ops.campaign.async_worker)."""
+        from t1ops.campaign.async_worker import run_group
+
+        return await run_group(self, group, started_step)
+
+    async def stop_groups(self) -> None:
+        """Fully async, end of run: running group trials stop at their next turn (cancelled)."""
+        from t1ops.campaign.async_worker import stop_groups
+
+        stop_groups(self)
 
     def _book(self, outcomes, specs, ledger: TrialLedger, skim: SkimAccounting, accepted: bool) -> list[dict]:
         """Settle one group's trials in the ledger; abort on missing routing (never drop)."""
