@@ -64,6 +64,7 @@ class EngineConfig(Section):
     generate_timeout_s: float = Field(600.0, gt=0, description="Timeout of one /generate call.")
     retry_backoff_s: float = Field(0.5, ge=0, le=60, description="Base of the exponential backoff between control-plane attempts.")
     max_resubmits: int = Field(3, ge=0, le=100, description="Times a request is resubmitted after its engine died before it fails loudly.")
+    batching: bool = Field(True, description="Embedded engine: K/V cache, continuous batching and prefix reuse (docs/engine.md); false recomputes the whole sequence per token, one request at a time (the old path, for benchmarks).")
 
 
 class ParallelConfig(Section):

@@ -7,6 +7,8 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
+from t1ops.campaign.trialtrace import split_text
+
 
 def _fmt(x, spec=".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
@@ -40,7 +42,8 @@ class Progress:
         if row is not None:
             desc = (f"step {step} reward {_fmt(row['reward_mean'])} EV {_fmt(row['explained_variance'], '.2f')} "
                     f"gap {_fmt(row['logprob_gap'], '.4f')} turns {_fmt(row['turns_mean'], '.1f')} "
-                    f"{row['step_s']:.1f}s/step | engines {self.engines}")
+                    f"{row['step_s']:.1f}s/step (rollout {row['rollout_s']:.1f}s: {split_text(row)}) "
+                    f"| engines {self.engines}")
             self._bar.update(self._task, completed=step, description=desc)
             if not self.enabled or not sys.stderr.isatty():
                 print(desc, file=sys.stderr, flush=True)

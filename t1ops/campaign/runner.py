@@ -27,6 +27,7 @@ from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.summary import Summary
+from t1ops.campaign.trialtrace import step_split
 from t1ops.config import CampaignConfig
 
 
@@ -124,7 +125,8 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         dump_results(c.run, step, results)
         row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
         row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"],
-                   mode=c.cfg.pipeline_mode, version_lag_tokens=_lag_histogram(results, step))
+                   mode=c.cfg.pipeline_mode, version_lag_tokens=_lag_histogram(results, step),
+                   **step_split(results, rollout_s))
         c.guards.after_step(step)
         row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
         summary.add_step(row)

@@ -2,7 +2,8 @@
 
 summary.json: ``{"run_id", "config", "warm_start": {...}, "steps": [{"step",
 "reward_mean", "explained_variance", "logprob_gap", "turns_mean", "tokens",
-"rollout_s", "train_s", "step_s", "ledger", ...}, ...], "warm_start_loss": [...]}``; rewritten
+"rollout_s", "train_s", "step_s", "ledger", "generate_s", "sandbox_s", "verify_s", "queue_s",
+"generate_share", ..., ...}, ...], "warm_start_loss": [...]}`` (the split: docs/tracing.md); rewritten
 atomically after every step so a crash leaves the steps completed so far.
 """
 from __future__ import annotations
@@ -67,9 +68,11 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
     steps = data["steps"]
     out = out or Path(summary_path).with_name("report.png")
     x = [s["step"] for s in steps]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7))
     panels = [("reward_mean", "mean reward (CTRF, passed/S)"), ("explained_variance", "critic explained variance"),
               ("logprob_gap", "train-vs-rollout log-prob gap"), ("step_s", "seconds per step")]
+    _plot_split(axes.flat[4], steps)
+    axes.flat[5].axis("off")
     for ax, (key, title) in zip(axes.flat, panels):
         ax.plot(x, [s.get(key) for s in steps], marker="o")
         if key == "step_s":
@@ -84,3 +87,18 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _plot_split(ax, steps: list[dict]) -> None:
+    """Stacked shares of the active trial-seconds per step: generate, sandbox, verify, other."""
+    x = [s["step"] for s in steps]
+    bottom = [0.0] * len(steps)
+    for name in ("generate", "sandbox", "verify", "other"):
+        values = [s.get(f"{name}_share", 0.0) for s in steps]
+        ax.bar(x, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.plot(x, [s.get("queue_share", 0.0) for s in steps], "k.--", label="queued (of all)")
+    ax.set_title("where trial time goes (share of trial-seconds)")
+    ax.set_xlabel("step")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)

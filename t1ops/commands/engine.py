@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-new-tokens", type=int, default=256, help="with --openai: cap on one reply's tokens")
     s.add_argument("--context-window", type=int, default=None,
                    help="with --openai: prompt + reply cap (default: the model's max_seq_len)")
+    s.add_argument("--recompute", action="store_true",
+                   help="recompute the whole sequence per token, one request at a time (no K/V cache)")
+    s.add_argument("--kv-slots", type=int, default=128,
+                   help="K/V cache slots: running requests plus finished ones kept for prefix reuse")
 
 
 def run(args: argparse.Namespace) -> int:

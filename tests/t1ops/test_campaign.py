@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from t1ops.audit import audit_dump
+from t1ops.campaign.trialtrace import read_trial_spans
 from t1ops.config import load_toml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +51,13 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
     report = audit_dump(run_dir / "dumps")
     assert report.samples >= 8 and report.loss_positions > 0 and report.drift_in_loss == 0
     assert (run_dir / "telemetry" / "events.jsonl").exists()
+    for row in summary["steps"]:  # the trial-time split (docs/tracing.md)
+        assert row["generate_s"] > 0 and row["verify_s"] > 0 and 0 < row["generate_share"] <= 1
+    spans = read_trial_spans(run_dir)  # every trial traced, under its step's rollout.submit span
+    assert len(spans) == sum(r["num_trajectories"] for r in summary["steps"])
+    for trial in spans.values():
+        assert {"sandbox.create", "agent.turn", "generate", "verify", "reward"} <= set(trial["names"])
+        assert trial["root"] == "rollout.submit" and trial["root_step"] == trial["step"]
 
 
 def test_refused_plan_stops_the_launch_before_any_role_starts(tmp_path):
