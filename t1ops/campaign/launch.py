@@ -26,6 +26,7 @@ from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.runner import Campaign, step_loop
 from t1ops.campaign.summary import Summary, plot
 from t1ops.campaign.trainer_host import TrainerHost
+from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
 from t1ops.guards.dist import timeout_for
@@ -161,7 +162,7 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
     return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
                           skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
                           timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
-                          sandbox=cfg.sandbox.model_dump())
+                          sandbox=cfg.sandbox.model_dump(), harness=harness_settings(cfg))
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,

@@ -29,6 +29,7 @@ from rl.agent.tasks import load_pool
 from rl.agent.verifier import verify
 from rl.chat import ChatRenderer
 from rl.errors import MissingRoutingError
+from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
 from t1ops.campaign.trialtrace import TrialClock
 from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
@@ -55,6 +56,7 @@ class WorkerSettings:
     timeout_override_s: float | None = None
     allow_lower_timeouts: bool = False
     sandbox: dict | None = None      # SandboxConfig fields (isolation, allow_internet, limits)
+    harness: "HarnessSettings | None" = None  # rollout.agent = "command" (t1ops.campaign.harness)
 
 
 class _RouterEngines:
@@ -92,6 +94,11 @@ class RolloutWorker:
                                     agent_timeout_override_s=settings.timeout_override_s,
                                     allow_lower_timeout=settings.allow_lower_timeouts)
         self.bucket = TokenBucket(settings.sandbox_rate_per_s, burst=max(1, settings.max_concurrency))
+        self.harness = None
+        if settings.harness is not None:
+            from t1ops.campaign.harness import HarnessHost
+
+            self.harness = HarnessHost(settings.harness, settings.agent, self.renderer, index)
 
     def ping(self) -> str:
         return self.node
@@ -243,9 +250,14 @@ class RolloutWorker:
 
         try:
             try:
-                ep = run_episode(task.instruction, execute, generate, self.renderer, agent,
-                                 sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
-                                 tracer=telemetry.tracer())
+                if self.harness is not None:
+                    ep = self.harness.run(trial, task, generate, sample_id=sample_id, group_id=spec.group_id)
+                    if cancel.is_set():
+                        raise Cancelled(sample_id)
+                else:
+                    ep = run_episode(task.instruction, execute, generate, self.renderer, agent,
+                                     sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
+                                     tracer=telemetry.tracer())
             finally:
                 with clock.phase("sandbox_s", "sandbox.finish"):
                     trial.finish()
@@ -261,7 +273,8 @@ class RolloutWorker:
         return {"trial_id": trial.trial_id, "task": task.name, "family": task.family, "group_id": spec.group_id,
                 "sample_id": sample_id, "reward": verdict.reward.value, "reward_source": verdict.reward.source,
                 "passed": verdict.reward.passed, "total": verdict.reward.total, "num_turns": ep.num_turns,
-                "end_reason": ep.end_reason, "commands": ep.commands, "parse_failures": ep.parse_failures,
+                "end_reason": ep.end_reason, "commands": getattr(ep, "commands", []),
+                "parse_failures": ep.parse_failures, "harness": getattr(ep, "stats", None),
                 "tamper": [asdict(e) for e in verdict.tamper_events], "chunks": ep.chunks}
 
 
