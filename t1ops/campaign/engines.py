@@ -32,7 +32,7 @@ class EngineRouter:
             from rl.model import ModelSpec
 
             launch = partial(spawn, spec=ModelSpec(**spec), checkpoint=checkpoint_dir, vocab_path=vocab_path,
-                             dtype=self.cfg.dtype, log_path=log_path)
+                             dtype=self.cfg.dtype, log_path=log_path, batching=self.cfg.batching)
             factory = spawn_factory(launch, self.http, **client_kw)
         else:  # external SGLang servers: the pool re-admits a URL once its operator restarts it
             factory = url_factory(self.cfg.urls, self.http, **client_kw)
