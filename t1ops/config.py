@@ -31,7 +31,8 @@ class RunConfig(Section):
     steps: int = Field(8, ge=1, le=100_000, description="RL steps to run (after warm start).")
     ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None: all).")
-    one_step_pipeline: bool = Field(True, description="Generate batch t+1 while step t trains (False: strictly sequential).")
+    one_step_pipeline: bool = Field(True, description="Generate batch t+1 while step t trains (False: strictly sequential). Used when mode is None.")
+    mode: Literal["sync", "one_step", "fully_async"] | None = Field(None, description="Step pipeline: 'sync' (generate, then train), 'one_step' (batch t+1 generates while step t trains), 'fully_async' (group workers generate continuously within the staleness budget, [fully_async] section; docs/async.md). None: one_step_pipeline decides.")
     plan: str | None = Field(None, description="Cluster plan (TOML) that `t1ops preflight` must accept before launch (None: no gate).")
 
 
@@ -63,6 +64,7 @@ class EngineConfig(Section):
     generate_timeout_s: float = Field(600.0, gt=0, description="Timeout of one /generate call.")
     retry_backoff_s: float = Field(0.5, ge=0, le=60, description="Base of the exponential backoff between control-plane attempts.")
     max_resubmits: int = Field(3, ge=0, le=100, description="Times a request is resubmitted after its engine died before it fails loudly.")
+    batching: bool = Field(True, description="Embedded engine: K/V cache, continuous batching and prefix reuse (docs/engine.md); false recomputes the whole sequence per token, one request at a time (the old path, for benchmarks).")
 
 
 class ParallelConfig(Section):
@@ -130,6 +132,28 @@ class RolloutConfig(Section):
     reward_scale: float = Field(20.0, gt=0, description="CTRF reward = passed tests / scale (report: S = 20).")
     num_workers: int = Field(1, ge=1, description="Rollout workers (one per node).")
     num_train_tasks: int | None = Field(None, ge=1, description="Train on a fixed, seeded subset of this many tasks (None: the whole pool).")
+    agent: Literal["builtin", "command"] = Field("builtin", description="'builtin': t1ops's token-in agent loop; 'command': the [harness] program runs as the agent in the sandbox against the OpenAI endpoint (docs/harness.md).")
+
+
+class HarnessConfig(Section):
+    """The program ``rollout.agent = "command"`` runs as each trial's agent (docs/harness.md)."""
+
+    argv: list[str] = Field(default_factory=lambda: ["{python}", "{harness}/openai_bash_agent.py"], min_length=1, description="Command line of the harness; {python}: an interpreter the sandbox uid can run, {harness}: program_dir as the trial sees it, {repo}: the repository.")
+    program_dir: str = Field("examples/harness", description="Directory holding the harness program (relative to the repository); read-only to the trial.")
+    max_corrections: int = Field(2, ge=0, le=10, description="Corrective observations per request when a reply's tool call does not parse; then the request fails.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the harness (no secrets: use the task's declared env).")
+
+
+class EvalConfig(Section):
+    """Held-out evaluation during training (docs/campaign.md, "Evaluation")."""
+
+    every_steps: int = Field(0, ge=0, description="Evaluate held-out tasks every N RL steps, plus the warm-started weights (step 0) and the last step; 0: no evaluation.")
+    tasks_dir: str | None = Field(None, description="A separate pool of evaluation tasks; None: the training pool's tasks left out of the training set (rollout.num_train_tasks).")
+    tasks: list[str] | None = Field(None, description="A declared evaluation split (task names in the eval pool); None: every held-out task. Never overlaps the training set (checked before launch).")
+    samples_per_task: int = Field(2, ge=1, le=64, description="Trials per evaluation task.")
+    greedy: bool = Field(False, description="Greedy decoding (temperature 0) for evaluation; false samples at eval.temperature.")
+    temperature: float = Field(1.0, gt=0, le=4, description="Sampling temperature of evaluation trials when greedy = false.")
+    timeout_s: float = Field(1800.0, gt=0, description="An evaluation still running this long after its submission is an error.")
 
 
 class GuardsConfig(Section):
@@ -149,6 +173,17 @@ class GuardsConfig(Section):
     collective_slow_fraction: float = Field(0.5, gt=0, lt=1, description="Report a collective as slow (not dead) after this fraction of its timeout.")
     adam_host_bytes_per_param: float = Field(12.0, gt=0, description="Host bytes per parameter of CPU-offloaded fp32 Adam (fp32 master + exp_avg + exp_avg_sq).")
     sandbox_host_gib: float = Field(2.0, ge=0, description="Host RAM one concurrent sandbox worker costs, for the host-memory projection.")
+
+
+class FullyAsyncConfig(Section):
+    """run.mode = "fully_async" (SkyRL walkthrough, section 8; docs/async.md). Units are prompt groups."""
+
+    num_parallel_generation_workers: int = Field(8, ge=1, le=100_000, description="Prompt groups generating at once (the walkthrough's 64 group workers).")
+    max_staleness_steps: int = Field(1, ge=0, le=1000, description="Capacity rule: accepted + running groups <= (max_staleness_steps + step) x groups per step. A budget, not an SLA: older groups are accepted and counted as violations.")
+    zero_variance_filter: bool = Field(True, description="Drop groups whose rewards are all equal (no GRPO signal); counted per step.")
+    sample_full_batch: bool = Field(True, description="Keep drawing groups until a step has rollout.batch_size / n_samples_per_prompt useful ones (False: train on what the first groups give).")
+    staleness_alarm_share: float = Field(0.25, ge=0, le=1, description="Alarm (error event, step line) when more than this share of a step's groups exceed max_staleness_steps.")
+    max_draws_factor: int = Field(8, ge=1, le=1000, description="A step that drops more than this many times its group count (all zero variance) stops with an error naming the fix.")
 
 
 class SandboxConfig(Section):
@@ -178,9 +213,17 @@ class CampaignConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Inference engines.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Learning.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
+    harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The command agent (rollout.agent = 'command').")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
+    fully_async: FullyAsyncConfig = Field(default_factory=FullyAsyncConfig, description="Fully async pipeline (run.mode = 'fully_async').")
+
+    @property
+    def pipeline_mode(self) -> str:
+        """run.mode, or the legacy run.one_step_pipeline switch when mode is unset."""
+        return self.run.mode or ("one_step" if self.run.one_step_pipeline else "sync")
 
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":
