@@ -31,6 +31,7 @@ from rl.agent.verifier import verify
 from rl.chat import ChatRenderer
 from rl.engines.client import EngineClient
 from rl.errors import MissingRoutingError
+from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
 from t1ops.campaign.trialtrace import TrialClock
 from t1ops.config import EngineConfig
@@ -60,6 +61,7 @@ class WorkerSettings:
     timeout_override_s: float | None = None
     allow_lower_timeouts: bool = False
     sandbox: dict | None = None      # SandboxConfig fields (isolation, allow_internet, limits)
+    harness: "HarnessSettings | None" = None  # rollout.agent = "command" (t1ops.campaign.harness)
 
 
 def direct_engines(router, max_concurrency: int) -> DirectEngines:
@@ -99,6 +101,11 @@ class RolloutWorker:
                                     agent_timeout_override_s=settings.timeout_override_s,
                                     allow_lower_timeout=settings.allow_lower_timeouts)
         self.bucket = TokenBucket(settings.sandbox_rate_per_s, burst=max(1, settings.max_concurrency))
+        self.harness = None
+        if settings.harness is not None:
+            from t1ops.campaign.harness import HarnessHost
+
+            self.harness = HarnessHost(settings.harness, settings.agent, self.renderer, index)
 
     def ping(self) -> str:
         return self.node
@@ -197,9 +204,19 @@ class RolloutWorker:
         skim.record(self.tasks[specs[0].task].family, accepted=accepted)
         return kept if accepted else []
 
+    async def evaluate(self, step: int, trials: list, temperature: float, tasks_dir: str | None = None) -> dict:
+        """Held-out eval trials on their own event loop, sharing this worker's token bucket
+        (``t1ops.campaign.evaluation``); returns results and the eval ledger's books."""
+        from t1ops.campaign.evaluation import eval_agent, run_on_own_loop
+
+        if tasks_dir is not None and not hasattr(self, "_eval_tasks"):
+            self._eval_tasks = {t.name: t for t in load_pool(tasks_dir)}
+        tasks = self._eval_tasks if tasks_dir is not None else self.tasks
+        return await run_on_own_loop(self, step, trials, eval_agent(self.settings.agent, temperature), tasks)
+
     def _trial(self, spec: TrialSpec, idx: int, cancel: threading.Event, step: int = 0,
-               queue_s: float = 0.0) -> dict:
-        task = self.tasks[spec.task]
+               queue_s: float = 0.0, *, task=None, agent: AgentSettings | None = None) -> dict:
+        task = task or self.tasks[spec.task]
         sample_id = f"{spec.group_id}-s{spec.sample_idx}"
         clock = TrialClock()
         clock.add("queue_s", queue_s)
@@ -210,7 +227,7 @@ class RolloutWorker:
             trial_span.set_attribute("trial_id", trial.trial_id)
             telemetry.event("trial.started", trial=sample_id)  # progress events (chaos schedules fire on them)
             try:
-                out = self._run_trial(task, trial, spec, sample_id, cancel, clock)
+                out = self._run_trial(task, trial, spec, sample_id, cancel, clock, agent or self.settings.agent)
             finally:
                 telemetry.event("trial.finished", trial=sample_id)
             trial_span.set_attribute("num_turns", out["num_turns"])
@@ -218,7 +235,7 @@ class RolloutWorker:
         return {**out, **clock.row()}
 
     def _run_trial(self, task, trial, spec: TrialSpec, sample_id: str, cancel: threading.Event,
-                   clock: TrialClock) -> dict:
+                   clock: TrialClock, agent: AgentSettings) -> dict:
 
         def generate(req):
             if cancel.is_set():
@@ -240,9 +257,14 @@ class RolloutWorker:
 
         try:
             try:
-                ep = run_episode(task.instruction, execute, generate, self.renderer, self.settings.agent,
-                                 sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
-                                 tracer=telemetry.tracer())
+                if self.harness is not None:
+                    ep = self.harness.run(trial, task, generate, sample_id=sample_id, group_id=spec.group_id)
+                    if cancel.is_set():
+                        raise Cancelled(sample_id)
+                else:
+                    ep = run_episode(task.instruction, execute, generate, self.renderer, agent,
+                                     sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
+                                     tracer=telemetry.tracer())
             finally:
                 with clock.phase("sandbox_s", "sandbox.finish"):
                     trial.finish()
@@ -258,7 +280,8 @@ class RolloutWorker:
         return {"trial_id": trial.trial_id, "task": task.name, "family": task.family, "group_id": spec.group_id,
                 "sample_id": sample_id, "reward": verdict.reward.value, "reward_source": verdict.reward.source,
                 "passed": verdict.reward.passed, "total": verdict.reward.total, "num_turns": ep.num_turns,
-                "end_reason": ep.end_reason, "commands": ep.commands, "parse_failures": ep.parse_failures,
+                "end_reason": ep.end_reason, "commands": getattr(ep, "commands", []),
+                "parse_failures": ep.parse_failures, "harness": getattr(ep, "stats", None),
                 "tamper": [asdict(e) for e in verdict.tamper_events], "chunks": ep.chunks}
 
 
