@@ -189,14 +189,17 @@ class TitoBuilder:
         self._last_gen_end = -1
         self._append(prompt, mask=0, version=-1)
 
-    def _append(self, ids: np.ndarray, *, mask: int, version: int,
+    def _append(self, ids: np.ndarray, *, mask: int, version: int | Sequence[int],
                 logprobs: Sequence[float] | None = None) -> None:
         ids_list = [int(x) for x in ids]
+        # one version for the turn, or one per token (a request that spanned a weight sync)
+        versions = [int(version)] * len(ids_list) if isinstance(version, (int, np.integer)) \
+            else [int(v) for v in version]
         self._tok += ids_list
         self._eng += ids_list
         self._mask += [mask] * len(ids_list)
         self._lp += list(map(float, logprobs)) if logprobs is not None else [0.0] * len(ids_list)
-        self._ver += [version] * len(ids_list)
+        self._ver += versions
         self._origin += [ALIGNED] * len(ids_list)
         if self.tokenizer is not None:
             for t in ids_list:
@@ -216,7 +219,7 @@ class TitoBuilder:
         self._append(np.asarray(observation_ids, dtype=np.int64), mask=0, version=-1)
 
     def add_generation(self, output_ids: Sequence[int], output_logprobs: Sequence[float], *,
-                       policy_version: int, routing_rows: np.ndarray | None = None,
+                       policy_version: int | Sequence[int], routing_rows: np.ndarray | None = None,
                        routing_start: int = 0) -> None:
         """Append one sampled turn whose prompt was exactly ``self.tokens`` (strict)."""
         # identity prompt map (None): the cost stays the turn's size, not the history's
@@ -303,6 +306,9 @@ class TitoBuilder:
             raise TitoError(f"sample {self.sample_id} turn {turn}: {len(output_ids)} output ids and "
                             f"{len(output_logprobs)} log-probs (need equal, non-zero counts)",
                             sample=self.sample_id, turn=turn)
+        if not isinstance(policy_version, (int, np.integer)) and len(policy_version) != len(output_ids):
+            raise TitoError(f"sample {self.sample_id} turn {turn}: {len(output_ids)} output ids and "
+                            f"{len(policy_version)} per-token policy versions", sample=self.sample_id, turn=turn)
         gen_start = len(self._tok)
         self._append(np.asarray(output_ids, dtype=np.int64), mask=1, version=policy_version,
                      logprobs=output_logprobs)

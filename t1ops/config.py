@@ -31,7 +31,8 @@ class RunConfig(Section):
     steps: int = Field(8, ge=1, le=100_000, description="RL steps to run (after warm start).")
     ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None: all).")
-    one_step_pipeline: bool = Field(True, description="Generate batch t+1 while step t trains (False: strictly sequential).")
+    one_step_pipeline: bool = Field(True, description="Generate batch t+1 while step t trains (False: strictly sequential). Used when mode is None.")
+    mode: Literal["sync", "one_step", "fully_async"] | None = Field(None, description="Step pipeline: 'sync' (generate, then train), 'one_step' (batch t+1 generates while step t trains), 'fully_async' (group workers generate continuously within the staleness budget, [fully_async] section; docs/async.md). None: one_step_pipeline decides.")
     plan: str | None = Field(None, description="Cluster plan (TOML) that `t1ops preflight` must accept before launch (None: no gate).")
 
 
@@ -151,6 +152,31 @@ class GuardsConfig(Section):
     sandbox_host_gib: float = Field(2.0, ge=0, description="Host RAM one concurrent sandbox worker costs, for the host-memory projection.")
 
 
+class FullyAsyncConfig(Section):
+    """run.mode = "fully_async" (SkyRL walkthrough, section 8; docs/async.md). Units are prompt groups."""
+
+    num_parallel_generation_workers: int = Field(8, ge=1, le=100_000, description="Prompt groups generating at once (the walkthrough's 64 group workers).")
+    max_staleness_steps: int = Field(1, ge=0, le=1000, description="Capacity rule: accepted + running groups <= (max_staleness_steps + step) x groups per step. A budget, not an SLA: older groups are accepted and counted as violations.")
+    zero_variance_filter: bool = Field(True, description="Drop groups whose rewards are all equal (no GRPO signal); counted per step.")
+    sample_full_batch: bool = Field(True, description="Keep drawing groups until a step has rollout.batch_size / n_samples_per_prompt useful ones (False: train on what the first groups give).")
+    staleness_alarm_share: float = Field(0.25, ge=0, le=1, description="Alarm (error event, step line) when more than this share of a step's groups exceed max_staleness_steps.")
+    max_draws_factor: int = Field(8, ge=1, le=1000, description="A step that drops more than this many times its group count (all zero variance) stops with an error naming the fix.")
+
+
+class SandboxConfig(Section):
+    """How trials are isolated (docs/sandbox.md). A task's own ``[environment]`` memory_mb /
+    cpus / storage_mb replace the limits below for its trials."""
+
+    isolation: Literal["strict", "namespaces", "none"] = Field("strict", description="Weakest isolation `t1ops run` accepts: strict = per-trial uid + namespaces + cgroup; namespaces = the same with per-process rlimits; none = host user (non-root only).")
+    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network).")
+    memory_mb: int = Field(1024, ge=16, description="Memory of one trial, all its processes and its tmpfs together (cgroup; rlimit fallback per process).")
+    cpus: float | None = Field(None, gt=0, description="CPU quota of one trial in cores (cgroup cpu.cfs_quota_us); None: no quota.")
+    storage_mb: int = Field(256, ge=1, description="Size of the trial's tmpfs: workspace, /tmp, /var/tmp, /dev/shm together.")
+    num_files: int = Field(20_000, ge=64, description="Inodes of the trial's tmpfs (files + dirs).")
+    num_procs: int = Field(64, ge=4, description="Processes of one trial (cgroup pids.max and RLIMIT_NPROC).")
+    cpu_s: int = Field(30, ge=1, description="CPU seconds per process (RLIMIT_CPU).")
+
+
 class TelemetryConfig(Section):
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint; None writes JSON lines only.")
     export_interval_s: float = Field(5.0, gt=0, description="Metric export interval.")
@@ -166,6 +192,13 @@ class CampaignConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
+    fully_async: FullyAsyncConfig = Field(default_factory=FullyAsyncConfig, description="Fully async pipeline (run.mode = 'fully_async').")
+
+    @property
+    def pipeline_mode(self) -> str:
+        """run.mode, or the legacy run.one_step_pipeline switch when mode is unset."""
+        return self.run.mode or ("one_step" if self.run.one_step_pipeline else "sync")
 
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":

@@ -19,6 +19,7 @@ container runtime" (docs/tasks.md).
 from __future__ import annotations
 
 import functools
+import json
 import posixpath
 import re
 import shlex
@@ -148,7 +149,14 @@ def plan(text: str, context: Path) -> Plan:
 
 
 def _copy(line: Line, args: str, context: Path, out: Plan) -> None:
-    parts = shlex.split(args)
+    try:
+        parts = json.loads(args) if args.startswith("[") else shlex.split(args)
+    except ValueError as e:
+        out.refusals.append(f"{line} (cannot parse the arguments: {e})")
+        return
+    if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
+        out.refusals.append(f"{line} (the JSON form must be a list of strings)")
+        return
     flags = [p for p in parts if p.startswith("--")]
     paths = [p for p in parts if not p.startswith("--")]
     if any(f.startswith("--from") for f in flags):

@@ -165,9 +165,21 @@ def run_episode(instruction: str, execute: Callable[[str], Any], generate: Calla
     return ep
 
 
-def _version(resp) -> int:
+def _version(resp) -> int | list[int]:
+    """The weight version that sampled the turn, or one per token when the request spanned a
+    weight sync (fully async: paused in place, resumed under the new weights)."""
+    spans = getattr(resp, "weight_versions", ()) or ()
+    if len({s.version for s in spans}) > 1:
+        per_token = [_as_int(resp.weight_version)] * len(resp.output_ids)
+        for s in spans:
+            per_token[s.start:s.end] = [_as_int(s.version)] * (s.end - s.start)
+        return per_token
+    return _as_int(resp.weight_version)
+
+
+def _as_int(version) -> int:
     try:
-        return int(resp.weight_version)
+        return int(version)
     except (TypeError, ValueError):
         return -1
 

@@ -21,7 +21,7 @@ from t1ops.guards.http import BoundedHttp
 class EngineRouter:
     def __init__(self, *, engine_cfg: dict, spec: dict, vocab_path: str, checkpoint_dir: str, version: str,
                  num_moe_layers: int, topk: int, num_experts: int, log_path: str | None = None,
-                 run_dir: str | None = None, telemetry_cfg: dict | None = None) -> None:
+                 run_dir: str | None = None, telemetry_cfg: dict | None = None, pause_mode: str = "abort") -> None:
         if run_dir is not None:
             telemetry.setup(run_dir, role="router", **(telemetry_cfg or {}))
         self.cfg = EngineConfig(**engine_cfg)
@@ -36,7 +36,8 @@ class EngineRouter:
             factory = spawn_factory(launch, self.http, **client_kw)
         else:  # external SGLang servers: the pool re-admits a URL once its operator restarts it
             factory = url_factory(self.cfg.urls, self.http, **client_kw)
-        self.pool = EnginePool(factory, self.cfg, version=version, checkpoint_dir=checkpoint_dir)
+        self.pool = EnginePool(factory, self.cfg, version=version, checkpoint_dir=checkpoint_dir,
+                               pause_mode=pause_mode)  # in_place: fully async, requests span syncs
         self.pool.start()
 
     def wait_until_live(self) -> str:

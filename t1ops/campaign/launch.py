@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from rl.agent.loop import AgentSettings, sft_example, solution_command
+from rl.agent.sandbox import require_isolation
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.vocab import CompactVocab
@@ -98,7 +99,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0,
         version="0", num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
         num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
-        telemetry_cfg=_telemetry_kw(cfg))
+        telemetry_cfg=_telemetry_kw(cfg), pause_mode="in_place" if cfg.pipeline_mode == "fully_async" else "abort")
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
     c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()),
                               pids=lambda: [os.getpid(), *ray.get(c.router.engine_pids.remote()),
@@ -162,7 +163,8 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
                           topk=cfg.model.moe_router_topk if cfg.trainer.r3 else None)
     return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
                           skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
-                          timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts)
+                          timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
+                          sandbox=cfg.sandbox.model_dump())
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,
@@ -170,6 +172,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     """Run a whole campaign; returns the run directory (summary.json, report.png, dumps, ...).
 
     ``on_step`` callables ``(campaign, step)`` run as each step starts (the chaos schedule's seam)."""
+    require_isolation(cfg.sandbox.isolation)   # before anything starts: never weaker than asked
     run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)
     (run.path / "config.json").write_text(cfg.model_dump_json(indent=2))
     telemetry.setup(run.path, **_telemetry_kw(cfg))

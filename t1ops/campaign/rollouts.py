@@ -77,6 +77,10 @@ class Rollouts:
         if check:
             self.stall.check()
 
+    def pulse(self) -> None:
+        """Feed finished trials to the stall detector and let it judge (the fully async loop's poll)."""
+        self._pulse()
+
     def wait_done(self, pending: Pending) -> None:
         """Block until the batch is generated (results stay in Ray's object store)."""
         import ray

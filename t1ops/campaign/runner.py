@@ -69,6 +69,12 @@ def _count(items) -> dict:
     return out
 
 
+def _lag_histogram(results: list[dict], step: int) -> dict[str, int]:
+    from t1ops.campaign.async_buffer import version_lag_histogram
+
+    return {str(k): v for k, v in version_lag_histogram(results, step - 1).items()}
+
+
 def dump_results(run: RunDir, step: int, results: list[dict]) -> int:
     """Write every trajectory chunk of a step in the audit dump format; returns the count."""
     n = 0
@@ -81,10 +87,15 @@ def dump_results(run: RunDir, step: int, results: list[dict]) -> int:
 
 
 def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
-    """Run ``cfg.run.steps`` RL steps with the one-step pipeline (see module docstring)."""
+    """Run ``cfg.run.steps`` RL steps with the one-step pipeline (see module docstring), or
+    sequentially (run.mode "sync"); "fully_async" has its own loop (t1ops.campaign.async_loop)."""
     import ray
 
-    steps, pipelined = c.cfg.run.steps, c.cfg.run.one_step_pipeline
+    if c.cfg.pipeline_mode == "fully_async":
+        from t1ops.campaign.async_loop import async_step_loop
+
+        return async_step_loop(c, summary, progress)
+    steps, pipelined = c.cfg.run.steps, c.cfg.pipeline_mode == "one_step"
     pending = c.rollouts.submit(1)
     for step in range(1, steps + 1):
         t_step = time.monotonic()
@@ -112,7 +123,8 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         telemetry.event("campaign.sync_done", step=step)
         dump_results(c.run, step, results)
         row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
-        row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"])
+        row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"],
+                   mode=c.cfg.pipeline_mode, version_lag_tokens=_lag_histogram(results, step))
         c.guards.after_step(step)
         row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
         if stats.get("ranks"):  # per-rank timing of a multi-rank trainer

@@ -90,8 +90,11 @@ class TrainerHost:
                                          group_ids=groups, prompt_ids=prompts,
                                          routing=routing if has_routing else None)
 
-    def train(self, results: list[dict]) -> dict:
-        """One RL step on a batch; old log-probs are recomputed under the weights that sampled it."""
+    def train(self, results: list[dict], behaviour: str = "snapshot") -> dict:
+        """One RL step on a batch; old log-probs are recomputed under the weights that sampled it
+        (``behaviour="rollout"``, fully async: the per-token rollout log-probs are the behaviour)."""
+        if behaviour == "rollout":
+            return self._train_on_rollout_logprobs(results)
         versions = {int(v) for r in results for c in r["chunks"] for v in c.policy_version[c.loss_mask == 1]}
         if len(versions) != 1 or next(iter(versions)) not in self.published:
             raise DataContractError(f"batch sampled by policy versions {sorted(versions)}; the trainer holds "
@@ -101,6 +104,19 @@ class TrainerHost:
         self.trainer.set_behaviour(self.published[next(iter(versions))])
         stats = self.trainer.train_step(self.build_batch(results))
         return {**stats.as_dict(), "behaviour_version": next(iter(versions))}
+
+    def _train_on_rollout_logprobs(self, results: list[dict]) -> dict:
+        """Fully async: trajectories may span versions; every sampled token must name a version
+        this trainer published (never a future one, never none)."""
+        sampled = np.concatenate([c.policy_version[c.loss_mask == 1] for r in results for c in r["chunks"]])
+        latest = max(self.published) if self.published else -1
+        if sampled.size and (sampled.min() < 0 or sampled.max() > latest):
+            raise DataContractError(f"sampled tokens carry policy versions {sorted(set(sampled.tolist()))[:8]}; "
+                                    f"valid versions are 0..{latest} (the trainer's published ones)")
+        self.trainer.set_behaviour(None)  # the proximal policy for TIS / gap: the current weights
+        stats = self.trainer.train_step(self.build_batch(results), behaviour="rollout")
+        return {**stats.as_dict(), "behaviour_version": None,
+                "policy_versions": sorted({int(v) for v in sampled.tolist()})}
 
     def publish(self, version: int) -> str:
         """Save the actor for the engines (and both roles every save_every); return the actor dir.

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 from rl.agent.environment import require_runnable
 from rl.agent.loop import AgentSettings, run_episode
-from rl.agent.sandbox import Limits, Sandbox
+from rl.agent.sandbox import make_sandbox
 from rl.agent.tasks import load_pool
 from rl.agent.verifier import verify
 from rl.chat import ChatRenderer
@@ -52,6 +52,7 @@ class WorkerSettings:
     reward_scale: float = 20.0
     timeout_override_s: float | None = None
     allow_lower_timeouts: bool = False
+    sandbox: dict | None = None      # SandboxConfig fields (isolation, allow_internet, limits)
 
 
 class RolloutWorker:
@@ -68,11 +69,13 @@ class RolloutWorker:
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
-        require_runnable(list(self.tasks.values()))   # fail before any trial, naming each line
+        # fail before any trial, naming each task and Dockerfile line the local backend cannot honour
+        require_runnable(list(self.tasks.values()),
+                         allow_internet=bool((settings.sandbox or {}).get("allow_internet", False)))
         self.renderer = ChatRenderer.default()
-        self.sandbox = Sandbox(trials_root, run_id, limits=Limits(),
-                               agent_timeout_override_s=settings.timeout_override_s,
-                               allow_lower_timeout=settings.allow_lower_timeouts)
+        self.sandbox = make_sandbox(trials_root, run_id, settings.sandbox or {},
+                                    agent_timeout_override_s=settings.timeout_override_s,
+                                    allow_lower_timeout=settings.allow_lower_timeouts)
         self.bucket = TokenBucket(settings.sandbox_rate_per_s, burst=max(1, settings.max_concurrency))
 
     def ping(self) -> str:
@@ -136,6 +139,18 @@ class RolloutWorker:
         return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": self.node,
                 "skim": {"accepted": dict(skim.accepted), "cancelled": dict(skim.cancelled)}}
 
+    async def rollout_group(self, group: list[TrialSpec], started_step: int) -> dict:
+        """Fully async: one prompt group, returned as soon as it is done (t1ops.campaign.async_worker)."""
+        from t1ops.campaign.async_worker import run_group
+
+        return await run_group(self, group, started_step)
+
+    async def stop_groups(self) -> None:
+        """Fully async, end of run: running group trials stop at their next turn (cancelled)."""
+        from t1ops.campaign.async_worker import stop_groups
+
+        stop_groups(self)
+
     def _book(self, outcomes, specs, ledger: TrialLedger, skim: SkimAccounting, accepted: bool) -> list[dict]:
         """Settle one group's trials in the ledger; abort on missing routing (never drop)."""
         kept = []
@@ -174,11 +189,14 @@ class RolloutWorker:
             return ray.get(self.router.generate.remote(req))
 
         try:
-            ep = run_episode(task.instruction, trial.exec, generate, self.renderer, self.settings.agent,
-                             sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name)
+            try:
+                ep = run_episode(task.instruction, trial.exec, generate, self.renderer, self.settings.agent,
+                                 sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name)
+            finally:
+                trial.finish()
+            verdict = verify(trial, scale=self.settings.reward_scale)
         finally:
-            trial.finish()
-        verdict = verify(trial, scale=self.settings.reward_scale)
+            trial.close()   # the trial's tmpfs and cgroup go; verifier/result.json stays
         for ev in verdict.tamper_events:
             telemetry.event("verifier.tamper", severity="error", trial=ev.trial_id, kind=ev.kind, path=ev.path)
         return {"trial_id": trial.trial_id, "task": task.name, "family": task.family, "group_id": spec.group_id,

@@ -25,6 +25,12 @@ Contract of :class:`EnginePool`:
   checkpoint (``/update_weights_from_disk``, deliberately unbounded), check each
   engine's version, rotate the behaviour snapshot (callback), start
   replacements for dead engines, resume, open the gate.
+- ``pause_mode="in_place"`` (fully async, docs/async.md): the barrier pauses
+  requests where they are instead of aborting them; they resume under the
+  new weights after the sync, so one response may span several versions.
+  Each span must name a version this pool published since the request was
+  admitted, in order; anything else takes the engine out of rotation as below.
+  The gate and the pause still hold: no token is sampled while weights load.
 - every response carries ``weight_version``; a response under a version the
   pool did not publish (neither the one current when the request was admitted
   nor the current one), or spanning two versions, takes its engine out of
@@ -143,9 +149,13 @@ class EnginePool:
 
     def __init__(self, factory: EngineFactory, cfg: EngineConfig, *, version: str = "default",
                  checkpoint_dir: str | None = None, clock: Callable[[], float] = time.monotonic,
-                 max_concurrency: int = 64) -> None:
+                 max_concurrency: int = 64, pause_mode: Literal["abort", "in_place"] = "abort") -> None:
+        if pause_mode not in ("abort", "in_place"):
+            raise InputError(f"pause_mode must be 'abort' or 'in_place', got {pause_mode!r}", argument="pause_mode")
         self.factory, self.cfg, self.clock = factory, cfg, clock
         self.version, self.checkpoint_dir = version, checkpoint_dir
+        self.pause_mode = pause_mode
+        self._history: list[str] = [version]  # every version published, oldest first
         self._cond = threading.Condition()
         self._sync_lock = threading.Lock()
         self._gate_open, self._syncing, self._num_syncs = True, False, 0
@@ -404,8 +414,7 @@ class EnginePool:
             except ENGINE_FAILURES as e:
                 self._exited(s)  # a refused connection from a killed process: dead now, not in N pings
                 return f"{type(e).__name__}: {e}"
-            published = (ticket.version, self.version)  # admitted under one, or held by the barrier
-            if not resp.finish_reason.is_abort and (resp.weight_version not in published or resp.spans_versions):
+            if not resp.finish_reason.is_abort and not self._versions_ok(ticket, resp):
                 self._declare_dead(s, f"answered with weight version {resp.weight_version!r} "
                                       f"(spans {[v.version for v in resp.weight_versions]}) for a request "
                                       f"admitted under {ticket.version!r} (pool now {self.version!r}): it "
@@ -416,6 +425,17 @@ class EnginePool:
             with self._cond:
                 s.in_flight.pop(ticket_id, None)
                 self._cond.notify_all()
+
+    def _versions_ok(self, ticket: _Ticket, resp: P.GenerateResponse) -> bool:
+        """Abort mode: one version, the admitted or the current one. In place: the spans name
+        versions published since admission, in publication order, ending at the response's."""
+        if self.pause_mode == "abort":
+            return resp.weight_version in (ticket.version, self.version) and not resp.spans_versions
+        history = self._history[self._history.index(ticket.version):] if ticket.version in self._history else []
+        seen = [s.version for s in resp.weight_versions] or [resp.weight_version]
+        positions = [history.index(v) if v in history else -1 for v in seen]
+        return (min(positions) >= 0 and positions == sorted(positions) and resp.weight_version in history
+                and seen[-1] == resp.weight_version)
 
     # --- the weight-sync barrier -----------------------------------------------------------
     def sync_weights(self, checkpoint_dir: str, version: str,
@@ -438,8 +458,9 @@ class EnginePool:
                 live = [s for s in self._slots if s.status == "live"]
                 num_in_flight = sum(len(s.in_flight) for s in live)
             for s in live:
-                self._control(s, "pause", lambda c: c.pause_generation("abort"))
-            self._drain()
+                self._control(s, "pause", lambda c: c.pause_generation(self.pause_mode))
+            if self.pause_mode == "abort":
+                self._drain()  # in place: paused requests stay on their engine and resume after the sync
             for s in self._live_of(live):
                 self._control(s, "publish", lambda c: self._publish(c, checkpoint_dir, version))
             published = self._live_of(live)
@@ -447,6 +468,7 @@ class EnginePool:
                 raise EngineDeadError(f"weight sync to {version!r} from {checkpoint_dir} failed on every engine: "
                                       f"{self.describe()}; generation stays paused. See {RUNBOOK}")
             self.version, self.checkpoint_dir = version, checkpoint_dir
+            self._history.append(version)
             if rotate_snapshot is not None:
                 rotate_snapshot(version)  # inside the barrier: the ratio's denominator = the sampling policy
             recreated = self._recreate_dead()

@@ -5,6 +5,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rl.agent import dockerfile
 from rl.agent.environment import LOCAL, require_runnable
@@ -80,3 +82,18 @@ def test_network_is_needed_only_when_declared_and_not_allowed(tmp_path):
     task = load_task(src)
     assert LOCAL.check(task).needs == ("needs network (allow_internet = true; this run allows none)",)
     assert LOCAL.check(task, allow_internet=True).runs_locally
+
+
+_DF_WORDS = ["FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER", "mkdir", "-p", "/app",
+             "..", "$X", "${Y:-z}", "\\", "&&", "|", "pip", "install", "apt-get", "=", "'", '"', "#",
+             "\n", " ", "--from=a", "x.tar.gz", "http://h/x"]
+
+
+@given(st.lists(st.sampled_from(_DF_WORDS), max_size=40))
+@settings(max_examples=150, deadline=None)
+def test_any_dockerfile_text_is_a_plan_never_a_crash(tmp_path_factory, words):
+    ctx = tmp_path_factory.mktemp("ctx")
+    plan = dockerfile.plan(" ".join(words), ctx)
+    assert isinstance(plan.refusals, list)
+    for src, dest in plan.copies:
+        assert not dest.startswith("..") and not dest.startswith("/")

@@ -52,7 +52,7 @@ def test_check_sorts_the_pool_into_local_and_needs_container():
     assert rc == 0 and not rows["needs-container"]["runs_locally"]
     assert rows["needs-container"]["needs"][0].startswith("needs a container runtime (line 3: RUN")
     assert [t for t, r in rows.items() if r["runs_locally"]] == ["count-words", "exit-zero-no-verdict",
-                                                                  "hello-app"]
+                                                                  "hello-app", "memory-bound"]
 
 
 def test_older_terminal_bench_layout_is_converted_on_import(tmp_path):
