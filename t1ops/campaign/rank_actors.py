@@ -87,6 +87,7 @@ class TrainerRankHost(TrainerHost):
                 "micro_batches": self.trainer.micro_batches_done - mbs0}
         telemetry.gauge("trainer.rank_train_s", info["train_s"], rank=self.rank)
         telemetry.gauge("trainer.rank_micro_batches", info["micro_batches"], rank=self.rank)
+        telemetry.event("trainer.rank_step", step=stats.get("step"), **info)
         return {**stats, "rank_info": info}
 
     def publish(self, version: int) -> str | None:

@@ -88,9 +88,10 @@ class RankWatch:
         self.watchdog.report(rank, self._seq[rank])
 
     def expect_work(self) -> None:
-        """The ranks were handed work now: their silence is timed from here."""
+        """The ranks were handed work now: their silence is timed from here (idle time is no interval)."""
         for r in self.ranks:
-            self._bump(r)
+            self.watchdog.restart_clock(r)
+        self.dumped = None
 
     def poll(self) -> dict:
         """Read every beacon, report progress, classify; raises HangError (with all ranks' stacks)."""
@@ -102,11 +103,13 @@ class RankWatch:
         return self.watchdog.check()
 
     def _dump_all(self, hung_rank: int) -> str:
-        """Stacks of every rank: the silent one and its peers waiting inside the collective."""
+        """Stacks of every rank: the silent one and its peers waiting inside the collective (once per hang)."""
+        if self.dumped is not None:
+            return self.dumped
         parts = []
         for r in sorted(self.ranks):
             stacks = self._dump_one(r)
-            parts.append(f"--- rank {r} (pid {self.ranks[r].pid}){' HUNG' if r == hung_rank else ''} ---\n"
+            parts.append(f"--- rank {r} (pid {self.ranks[r].pid}) ---\n"
                          f"{stacks or 'no stacks (process gone or did not answer SIGUSR1)'}")
         self.dumped = "\n".join(parts)
         return self.dumped
