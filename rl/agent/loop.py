@@ -23,12 +23,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from opentelemetry import trace
 
 from rl.agent.budget import fit_generation
 from rl.chat import IM_END_ID, STOP_IDS, ChatRenderer, parse_assistant
 from rl.engines.protocol import GenerateRequest, SamplingParams
 from rl.errors import BudgetError
 from rl.tito import TitoBuilder, Trajectory
+
+_NO_TRACER = trace.NoOpTracer()
 
 SYSTEM_PROMPT = ("You are a terminal agent. Solve the task by running shell commands with the bash "
                  "tool, one command per turn. Reply without a tool call when you are done.")
@@ -105,11 +108,13 @@ def observation_text(stdout: str, stderr: str, exit_code: int | None, reason: st
 
 def run_episode(instruction: str, execute: Callable[[str], Any], generate: Callable[[GenerateRequest], Any],
                 renderer: ChatRenderer, settings: AgentSettings, *, sample_id: str, group_id: str,
-                prompt_id: str, clock: Callable[[], float] | None = None) -> Episode:
+                prompt_id: str, clock: Callable[[], float] | None = None, tracer: Any = None) -> Episode:
     """Run one episode. ``execute(cmd)`` returns an object with stdout/stderr/exit_code/reason
     (``rl.agent.sandbox.Trial.exec``); ``generate(request)`` returns a
     ``GenerateResponse`` (an engine client or pool). Raises MissingRoutingError if
-    routing is required and absent: the caller aborts the rollout, never drops it."""
+    routing is required and absent: the caller aborts the rollout, never drops it.
+    ``tracer`` (an OpenTelemetry tracer) records one ``agent.turn`` span per turn,
+    parent of the spans ``generate`` and ``execute`` open."""
     import time
 
     clock = clock or time.monotonic
@@ -119,50 +124,61 @@ def run_episode(instruction: str, execute: Callable[[str], Any], generate: Calla
     ep = Episode(chunks=[], num_turns=0, end_reason="max_turns")
     routed_upto = 0  # positions [0, routed_upto) already have routing rows
     for turn in range(settings.max_turns):
-        prompt = builder.tokens
-        try:
-            budget = fit_generation(len(prompt), settings.max_new_tokens, settings.context_window,
-                                    settings.min_new_tokens, where=f"{sample_id} turn {turn}")
-        except BudgetError:
-            ep.end_reason = "context_exhausted"
+        turn_span = (tracer or _NO_TRACER).start_as_current_span("agent.turn", attributes={"turn": turn})
+        with turn_span:
+            routed_upto, stop = _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id,
+                                      routed_upto, clock)
+        if stop:
             break
-        ep.budget_clamps += budget.clamped
-        req = GenerateRequest(
-            input_ids=tuple(prompt), rid=f"{sample_id}-t{turn}",
-            sampling_params=SamplingParams(max_new_tokens=budget.max_new_tokens, temperature=settings.temperature,
-                                           stop_token_ids=tuple(sorted(STOP_IDS))),
-            return_logprob=True, return_routed_experts=settings.num_layers is not None,
-            routed_experts_start_len=routed_upto)
-        t0 = clock()
-        resp = generate(req)
-        ep.generate_s += clock() - t0
-        builder.add_generation(resp.output_ids, resp.output_token_logprobs or (), policy_version=_version(resp),
-                               routing_rows=resp.routed_experts_RLK, routing_start=routed_upto)
-        routed_upto = len(builder.tokens) - 1
-        ep.num_turns += 1
-        last = int(resp.output_ids[-1])
-        if last not in STOP_IDS:
-            ep.end_reason = "truncated"
-            break
-        command, problem = parse_command(renderer.decode(resp.output_ids))
-        if command is None and problem is None:
-            ep.end_reason = "done"
-            break
-        if problem is not None:
-            ep.parse_failures += 1
-            obs = f"[parse error] {problem}"
-        else:
-            ep.commands.append(command)
-            res = execute(command)
-            obs = observation_text(res.stdout, res.stderr, res.exit_code, res.reason)
-            if res.reason == "budget_exhausted":
-                ep.end_reason = "budget_exhausted"
-                break
-        if turn + 1 < settings.max_turns:
-            builder.add_observation(renderer.observation_ids([{"role": "tool", "content": obs}], last,
-                                                             sample=sample_id, turn=turn))
     ep.chunks = builder.finish()
     return ep
+
+
+def _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id, routed_upto, clock):
+    """One agent turn; returns (routed_upto, whether the episode ends)."""
+    prompt = builder.tokens
+    try:
+        budget = fit_generation(len(prompt), settings.max_new_tokens, settings.context_window,
+                                settings.min_new_tokens, where=f"{sample_id} turn {turn}")
+    except BudgetError:
+        ep.end_reason = "context_exhausted"
+        return routed_upto, True
+    ep.budget_clamps += budget.clamped
+    req = GenerateRequest(
+        input_ids=tuple(prompt), rid=f"{sample_id}-t{turn}",
+        sampling_params=SamplingParams(max_new_tokens=budget.max_new_tokens, temperature=settings.temperature,
+                                       stop_token_ids=tuple(sorted(STOP_IDS))),
+        return_logprob=True, return_routed_experts=settings.num_layers is not None,
+        routed_experts_start_len=routed_upto)
+    t0 = clock()
+    resp = generate(req)
+    ep.generate_s += clock() - t0
+    builder.add_generation(resp.output_ids, resp.output_token_logprobs or (), policy_version=_version(resp),
+                           routing_rows=resp.routed_experts_RLK, routing_start=routed_upto)
+    routed_upto = len(builder.tokens) - 1
+    ep.num_turns += 1
+    last = int(resp.output_ids[-1])
+    if last not in STOP_IDS:
+        ep.end_reason = "truncated"
+        return routed_upto, True
+    command, problem = parse_command(renderer.decode(resp.output_ids))
+    if command is None and problem is None:
+        ep.end_reason = "done"
+        return routed_upto, True
+    if problem is not None:
+        ep.parse_failures += 1
+        obs = f"[parse error] {problem}"
+    else:
+        ep.commands.append(command)
+        res = execute(command)
+        obs = observation_text(res.stdout, res.stderr, res.exit_code, res.reason)
+        if res.reason == "budget_exhausted":
+            ep.end_reason = "budget_exhausted"
+            return routed_upto, True
+    if turn + 1 < settings.max_turns:
+        builder.add_observation(renderer.observation_ids([{"role": "tool", "content": obs}], last,
+                                                         sample=sample_id, turn=turn))
+    return routed_upto, False
 
 
 def _version(resp) -> int | list[int]:
