@@ -121,3 +121,45 @@ def test_retention_never_deletes_the_resume_point_even_when_old(tmp_path):
     base = _run(tmp_path, actor=range(0, 10), critic=[2], state=[2])
     Retention(base, keep_last=2).apply()
     assert list_steps(base / "actor") == [2, 8, 9] and plan_resume(base, needs_critic=True).step == 2
+
+
+def test_trainer_host_publish_saves_resume_state_retains_and_resumes(tmp_path):
+    """The trainer role end to end without Ray: publish writes what a resume needs, retention
+    prunes, a second host resumes the verified step with the same weights and optimizer state."""
+    from rl.trainer.trainer import copy_state
+    from rl.vocab import CompactVocab
+    from t1ops.campaign.trainer_host import TrainerHost
+    from t1ops.config import CampaignConfig
+
+    cfg = CampaignConfig()
+    vocab = CompactVocab(range(300), 248_320, has_unk=True)
+    vocab.save(tmp_path / "vocab.json")
+    spec = {**cfg.model.model_dump(), "hidden_size": 32, "ffn_hidden_size": 64, "moe_ffn_hidden_size": 32,
+            "max_seq_len": 128}
+    settings = {**cfg.trainer.model_dump(exclude={"parallel"}), "save_every": 2}
+    kw = dict(spec=spec, settings=settings, vocab_path=str(tmp_path / "vocab.json"), ckpt_base=str(tmp_path / "ck"),
+              seed=0, retention={"keep_last": 2, "keep_every": 0})
+    host = TrainerHost(**kw)
+    for v in range(0, 6):
+        host.publish(v)
+        if v == 2:  # Adam moments exist from here on
+            for p in host.trainer.actor.parameters():
+                p.grad = torch.ones_like(p)
+            host.trainer.actor_optimizer.step()
+            host.trainer.actor_optimizer.zero_grad()
+    report = host.checkpoint_report()
+    assert report["resume_point"] == 4 and report["checkpoint_bytes"] > 0
+    base = tmp_path / "ck"
+    assert list_steps(base / "actor") == [4, 5] and list_steps(base / "critic") == [2, 4]
+    assert list_steps(base / "trainer_state") == [2, 4]
+    point = plan_resume(base, needs_critic=True)
+    assert point.step == 4 and "actor 5, critic 4" in point.message
+    other = TrainerHost(**{**kw, "seed": 9})
+    loaded = other.resume(point.step)
+    assert loaded["next_step"] == 5 and set(other.published) == {4}
+    want = load_trainer_state(base, 4)["actor_optimizer"]["state"]
+    got = other.trainer.actor_optimizer.state_dict()["state"]
+    assert want.keys() == got.keys() and all(torch.equal(want[k]["exp_avg"], got[k]["exp_avg"]) for k in want)
+    from rl.model import weights_state_dict
+    saved = host.ckpt.load("actor", 4)
+    assert all(torch.equal(v, saved[k]) for k, v in weights_state_dict(other.trainer.actor).items())
