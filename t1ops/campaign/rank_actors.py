@@ -44,7 +44,7 @@ class TrainerRankHost(TrainerHost):
 
     def __init__(self, *, rank: int, layout: dict, spec: dict, settings: dict, vocab_path: str, ckpt_base: str,
                  seed: int, run_dir: str, guards: dict, telemetry_cfg: dict | None = None,
-                 temperature: float = 1.0, num_threads: int = 1) -> None:
+                 temperature: float = 1.0, num_threads: int = 1, retention: dict | None = None) -> None:
         torch.set_num_threads(num_threads)
         self.rank, self.layout, self.run_dir = rank, Layout(**layout), Path(run_dir)
         telemetry.setup(run_dir, role=f"trainer-rank{rank}", **(telemetry_cfg or {}))
@@ -57,6 +57,11 @@ class TrainerRankHost(TrainerHost):
         self.seed, self.temperature = seed, temperature
         self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> this rank's behaviour shard
         self.trainer: RankTrainer | None = None
+        from t1ops.campaign.retention import Retention
+
+        self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.settings.mode == "ppo",
+                                   **(retention or {"keep_last": None}))
+        self.last_report: dict = {}
 
     def address(self) -> str:
         """Rank 0: the rendezvous ``tcp://ip:port`` on its own node."""
@@ -80,9 +85,9 @@ class TrainerRankHost(TrainerHost):
                         timeout_s=timeout.total_seconds())
         return os.getpid()
 
-    def train(self, results: list[dict]) -> dict:
+    def train(self, results: list[dict], behaviour: str = "snapshot") -> dict:
         t0, mbs0 = time.perf_counter(), self.trainer.micro_batches_done
-        stats = super().train(results)
+        stats = super().train(results, behaviour)
         info = {"rank": self.rank, "train_s": round(time.perf_counter() - t0, 3),
                 "micro_batches": self.trainer.micro_batches_done - mbs0}
         telemetry.gauge("trainer.rank_train_s", info["train_s"], rank=self.rank)
@@ -99,9 +104,14 @@ class TrainerRankHost(TrainerHost):
             critic = self.trainer.full_state("critic")
         path = None
         if self.rank == 0:
+            from t1ops.campaign.retention import disk_bytes
+
             path = str(self.ckpt.save("actor", version, actor))
             if critic is not None:
                 self.ckpt.save("critic", version, critic)
+            deleted = self.retention.apply()
+            self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base),
+                                "checkpoints_deleted": len(deleted), "resume_point": None}
         self.published[version] = self.trainer.snapshot_behaviour()
         for old in sorted(self.published)[:-2]:
             del self.published[old]
@@ -142,9 +152,18 @@ class RankGroup:
         return _Broadcast(self, name)
 
 
-def start_ranks(cfg: CampaignConfig, run, spec: dict) -> tuple[RankGroup, RankWatch]:
+def start_ranks(cfg: CampaignConfig, run, spec: dict, resume: bool = False) -> tuple[RankGroup, RankWatch]:
     """Placement group, one actor per rank, rendezvous; returns the group and the coordinator's watch."""
     import ray
+
+    if resume:  # refused before any rank starts
+        raise ConfigError("resuming a multi-rank trainer is not supported yet: its checkpoints' weights are "
+                          "layout-free, but the optimizer state is per rank and not saved; resume with "
+                          "trainer.parallel at 1 rank or start a new run", key="trainer.parallel")
+    if cfg.pipeline_mode == "fully_async":
+        raise ConfigError("pipeline_mode = 'fully_async' trains on per-token rollout log-probs, which the "
+                          "multi-rank trainer does not implement yet; use the one-step pipeline or 1 rank",
+                          key="trainer.parallel")
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -167,7 +186,8 @@ def start_ranks(cfg: CampaignConfig, run, spec: dict) -> tuple[RankGroup, RankWa
         vocab_path=str(run.vocab), ckpt_base=str(run.checkpoints), seed=cfg.run.seed, run_dir=str(run.path),
         guards=cfg.guards.model_dump(), telemetry_cfg={"otlp_endpoint": cfg.telemetry.otlp_endpoint,
                                                        "export_interval_s": cfg.telemetry.export_interval_s},
-        temperature=cfg.rollout.temperature) for r in range(layout.world_size)]
+        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+        for r in range(layout.world_size)]
     init_method = ray.get(actors[0].address.remote())
     pids = ray.get([a.join.remote(init_method) for a in actors])
     procs = {}
