@@ -91,8 +91,8 @@ def test_builtin_agent_uses_mcp_tools_in_the_sandbox(tmp_path):
     from t1ops.campaign.harness import HarnessHost
 
     renderer = ChatRenderer.default()
-    replies = iter(['<tool_call>\n{"name": "files_write_file", "arguments": {"path": "out.txt", "content": "hello\\n"}}'
-                    '\n</tool_call>', '<tool_call>\n{"name": "bash", "arguments": {"command": "cat out.txt"}}\n</tool_call>',
+    replies = iter(['<tool_call>\n{"name": "files_write_file", "arguments": {"path": "notes.txt", "content": "ready\\n"}}'
+                    '\n</tool_call>', '<tool_call>\n{"name": "bash", "arguments": {"command": "cat notes.txt"}}\n</tool_call>',
                     "Done."])
     prompts = []
 
@@ -105,7 +105,7 @@ def test_builtin_agent_uses_mcp_tools_in_the_sandbox(tmp_path):
 
     host = HarnessHost(HarnessSettings(argv=("unused",), command=False, mcp_servers=(
         ("files", ("{python}", "{harness}/mcp_files_server.py")),)), AgentSettings(), renderer)
-    task = load_task(SERVER.parents[1] / "tasks" / "files-hello")
+    task = load_task(SERVER.parents[1] / "tasks-mcp" / "files-note-mcp")   # needs the MCP tool
     trial = Sandbox(tmp_path, "run-b").create(task, 0)
     try:
         tools = host.toolbox(trial)
@@ -116,9 +116,12 @@ def test_builtin_agent_uses_mcp_tools_in_the_sandbox(tmp_path):
             tools.close()
         assert ep.end_reason == "done" and ep.num_turns == 3
         assert '"name": "files_write_file"' in prompts[0]            # the tools section lists the MCP tools
-        assert "wrote 6 chars to out.txt" in prompts[1]              # the MCP result is the observation
-        assert "hello\n[exit code 0]" in prompts[2]                  # bash sees the file the server wrote
-        assert '"tool": "write_file"' in (trial.workspace / ".mcp_calls.jsonl").read_text()
+        assert "wrote 6 chars to notes.txt" in prompts[1]            # the MCP result is the observation
+        assert "ready\n[exit code 0]" in prompts[2]                  # bash sees the file the server wrote
+        from rl.agent.verifier import verify
+
+        verdict = verify(trial, scale=20.0)                            # the task's tests pass: both checks
+        assert (verdict.reward.passed, verdict.reward.total) == (2, 2)
     finally:
         trial.close()
         host.close()
