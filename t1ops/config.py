@@ -155,6 +155,18 @@ class McpConfig(Section):
     servers: list[McpServerConfig] = Field(default_factory=list, description="MCP servers started per trial inside its sandbox (empty: none).")
 
 
+class EvalConfig(Section):
+    """Held-out evaluation during training (docs/campaign.md, "Evaluation")."""
+
+    every_steps: int = Field(0, ge=0, description="Evaluate held-out tasks every N RL steps, plus the warm-started weights (step 0) and the last step; 0: no evaluation.")
+    tasks_dir: str | None = Field(None, description="A separate pool of evaluation tasks; None: the training pool's tasks left out of the training set (rollout.num_train_tasks).")
+    tasks: list[str] | None = Field(None, description="A declared evaluation split (task names in the eval pool); None: every held-out task. Never overlaps the training set (checked before launch).")
+    samples_per_task: int = Field(2, ge=1, le=64, description="Trials per evaluation task.")
+    greedy: bool = Field(False, description="Greedy decoding (temperature 0) for evaluation; false samples at eval.temperature.")
+    temperature: float = Field(1.0, gt=0, le=4, description="Sampling temperature of evaluation trials when greedy = false.")
+    timeout_s: float = Field(1800.0, gt=0, description="An evaluation still running this long after its submission is an error.")
+
+
 class GuardsConfig(Section):
     fd_warn_fraction: float = Field(0.8, gt=0, le=1, description="Warn when open fds exceed this fraction of the soft limit.")
     fd_sample_interval_s: float = Field(10.0, gt=0, le=3600, description="The fd guard samples every campaign process's open fds this often, on its own thread (and after every step).")
@@ -212,6 +224,7 @@ class CampaignConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Inference engines.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Learning.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The command agent (rollout.agent = 'command').")
     mcp: McpConfig = Field(default_factory=McpConfig, description="MCP tool servers for both agents.")

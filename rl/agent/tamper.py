@@ -29,7 +29,7 @@ class TamperEvent:
 
     trial_id: str
     kind: str        # precreated-ctrf | conftest | pytest-config | shadow-exec | precreated-dir |
-                     # tests-modified | foreign-file | stale-ctrf | scan-failed
+                     # tests-modified | foreign-file | stale-ctrf | foreign-verdict | scan-failed
     path: str
     detail: str = ""
 

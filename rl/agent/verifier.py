@@ -45,7 +45,7 @@ from rl.agent.ctrf import read_ctrf
 from rl.agent.sandbox import PINNED_PYTEST_INI, VERIFIER_LIMITS, ExecResult, Limits, Trial
 from rl.agent.tamper import TamperEvent, scan_trial_dir, scan_tree
 from rl.agent.tasks import hash_tree
-from rl.agent.verdict import SOURCE_NO_VERDICT, decide, no_verdict
+from rl.agent.verdict import SOURCE_NO_VERDICT, decide, foreign_reward_files, no_verdict
 from rl.errors import ParseError, TaskError, TrialDirError
 from rl.rewards import RewardResult, ctrf_reward
 
@@ -232,6 +232,12 @@ def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out:
         return None, "tamper"
     except ParseError as e:
         problem = str(e) if (vdir / "ctrf.json").exists() else "no CTRF report"
+    foreign = foreign_reward_files(vdir, trial.task.tests_snapshot)
+    if foreign:
+        events.append(TamperEvent(trial.trial_id, "foreign-verdict", str(vdir),
+                                  f"{', '.join(foreign)} written, but no file of the task's tests/ "
+                                  "names it: not the task's verifier"))
+        return None, "tamper"
     reward = decide(doc, problem, vdir, since_s=t0_ms / 1000, scale=scale)
     if out.limit_hit:
         return reward, out.reason

@@ -69,6 +69,7 @@ from rl.vocab import CompactVocab
 MANIFEST_FILE = "manifest.json"
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 _PAUSE_POLL_S = 0.05  # how often a waiting request re-checks for an abort while paused
+KV_CACHE_BUDGET_BYTES = 1 << 30  # K/V slots are capped to fit this (a larger model gets fewer slots)
 
 
 # --- weights -----------------------------------------------------------------
@@ -142,7 +143,12 @@ class EmbeddedEngine:
         self.model_lock, self.running_event = self._model_lock, self._running_event  # for the scheduler
         self.scheduler: BatchScheduler | None = None
         if batching:  # KV cache + continuous batching (docs/engine.md); else recompute per token
-            cache = KVCache(self.model, kv_slots, spec.max_seq_len)
+            per_slot = KVCache.bytes_per_slot(self.model, spec.max_seq_len)
+            num_slots = max(1, min(kv_slots, KV_CACHE_BUDGET_BYTES // per_slot))
+            if num_slots < kv_slots:
+                print(f"embedded engine: {num_slots} K/V slots of {per_slot / 2**20:.1f} MiB fit the "
+                      f"{KV_CACHE_BUDGET_BYTES >> 20} MiB cache budget ({kv_slots} asked)", flush=True)
+            cache = KVCache(self.model, num_slots, spec.max_seq_len)
             self.scheduler = BatchScheduler(self, CachedForward(self.model, cache),
                                             SlotPool(cache, spec.num_layers, spec.moe_router_topk), max_batch=max_batch)
         if checkpoint is not None:

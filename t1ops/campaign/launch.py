@@ -18,6 +18,7 @@ from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.engines import EngineRouter
+from t1ops.campaign.evaluation import Evaluator, eval_task_names
 from t1ops.campaign.guarding import CampaignGuards
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import Rollouts
@@ -67,6 +68,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     tasks = load_pool(cfg.rollout.tasks_dir)
+    c.eval_tasks = held_out_tasks(cfg, tasks)  # refused before any role starts when not held out
     renderer = ChatRenderer.default()
     vocab = build_vocab(tasks, renderer, cfg.model.vocab_size)
     vocab.save(run.vocab)
@@ -104,7 +106,18 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
             run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg)))
     ray.get([w.ping.remote() for w in c.workers])
     c.rollouts = Rollouts(cfg, c.workers, train_task_names(tasks, cfg), c.guards.stall)
+    if c.eval_tasks:
+        progress.log(f"held-out eval: {len(c.eval_tasks)} tasks x {cfg.eval.samples_per_task} every "
+                     f"{cfg.eval.every_steps} steps ({'greedy' if cfg.eval.greedy else f'T={cfg.eval.temperature}'})")
     return c
+
+
+def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
+    """The evaluation task names (empty when eval is off); ConfigError unless held out."""
+    if cfg.eval.every_steps == 0:
+        return []
+    eval_pool = load_pool(cfg.eval.tasks_dir) if cfg.eval.tasks_dir else None
+    return eval_task_names(cfg, tasks, train_task_names(tasks, cfg), eval_pool)
 
 
 def warm_start_examples(tasks, noise: float, seed: int) -> list[tuple[str, str]]:
@@ -170,7 +183,10 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
         start_roles(c, progress)
         c.on_step = list(on_step or [])
         summary = Summary(run.path, run.run_id, cfg.model_dump(),
-                          extra={"warm_start_loss": c.warm_start_loss, "num_workers": len(c.workers)})
+                          extra={"warm_start_loss": c.warm_start_loss, "num_workers": len(c.workers),
+                                 "eval_tasks": c.eval_tasks})
+        if c.eval_tasks:
+            c.evaluator = Evaluator(cfg, c.workers, c.eval_tasks, summary.add_eval)
         with progress:
             step_loop(c, summary, progress)
         plot(summary.save())

@@ -43,6 +43,8 @@ class Campaign:
     rollouts: Rollouts | None = None
     guards: CampaignGuards | None = None
     warm_start_loss: list[float] = field(default_factory=list)
+    evaluator: object = None          # t1ops.campaign.evaluation.Evaluator when eval.every_steps > 0
+    eval_tasks: list = field(default_factory=list)  # held-out task names (empty: no evaluation)
     on_step: list = field(default_factory=list)   # callables (campaign, step) run as each step starts
 
 
@@ -97,6 +99,9 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
 
         return async_step_loop(c, summary, progress)
     steps, pipelined = c.cfg.run.steps, c.cfg.pipeline_mode == "one_step"
+    ev = c.evaluator
+    if ev is not None:
+        ev.maybe_submit(0)  # the warm-started weights, evaluated while step 1 runs
     pending = c.rollouts.submit(1)
     for step in range(1, steps + 1):
         t_step = time.monotonic()
@@ -116,12 +121,16 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         telemetry.event("campaign.train_done", step=step)
         if pending is not None:
             c.rollouts.wait_done(pending)  # no request may span the weight sync
+        if ev is not None:
+            ev.collect()  # nor an eval request: each eval sees exactly the weights it evaluates
         t_sync = time.monotonic()
         ckpt = ray.get(c.trainer.publish.remote(step))
         telemetry.event("campaign.sync_barrier", step=step)
         sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
         sync_s = time.monotonic() - t_sync
         telemetry.event("campaign.sync_done", step=step)
+        if ev is not None:
+            ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
         dump_results(c.run, step, results)
         row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
         row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"],
@@ -133,4 +142,7 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         for key in ("reward_mean", "explained_variance", "logprob_gap", "step_s"):
             if not math.isnan(row[key]):  # NaN: not defined this step (e.g. EV with constant returns)
                 telemetry.gauge(f"campaign.{key}", row[key], step=step)
-        progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()))
+        progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()),
+                        evaluation=ev.latest if ev is not None else None)
+    if ev is not None and ev.collect() is not None:  # the last step's weights
+        progress.log(progress.eval_text(ev.latest))

@@ -35,6 +35,7 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
     cfg.rollout.batch_size = 4
     cfg.rollout.tasks_dir = str(REPO / "examples" / "tasks")
     cfg.trainer.warm_start_steps = 2
+    cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.samples_per_task = 1, ["files-hello", "math-add"], 2
     run_dir = run_campaign(cfg, out_dir=str(tmp_path), show_progress=False)
 
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -45,6 +46,11 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
                     "rollout_s", "train_s", "step_s"):
             assert key in row
         assert row["num_trajectories"] == 4 and row["ledger"]["missing"] == 0
+    assert [e["step"] for e in summary["eval"]] == [0, 1, 2]  # warm start, every step, last
+    for e in summary["eval"]:  # both workers' eval loops booked every trial
+        assert e["eval_expected"] == 4 and e["eval_num_trials"] + e["eval_failed"] == 4
+        assert 0 <= e["eval_reward_mean"] and 0 <= e["eval_solved_share"] <= 1
+    assert summary["steps"][1]["eval_reward_mean"] == summary["eval"][2]["eval_reward_mean"]
     assert (run_dir / "report.png").stat().st_size > 1000
     assert list((run_dir / "checkpoints" / "actor").glob("step_*"))
     assert list((run_dir / "checkpoints" / "critic").glob("step_*"))

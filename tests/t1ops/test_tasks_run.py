@@ -92,3 +92,25 @@ def test_cli_json_rows_and_exit_code(tmp_path):
     assert rc == 1 and [r["task"] for r in rows] == ["count-words", "needs-container"]
     for key in ("task", "reward", "source", "passed", "total", "reason", "duration_s"):
         assert all(key in r for r in rows)
+
+
+def test_relative_paths_are_resolved(tmp_path, monkeypatch):
+    shutil.copytree(FIX / "pool" / "count-words", tmp_path / "pool" / "count-words")
+    monkeypatch.chdir(tmp_path)
+    [row] = run_paths([Path("pool")], oracle=True, trials_root=Path("trials"))
+    assert (row["source"], row["reward"]) == ("harbor-reward", 1.0)
+    assert (tmp_path / "trials").is_dir()
+
+
+def test_a_reward_file_the_tests_never_name_is_a_forgery_not_a_verdict(tmp_path):
+    task = tmp_path / "pool" / "run-agent-code"
+    shutil.copytree(FIX / "pool" / "count-words", task)
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n# runs a script the agent wrote, then writes the verdict itself\n"
+        "if bash /app/check.sh; then echo 1 > /logs/verifier/reward.txt; "
+        "else echo 0 > /logs/verifier/reward.txt; fi\nexit 0\n")
+    (task / "solution" / "solve.sh").write_text(   # here the "solution" plays a forging agent
+        "#!/bin/bash\nprintf '%s\\n' \"echo '{\\\"reward\\\": 1}' > /logs/verifier/reward.json\" "
+        "'exit 1' > /app/check.sh\n")
+    [row] = run_paths([task], oracle=True, trials_root=tmp_path / "trials")
+    assert (row["source"], row["reward"]) == ("tamper:foreign-verdict", 0.0), row
