@@ -48,21 +48,24 @@ class HarnessHost:
             self.socket_dir = Path(tempfile.mkdtemp(prefix="t1oa-"))   # short: a socket path has <= 107 bytes
             self.server = OpenAIServer(self.registry, uds=self.socket_dir / f"w{index}.sock").start()
 
-    def limits(self) -> SessionLimits:
-        a = self.agent
+    def limits(self, agent: AgentSettings | None = None) -> SessionLimits:
+        a = agent or self.agent
         return SessionLimits(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, context_window=a.context_window,
                              min_new_tokens=a.min_new_tokens, temperature=a.temperature,
                              max_corrections=self.settings.max_corrections, num_layers=a.num_layers, topk=a.topk)
 
-    def run(self, trial, task, generate, *, sample_id: str, group_id: str) -> HarnessOutcome:
+    def run(self, trial, task, generate, *, sample_id: str, group_id: str,
+            agent: AgentSettings | None = None) -> HarnessOutcome:
+        """Run the harness as ``trial``'s agent; ``agent``: this trial's limits (evaluation trials differ)."""
         name = secrets.token_urlsafe(18)
-        session = self.registry.add(HarnessSession(name, generate, self.renderer, self.limits(), sample_id=sample_id,
+        session = self.registry.add(HarnessSession(name, generate, self.renderer, self.limits(agent), sample_id=sample_id,
                                                    group_id=group_id, prompt_id=task.name))
         try:
             sock, harness_dir, workspace = trial_paths(trial, socket_path=self.server.uds)
             argv = expand_argv(self.settings.argv, python=self.python, harness=harness_dir)
             env = harness_env(session_url=self.server.session_url(name), session_id=name, socket_path=sock,
-                              instruction=task.instruction, workspace=workspace, max_turns=self.agent.max_turns,
+                              instruction=task.instruction, workspace=workspace,
+                              max_turns=(agent or self.agent).max_turns,
                               settings=self.settings, pythonpath=self.pythonpath,
                               mcp_servers=self.mcp_argv(harness_dir))
             res = run_in_trial(trial, argv, env, socket_dir=self.socket_dir, harness_dir=self.program_dir)

@@ -86,7 +86,7 @@ def test_example_harness_offers_mcp_tools_from_a_server_it_starts_in_the_sandbox
     host = HarnessHost(HarnessSettings(argv=("{python}", "{harness}/openai_bash_agent.py"), mcp_servers=(
         ("files", ("{python}", "{harness}/mcp_files_server.py")),)), AgentSettings(max_turns=4, max_new_tokens=64),
         renderer)
-    task = load_task(REPO / "examples" / "tasks-mcp" / "files-note-mcp")
+    task = load_task(REPO / "examples" / "mcp" / "tasks" / "files-note-mcp")
     trial = Sandbox(tmp_path, "run-m").create(task, 0)
     seen = []
     call = ('<tool_call>\n{"name": "files_write_file", "arguments": {"path": "notes.txt", "content": "ready\\n"}}'

@@ -105,7 +105,7 @@ def test_builtin_agent_uses_mcp_tools_in_the_sandbox(tmp_path):
 
     host = HarnessHost(HarnessSettings(argv=("unused",), command=False, mcp_servers=(
         ("files", ("{python}", "{harness}/mcp_files_server.py")),)), AgentSettings(), renderer)
-    task = load_task(SERVER.parents[1] / "tasks-mcp" / "files-note-mcp")   # needs the MCP tool
+    task = load_task(SERVER.parents[1] / "mcp" / "tasks" / "files-note-mcp")   # needs the MCP tool
     trial = Sandbox(tmp_path, "run-b").create(task, 0)
     try:
         tools = host.toolbox(trial)
