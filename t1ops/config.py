@@ -167,6 +167,13 @@ class EvalConfig(Section):
     timeout_s: float = Field(1800.0, gt=0, description="An evaluation still running this long after its submission is an error.")
 
 
+class CheckpointsConfig(Section):
+    """Checkpoint retention (docs/campaign.md, "Checkpoint retention"); how often: trainer.save_every."""
+
+    keep_last: int | None = Field(4, ge=2, description="Keep the newest N steps of each role (None: keep all); the step a resume needs is always kept.")
+    keep_every: int = Field(0, ge=0, description="Also keep every K-th step (0: none besides the last N).")
+
+
 class GuardsConfig(Section):
     fd_warn_fraction: float = Field(0.8, gt=0, le=1, description="Warn when open fds exceed this fraction of the soft limit.")
     fd_sample_interval_s: float = Field(10.0, gt=0, le=3600, description="The fd guard samples every campaign process's open fds this often, on its own thread (and after every step).")
@@ -225,6 +232,7 @@ class CampaignConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Learning.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig, description="Checkpoint retention.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The command agent (rollout.agent = 'command').")
     mcp: McpConfig = Field(default_factory=McpConfig, description="MCP tool servers for both agents.")
