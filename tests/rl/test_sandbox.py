@@ -71,8 +71,12 @@ def test_memory_hog_ends_with_memory_limit(trial):
 
 
 def test_fork_bomb_ends_with_process_limit_and_leaves_nothing(trial):
-    r = trial.exec(":(){ :|:& };:", timeout_s=5)
+    # the bomb gets 2 s to grow (a command that exits at once takes its bomb with it: the
+    # PID namespace dies with the command)
+    r = trial.exec(":(){ :|:& };:; sleep 2", timeout_s=10)
     assert r.reason == "process_limit", r
+    assert not _alive(trial.uid)
+    trial.exec(":(){ :|:& };:", timeout_s=10)
     assert not _alive(trial.uid)
 
 
