@@ -144,6 +144,17 @@ class HarnessConfig(Section):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the harness (no secrets: use the task's declared env).")
 
 
+class McpServerConfig(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="Server name; its tools are offered as '<name>_<tool>'.")
+    argv: list[str] = Field(min_length=1, description="Command line of the stdio server, started inside the trial's sandbox; placeholders as in harness.argv.")
+
+
+class McpConfig(Section):
+    """Tools from stdio MCP servers, offered to both agents (docs/harness.md)."""
+
+    servers: list[McpServerConfig] = Field(default_factory=list, description="MCP servers started per trial inside its sandbox (empty: none).")
+
+
 class EvalConfig(Section):
     """Held-out evaluation during training (docs/campaign.md, "Evaluation")."""
 
@@ -224,6 +235,7 @@ class CampaignConfig(Section):
     checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig, description="Checkpoint retention.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The command agent (rollout.agent = 'command').")
+    mcp: McpConfig = Field(default_factory=McpConfig, description="MCP tool servers for both agents.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
     fully_async: FullyAsyncConfig = Field(default_factory=FullyAsyncConfig, description="Fully async pipeline (run.mode = 'fully_async').")

@@ -49,6 +49,7 @@ class HarnessSettings:
     max_corrections: int = 2
     mcp_servers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    command: bool = True          # False: only the MCP servers are used (by the builtin agent)
 
 
 @dataclass
@@ -107,10 +108,11 @@ def expand_argv(argv: tuple[str, ...], *, python: str, harness: str) -> list[str
 
 
 def harness_env(*, session_url: str, session_id: str, socket_path: str, instruction: str, workspace: str,
-                max_turns: int, settings: HarnessSettings, pythonpath: str | None) -> dict[str, str]:
+                max_turns: int, settings: HarnessSettings, pythonpath: str | None,
+                mcp_servers: list[tuple[str, list[str]]] = ()) -> dict[str, str]:
     env = {"OPENAI_BASE_URL": session_url, "OPENAI_API_KEY": session_id, "T1OPS_OPENAI_SOCKET": socket_path,
            "T1OPS_INSTRUCTION": instruction, "T1OPS_WORKSPACE": workspace, "T1OPS_MAX_TURNS": str(max_turns),
-           "T1OPS_MCP_SERVERS": json.dumps([{"name": n, "argv": list(a)} for n, a in settings.mcp_servers]),
+           "T1OPS_MCP_SERVERS": json.dumps([{"name": n, "argv": list(a)} for n, a in mcp_servers]),
            "PYTHONDONTWRITEBYTECODE": "1", **dict(settings.env)}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath

@@ -257,14 +257,20 @@ class RolloutWorker:
 
         try:
             try:
-                if self.harness is not None:
-                    ep = self.harness.run(trial, task, generate, sample_id=sample_id, group_id=spec.group_id)
+                if self.harness is not None and self.harness.settings.command:
+                    ep = self.harness.run(trial, task, generate, sample_id=sample_id, group_id=spec.group_id,
+                                          agent=agent)
                     if cancel.is_set():
                         raise Cancelled(sample_id)
                 else:
-                    ep = run_episode(task.instruction, execute, generate, self.renderer, agent,
-                                     sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
-                                     tracer=telemetry.tracer())
+                    tools = self.harness.toolbox(trial) if self.harness is not None else None
+                    try:
+                        ep = run_episode(task.instruction, execute, generate, self.renderer, agent,
+                                         sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
+                                         tracer=telemetry.tracer(), tools=tools)
+                    finally:
+                        if tools is not None:
+                            tools.close()
             finally:
                 with clock.phase("sandbox_s", "sandbox.finish"):
                     trial.finish()
