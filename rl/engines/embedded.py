@@ -285,6 +285,20 @@ def _version_spans(versions: list[str]) -> tuple[P.WeightVersionSpan, ...]:
 
 
 # --- HTTP ----------------------------------------------------------------------
+#: Endpoints added by other modules: ``(method, path) -> fn(engine, read_body) -> (status, json)``;
+#: ``read_body()`` parses the request's JSON body. Register with :func:`route` at import time.
+EXTRA_ROUTES: dict[tuple[str, str], Callable[[Any, Callable[[], Any]], tuple[int, Any]]] = {}
+
+
+def route(method: str, path: str):
+    """Decorator adding an endpoint to every engine server, e.g.
+    ``@route("POST", "/update_weights_from_tensor") def _update(engine, read_body): ...``."""
+    def register(fn):
+        EXTRA_ROUTES[(method.upper(), path)] = fn
+        return fn
+    return register
+
+
 def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -327,8 +341,13 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
                 status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": repr(exc)}}
             self._send(status, body)
 
+        def _extra(self, method: str) -> dict[str, Callable[[], tuple[int, Any]]]:
+            return {path: (lambda fn=fn: fn(engine, self._body)) for (m, path), fn in EXTRA_ROUTES.items()
+                    if m == method}
+
         def do_GET(self) -> None:  # noqa: N802 (stdlib name)
             self._dispatch({
+                **self._extra("GET"),
                 P.HEALTH: lambda: (HTTPStatus.OK, {}),
                 P.HEALTH_GENERATE: lambda: _health_generate(engine),
                 P.MODEL_INFO: lambda: (HTTPStatus.OK, _model_info(engine)),
@@ -337,6 +356,7 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802 (stdlib name)
             self._dispatch({
+                **self._extra("POST"),
                 P.GENERATE: lambda: (HTTPStatus.OK, engine.generate(P.GenerateRequest.from_json(self._body())).to_json()),
                 P.PAUSE_GENERATION: lambda: _ok(engine.pause(P.PauseGenerationRequest.from_json(self._body()).mode)),
                 P.CONTINUE_GENERATION: lambda: _continue(engine, self._body()),

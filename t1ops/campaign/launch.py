@@ -39,9 +39,11 @@ _OBSERVATION_TEXTS = ("[exit code 0]", "[exit code 1]", "[exit code 2]", "[stopp
                       "[parse error] your tool call is not valid JSON")
 
 
-def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int) -> CompactVocab:
+def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int, multiple: int = 1) -> CompactVocab:
     """The compact vocabulary: every id the pool's prompts, warm-start examples and the chat
-    template produce. Anything else a sandbox prints maps to UNK (input only, never sampled)."""
+    template produce. Anything else a sandbox prints maps to UNK (input only, never sampled).
+    ``multiple`` (the trainer's tp) pads it with the lowest unused tokenizer ids to a size
+    tensor parallelism can split by rows (they are real tokens the policy learns not to emit)."""
     ids: set[int] = {IM_START_ID, IM_END_ID, ENDOFTEXT_ID}
     for t in tasks:
         command = solution_command(t.solution) if t.solution else "ls"
@@ -49,6 +51,9 @@ def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int) -> CompactV
         ids.update(tokens)
     for text in _OBSERVATION_TEXTS:
         ids.update(renderer.observation_ids([{"role": "tool", "content": text}], IM_END_ID))
+    spare = (i for i in range(full_vocab_size) if i not in ids)
+    while (len(ids) + 1) % multiple:  # + 1: the UNK row
+        ids.add(next(spare))
     return CompactVocab(ids, full_vocab_size, has_unk=True)
 
 
@@ -72,17 +77,25 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     c.eval_tasks = held_out_tasks(cfg, tasks)  # refused before any role starts when not held out
     renderer = ChatRenderer.default()
     if c.resume_from is None:
-        vocab = build_vocab(tasks, renderer, cfg.model.vocab_size)
+        vocab = build_vocab(tasks, renderer, cfg.model.vocab_size, multiple=cfg.trainer.parallel.tp)
         vocab.save(run.vocab)
     else:  # the run's own ids: its checkpoints index them
         vocab = CompactVocab.load(run.vocab)
     spec = {**cfg.model.model_dump(), "vocab_size": vocab.size}
     progress.log(f"run {run.run_id}: {len(tasks)} tasks, compact vocabulary {vocab.size} ids, dir {run.path}")
-    c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
-        spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
-        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
-        telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
-        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+    rank_watch = None
+    if cfg.trainer.parallel.world_size > 1:  # one Ray actor per rank in a placement group
+        from t1ops.campaign.rank_actors import start_ranks
+
+        c.trainer, rank_watch = start_ranks(cfg, run, spec, resume=c.resume_from is not None)
+        progress.log(f"trainer: {cfg.trainer.parallel.world_size} ranks (dp {cfg.trainer.parallel.dp}, "
+                     f"tp {cfg.trainer.parallel.tp}, ep {cfg.trainer.parallel.ep})")
+    else:
+        c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
+            spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
+            ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
+            telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
+            temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
     if c.resume_from is None:
         examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
         c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
@@ -108,8 +121,11 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
                               pids=lambda: [os.getpid(), *ray.get(c.router.engine_pids.remote()),
                                             *(c.rollouts.pids if c.rollouts else [])])
     progress.log("host memory: " + c.guards.project_host_memory(*ray.get(c.trainer.num_params.remote())))
-    pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
-    c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
+    if rank_watch is not None:
+        c.guards.attach_ranks(rank_watch)
+    else:
+        pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
+        c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
     settings = _worker_settings(cfg)
     for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
         c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns

@@ -216,7 +216,7 @@ def open_for_resume(run_dir: str | Path, cfg) -> tuple:
         raise ConfigError(f"--resume {run_dir}: {stored} does not exist; point --resume at a run directory "
                           "that `t1ops run` created (it holds config.json, summary.json, checkpoints/)",
                           path=str(path))
-    check_same_campaign(json.loads(stored.read_text()), cfg.model_dump())
+    check_same_campaign(json.loads(stored.read_text()), json.loads(cfg.model_dump_json()))
     point = plan_resume(path / "checkpoints", needs_critic=cfg.trainer.mode == "ppo")
     if point.step >= cfg.run.steps:
         raise ConfigError(f"--resume {run_dir}: the run already holds step {point.step} and run.steps is "

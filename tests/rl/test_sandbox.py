@@ -218,3 +218,34 @@ def test_storage_is_a_sized_tmpfs_not_a_poll(tmp_path):
     assert r.reason == "disk_limit", r
     assert t.exec("rm -f /tmp/e*; echo ok").stdout == "ok\n"
     t.close()
+
+
+def test_two_trials_of_one_task_share_no_tmp_or_logs(sandbox):
+    task = load_task(TASK)
+    a, b = sandbox.create(task, 11), sandbox.create(task, 12)
+    mark = uuid.uuid4().hex
+    assert a.exec(f"echo {mark} > /tmp/x; echo {mark} > /dev/shm/x; echo {mark} > /logs/agent/x; "
+                  "cat /tmp/x /dev/shm/x /logs/agent/x").stdout.split() == [mark] * 3
+    r = b.exec("cat /tmp/x /var/tmp/x /dev/shm/x /logs/agent/x; find /tmp /var/tmp /dev/shm /logs/agent -mindepth 1")
+    assert mark not in r.stdout and r.stdout.split() == []
+    a.close()
+    b.close()
+
+
+def test_rlimit_fallback_without_a_cgroup_still_names_the_limit(tmp_path, monkeypatch):
+    """Where no per-trial cgroup can be made the level is 'namespaces': RLIMIT_AS per process."""
+    import dataclasses
+
+    import rl.agent.sandbox as sandbox_mod
+
+    weaker = dataclasses.replace(probe_isolation(), level="namespaces", cgroup=False,
+                                 cgroup_reason="no cgroup (test)")
+    monkeypatch.setattr(sandbox_mod, "probe_isolation", lambda: weaker)
+    with pytest.raises(SandboxError, match="'strict' is required"):
+        Sandbox(tmp_path / "a", "r")
+    t = Sandbox(tmp_path / "b", "r", isolation="namespaces", limits=SMALL).create(load_task(TASK), 0)
+    assert t.cgroup is None
+    assert t.exec("python3 -c 'x = bytearray(512 * 2**20)'", timeout_s=20).reason == "memory_limit"
+    r = t.exec("id -u; ls /proc | grep -c '^[0-9]'")
+    assert r.stdout.split()[0] == str(t.uid) and int(r.stdout.split()[1]) <= 4
+    t.close()

@@ -86,3 +86,4 @@ def test_an_answer_under_an_unpublished_version_takes_the_engine_out(pool_and_di
     assert all(r.weight_version == "default" for r in seen)
     assert pool.slot_state(0)[0] == "dead" and "missed a weight sync" in pool.slot_state(0)[1]
     assert any(e["name"] == "engine.dead" for e in telemetry.recent_events())
+

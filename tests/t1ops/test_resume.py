@@ -163,3 +163,31 @@ def test_trainer_host_publish_saves_resume_state_retains_and_resumes(tmp_path):
     from rl.model import weights_state_dict
     saved = host.ckpt.load("actor", 4)
     assert all(torch.equal(v, saved[k]) for k, v in weights_state_dict(other.trainer.actor).items())
+
+
+def test_open_for_resume_refusals_and_summary_carry_over(tmp_path):
+    from t1ops.campaign.resume import open_for_resume, resumed_summary
+    from t1ops.campaign.summary import Summary
+
+    cfg = CampaignConfig()
+    cfg.run.steps = 6
+    with pytest.raises(ConfigError, match="config.json does not exist"):
+        open_for_resume(tmp_path, cfg)
+    (tmp_path / "config.json").write_text(cfg.model_dump_json())
+    _run(tmp_path, actor=[0, 1, 2, 3], critic=[0, 2], state=[0, 2])
+    rows = [{"step": s, "reward_mean": 0.1 * s} for s in (1, 2, 3)]
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": rows, "eval": [{"step": 0}, {"step": 3}],
+                                                       "warm_start_loss": [3.0, 1.0]}))
+    short = cfg.model_copy(deep=True)
+    short.run.steps = 2
+    with pytest.raises(ConfigError, match="already holds step 2"):
+        open_for_resume(tmp_path, short)
+    run, point, previous = open_for_resume(tmp_path, cfg)
+    assert run.path == tmp_path.resolve() and point.step == 2
+    s = Summary(run.path, run.run_id, {})
+    resumed_summary(s, previous, point)
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["step"] for r in data["steps"]] == [1, 2] and [e["step"] for e in data["eval"]] == [0]
+    assert data["resumes"][0]["from_step"] == 2 and data["resumes"][0]["steps_run_again"] == [3]
+    assert data["warm_start_loss"] == [3.0, 1.0]
+    assert json.loads((Path(data["resumes"][0]["superseded"]) / "summary-steps.json").read_text())[0]["step"] == 3

@@ -20,18 +20,19 @@ SPEC = rmodel.ModelSpec(num_layers=2, hidden_size=32, num_attention_heads=4, ffn
                         moe_router_topk=2, moe_ffn_hidden_size=32, max_seq_len=64, vocab_size=64)
 SETTINGS = TrainerSettings(mode="ppo", ppo_epochs=1, r3=True, actor_lr=1e-3)
 CAP = 40  # tokens per micro-batch: 2-3 micro-batches per rank
+TEMPERATURE = 0.8  # the trainer's log-probs are at the sampling temperature
 
 
 @pytest.fixture(scope="module")
 def reference():
-    t = Trainer(SPEC, SETTINGS, seed=0)
+    t = Trainer(SPEC, SETTINGS, seed=0, temperature=TEMPERATURE)
     sampler = rmodel.build_policy(SPEC, seed=7, dtype=torch.bfloat16)  # another numerical implementation
     rmodel.load_state(sampler, rmodel.weights_state_dict(t.actor))
     seqs = sample_responses(sampler, [[1, 2, 3, 4]] * 6, 12, generator=torch.Generator().manual_seed(0))
     seqs = [s[: 8 + (i % 4) * 2] for i, s in enumerate(seqs)]  # lengths 8..14: packing has work to do
     batch = rollout_batch(sampler, seqs, [4] * 6, [0.1 * i for i in range(6)], [i // 2 for i in range(6)],
-                          [i // 2 for i in range(6)])
-    logprobs = actor_logprobs(t.actor, batch, replay=True).detach()
+                          [i // 2 for i in range(6)], temperature=TEMPERATURE)
+    logprobs = actor_logprobs(t.actor, batch, replay=True, temperature=TEMPERATURE).detach()
     stats = t.train_step(batch)
     return batch, logprobs, stats, rmodel.weights_state_dict(t.actor)
 
@@ -41,7 +42,7 @@ def reference():
                                     Layout(dp=2, max_tokens_per_gpu=CAP)], ids=["tp2-sp", "ep2", "dp2"])
 def test_layout_matches_one_rank(reference, layout):
     batch, ref_lp, ref, ref_actor = reference
-    got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0)
+    got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE)
     assert got["micro_batches"] >= 2  # gradient accumulation is exercised
     mask = batch.loss_mask_BT
     assert float((got["logprobs"] - ref_lp)[mask].abs().max()) <= 1e-5
