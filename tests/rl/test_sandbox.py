@@ -249,3 +249,15 @@ def test_rlimit_fallback_without_a_cgroup_still_names_the_limit(tmp_path, monkey
     r = t.exec("id -u; ls /proc | grep -c '^[0-9]'")
     assert r.stdout.split()[0] == str(t.uid) and int(r.stdout.split()[1]) <= 4
     t.close()
+
+
+def test_an_agent_that_locks_its_own_workspace_fails_its_command_not_the_sandbox(sandbox):
+    from rl.agent.verifier import verify
+
+    t = sandbox.create(load_task(TASK), 13)
+    assert t.exec("cp data.txt out.txt; chmod 000 out.txt /app").reason == "ok"
+    r = t.exec("ls")
+    assert (r.reason, r.exit_code) == ("exit_nonzero", 126) and "cannot enter /app" in r.stderr
+    v = verify(t)                      # the verifier owns (and may read) what the agent left
+    assert v.reward.passed >= 1, v
+    t.close()

@@ -137,8 +137,9 @@ def run(spec):
         resource.setrlimit(which, (soft, hard))
     try:
         os.chdir(spec["cwd"])
-    except OSError as e:
-        _die(f"cannot enter {spec['cwd']}: {e}")
+    except OSError as e:   # the trial's own doing (e.g. chmod 000 /app): the command fails, not the jail
+        sys.stderr.write(f"cannot enter {spec['cwd']}: {e.strerror}\n")
+        os._exit(126)
     pid = os.fork()
     if pid == 0:
         try:
