@@ -120,8 +120,11 @@ def harness_env(*, session_url: str, session_id: str, socket_path: str, instruct
 
 
 def outcome(session, res: Any) -> HarnessOutcome:
-    """Close ``session`` and judge the run: no model call at all is an error, never an empty trial."""
+    """Close ``session`` and judge the run: an error the session kept (missing routing, a dead
+    engine pool, cancellation) is re-raised; no model call at all is an error, never an empty trial."""
     session.close()
+    if session.fatal is not None:  # e.g. MissingRoutingError: the rollout aborts, never a quiet episode end
+        raise session.fatal
     chunks = session.finish()
     stats = session.stats()
     if not chunks:
