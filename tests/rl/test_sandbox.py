@@ -53,10 +53,11 @@ def test_trial_dir_carries_run_id_and_is_unique(sandbox):
 
 
 def test_command_runs_at_app_alone_in_its_pid_namespace(trial):
-    r = trial.exec("pwd; id -u; ls /proc | grep -c '^[0-9]'", timeout_s=10)
+    r = trial.exec("pwd; id -u; whoami; ls /proc | grep -c '^[0-9]'", timeout_s=10)
     assert r.reason == "ok" and r.exit_code == 0
-    cwd, uid, num_pids = r.stdout.split()
+    cwd, uid, name, num_pids = r.stdout.split()
     assert cwd == "/app" and int(uid) == trial.uid and int(num_pids) <= 4   # init, bash, ls, grep
+    assert name == "trial"                           # tools that look the user up (git) work
 
 
 def test_runaway_writer_ends_with_file_size_limit(trial):
