@@ -138,7 +138,7 @@ class RolloutConfig(Section):
 class HarnessConfig(Section):
     """The program ``rollout.agent = "command"`` runs as each trial's agent (docs/harness.md)."""
 
-    argv: list[str] = Field(default_factory=lambda: ["{python}", "{harness}/openai_bash_agent.py"], min_length=1, description="Command line of the harness; {python}: an interpreter the sandbox uid can run, {harness}: program_dir as the trial sees it, {repo}: the repository.")
+    argv: list[str] = Field(default_factory=lambda: ["{python}", "{harness}/openai_bash_agent.py"], min_length=1, description="Command line of the harness; {python}: an interpreter the sandbox uid can run, {harness}: program_dir as the trial sees it (nothing else of the repository exists in a trial).")
     program_dir: str = Field("examples/harness", description="Directory holding the harness program (relative to the repository); read-only to the trial.")
     max_corrections: int = Field(2, ge=0, le=10, description="Corrective observations per request when a reply's tool call does not parse; then the request fails.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the harness (no secrets: use the task's declared env).")

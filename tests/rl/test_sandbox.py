@@ -53,10 +53,11 @@ def test_trial_dir_carries_run_id_and_is_unique(sandbox):
 
 
 def test_command_runs_at_app_alone_in_its_pid_namespace(trial):
-    r = trial.exec("pwd; id -u; ls /proc | grep -c '^[0-9]'", timeout_s=10)
+    r = trial.exec("pwd; id -u; whoami; ls /proc | grep -c '^[0-9]'", timeout_s=10)
     assert r.reason == "ok" and r.exit_code == 0
-    cwd, uid, num_pids = r.stdout.split()
+    cwd, uid, name, num_pids = r.stdout.split()
     assert cwd == "/app" and int(uid) == trial.uid and int(num_pids) <= 4   # init, bash, ls, grep
+    assert name == "trial"                           # tools that look the user up (git) work
 
 
 def test_runaway_writer_ends_with_file_size_limit(trial):
@@ -248,4 +249,16 @@ def test_rlimit_fallback_without_a_cgroup_still_names_the_limit(tmp_path, monkey
     assert t.exec("python3 -c 'x = bytearray(512 * 2**20)'", timeout_s=20).reason == "memory_limit"
     r = t.exec("id -u; ls /proc | grep -c '^[0-9]'")
     assert r.stdout.split()[0] == str(t.uid) and int(r.stdout.split()[1]) <= 4
+    t.close()
+
+
+def test_an_agent_that_locks_its_own_workspace_fails_its_command_not_the_sandbox(sandbox):
+    from rl.agent.verifier import verify
+
+    t = sandbox.create(load_task(TASK), 13)
+    assert t.exec("cp data.txt out.txt; chmod 000 out.txt /app").reason == "ok"
+    r = t.exec("ls")
+    assert (r.reason, r.exit_code) == ("exit_nonzero", 126) and "cannot enter /app" in r.stderr
+    v = verify(t)                      # the verifier owns (and may read) what the agent left
+    assert v.reward.passed >= 1, v
     t.close()
