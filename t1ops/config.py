@@ -138,10 +138,21 @@ class RolloutConfig(Section):
 class HarnessConfig(Section):
     """The program ``rollout.agent = "command"`` runs as each trial's agent (docs/harness.md)."""
 
-    argv: list[str] = Field(default_factory=lambda: ["{python}", "{harness}/openai_bash_agent.py"], min_length=1, description="Command line of the harness; {python}: an interpreter the sandbox uid can run, {harness}: program_dir as the trial sees it, {repo}: the repository.")
+    argv: list[str] = Field(default_factory=lambda: ["{python}", "{harness}/openai_bash_agent.py"], min_length=1, description="Command line of the harness; {python}: an interpreter the sandbox uid can run, {harness}: program_dir as the trial sees it (nothing else of the repository exists in a trial).")
     program_dir: str = Field("examples/harness", description="Directory holding the harness program (relative to the repository); read-only to the trial.")
     max_corrections: int = Field(2, ge=0, le=10, description="Corrective observations per request when a reply's tool call does not parse; then the request fails.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the harness (no secrets: use the task's declared env).")
+
+
+class McpServerConfig(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="Server name; its tools are offered as '<name>_<tool>'.")
+    argv: list[str] = Field(min_length=1, description="Command line of the stdio server, started inside the trial's sandbox; placeholders as in harness.argv.")
+
+
+class McpConfig(Section):
+    """Tools from stdio MCP servers, offered to both agents (docs/harness.md)."""
+
+    servers: list[McpServerConfig] = Field(default_factory=list, description="MCP servers started per trial inside its sandbox (empty: none).")
 
 
 class EvalConfig(Section):
@@ -154,6 +165,13 @@ class EvalConfig(Section):
     greedy: bool = Field(False, description="Greedy decoding (temperature 0) for evaluation; false samples at eval.temperature.")
     temperature: float = Field(1.0, gt=0, le=4, description="Sampling temperature of evaluation trials when greedy = false.")
     timeout_s: float = Field(1800.0, gt=0, description="An evaluation still running this long after its submission is an error.")
+
+
+class CheckpointsConfig(Section):
+    """Checkpoint retention (docs/campaign.md, "Checkpoint retention"); how often: trainer.save_every."""
+
+    keep_last: int | None = Field(4, ge=2, description="Keep the newest N steps of each role (None: keep all); the step a resume needs is always kept.")
+    keep_every: int = Field(0, ge=0, description="Also keep every K-th step (0: none besides the last N).")
 
 
 class GuardsConfig(Section):
@@ -214,8 +232,10 @@ class CampaignConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Learning.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig, description="Checkpoint retention.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The command agent (rollout.agent = 'command').")
+    mcp: McpConfig = Field(default_factory=McpConfig, description="MCP tool servers for both agents.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
     fully_async: FullyAsyncConfig = Field(default_factory=FullyAsyncConfig, description="Fully async pipeline (run.mode = 'fully_async').")

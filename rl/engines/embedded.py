@@ -69,6 +69,7 @@ from rl.vocab import CompactVocab
 MANIFEST_FILE = "manifest.json"
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 _PAUSE_POLL_S = 0.05  # how often a waiting request re-checks for an abort while paused
+KV_CACHE_BUDGET_BYTES = 1 << 30  # K/V slots are capped to fit this (a larger model gets fewer slots)
 
 
 # --- weights -----------------------------------------------------------------
@@ -142,7 +143,12 @@ class EmbeddedEngine:
         self.model_lock, self.running_event = self._model_lock, self._running_event  # for the scheduler
         self.scheduler: BatchScheduler | None = None
         if batching:  # KV cache + continuous batching (docs/engine.md); else recompute per token
-            cache = KVCache(self.model, kv_slots, spec.max_seq_len)
+            per_slot = KVCache.bytes_per_slot(self.model, spec.max_seq_len)
+            num_slots = max(1, min(kv_slots, KV_CACHE_BUDGET_BYTES // per_slot))
+            if num_slots < kv_slots:
+                print(f"embedded engine: {num_slots} K/V slots of {per_slot / 2**20:.1f} MiB fit the "
+                      f"{KV_CACHE_BUDGET_BYTES >> 20} MiB cache budget ({kv_slots} asked)", flush=True)
+            cache = KVCache(self.model, num_slots, spec.max_seq_len)
             self.scheduler = BatchScheduler(self, CachedForward(self.model, cache),
                                             SlotPool(cache, spec.num_layers, spec.moe_router_topk), max_batch=max_batch)
         if checkpoint is not None:
@@ -279,6 +285,20 @@ def _version_spans(versions: list[str]) -> tuple[P.WeightVersionSpan, ...]:
 
 
 # --- HTTP ----------------------------------------------------------------------
+#: Endpoints added by other modules: ``(method, path) -> fn(engine, read_body) -> (status, json)``;
+#: ``read_body()`` parses the request's JSON body. Register with :func:`route` at import time.
+EXTRA_ROUTES: dict[tuple[str, str], Callable[[Any, Callable[[], Any]], tuple[int, Any]]] = {}
+
+
+def route(method: str, path: str):
+    """Decorator adding an endpoint to every engine server, e.g.
+    ``@route("POST", "/update_weights_from_tensor") def _update(engine, read_body): ...``."""
+    def register(fn):
+        EXTRA_ROUTES[(method.upper(), path)] = fn
+        return fn
+    return register
+
+
 def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -321,8 +341,13 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
                 status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": repr(exc)}}
             self._send(status, body)
 
+        def _extra(self, method: str) -> dict[str, Callable[[], tuple[int, Any]]]:
+            return {path: (lambda fn=fn: fn(engine, self._body)) for (m, path), fn in EXTRA_ROUTES.items()
+                    if m == method}
+
         def do_GET(self) -> None:  # noqa: N802 (stdlib name)
             self._dispatch({
+                **self._extra("GET"),
                 P.HEALTH: lambda: (HTTPStatus.OK, {}),
                 P.HEALTH_GENERATE: lambda: _health_generate(engine),
                 P.MODEL_INFO: lambda: (HTTPStatus.OK, _model_info(engine)),
@@ -331,6 +356,7 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802 (stdlib name)
             self._dispatch({
+                **self._extra("POST"),
                 P.GENERATE: lambda: (HTTPStatus.OK, engine.generate(P.GenerateRequest.from_json(self._body())).to_json()),
                 P.PAUSE_GENERATION: lambda: _ok(engine.pause(P.PauseGenerationRequest.from_json(self._body()).mode)),
                 P.CONTINUE_GENERATION: lambda: _continue(engine, self._body()),

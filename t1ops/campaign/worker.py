@@ -8,7 +8,8 @@ is booked in a :class:`TrialLedger` (completed, failed with its error, or
 cancelled with a reason: nothing vanishes), and skim over-sampling accepts the
 first groups to finish and cancels the tail, counted per family.
 
-Generation goes through the engine router (``t1ops.campaign.engines``): a
+Generation goes straight to the engines (``t1ops.guards.engine_direct``), with
+membership and health from the engine router (``t1ops.campaign.engines``): a
 request whose engine died is resubmitted to a live engine, never lost; when
 the pool runs out of engines the trial fails loudly and the ledger names it.
 """
@@ -28,10 +29,14 @@ from rl.agent.sandbox import make_sandbox
 from rl.agent.tasks import load_pool
 from rl.agent.verifier import verify
 from rl.chat import ChatRenderer
+from rl.engines.client import EngineClient
 from rl.errors import MissingRoutingError
 from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
 from t1ops.campaign.trialtrace import TrialClock
+from t1ops.config import EngineConfig
+from t1ops.guards.engine_direct import DirectEngines
+from t1ops.guards.http import BoundedHttp
 from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
 
 
@@ -59,16 +64,18 @@ class WorkerSettings:
     harness: "HarnessSettings | None" = None  # rollout.agent = "command" (t1ops.campaign.harness)
 
 
-class _RouterEngines:
-    """Generation through the router actor (one Ray call per request)."""
+def direct_engines(router, max_concurrency: int) -> DirectEngines:
+    """Requests straight to the engines; the router actor only answers the view and failure reports."""
+    import ray
 
-    def __init__(self, router) -> None:
-        self.router = router
-
-    def generate(self, request):
-        import ray
-
-        return ray.get(self.router.generate.remote(request))
+    conf = ray.get(router.client_config.remote())
+    cfg = EngineConfig(**conf["engine_cfg"])
+    http = BoundedHttp.from_config(cfg)
+    view_timeout_s = cfg.request_timeout_s * cfg.request_attempts
+    return DirectEngines(lambda: ray.get(router.view.remote(), timeout=view_timeout_s),
+                         lambda *args, **kw: router.report_failure.remote(*args, **kw), cfg,
+                         make_client=lambda url: EngineClient(url, http, **conf["client_kw"]),
+                         max_concurrency=max(8, max_concurrency))
 
 
 class RolloutWorker:
@@ -83,7 +90,7 @@ class RolloutWorker:
             telemetry.setup(run_dir, role=f"worker-{index}", **(telemetry_cfg or {}))
         raise_nofile_limit()
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
-        self.engines = _RouterEngines(router)
+        self.engines = direct_engines(router, settings.max_concurrency) if router is not None else None
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
         # fail before any trial, naming each task and Dockerfile line the local backend cannot honour
@@ -250,14 +257,20 @@ class RolloutWorker:
 
         try:
             try:
-                if self.harness is not None:
-                    ep = self.harness.run(trial, task, generate, sample_id=sample_id, group_id=spec.group_id)
+                if self.harness is not None and self.harness.settings.command:
+                    ep = self.harness.run(trial, task, generate, sample_id=sample_id, group_id=spec.group_id,
+                                          agent=agent)
                     if cancel.is_set():
                         raise Cancelled(sample_id)
                 else:
-                    ep = run_episode(task.instruction, execute, generate, self.renderer, agent,
-                                     sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
-                                     tracer=telemetry.tracer())
+                    tools = self.harness.toolbox(trial) if self.harness is not None else None
+                    try:
+                        ep = run_episode(task.instruction, execute, generate, self.renderer, agent,
+                                         sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
+                                         tracer=telemetry.tracer(), tools=tools)
+                    finally:
+                        if tools is not None:
+                            tools.close()
             finally:
                 with clock.phase("sandbox_s", "sandbox.finish"):
                     trial.finish()

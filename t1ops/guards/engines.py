@@ -230,6 +230,24 @@ class EnginePool:
         return ", ".join(f"engine {s.index} {s.status}" + (f" ({s.dead_reason})" if s.dead_reason else "")
                          for s in self._slots)
 
+    def view(self) -> dict:
+        """What a direct caller (:class:`t1ops.guards.engine_direct.DirectEngines`) needs: the weight
+        version, barriers begun, the gate, and ``(slot, url, status)`` of every started engine."""
+        with self._cond:
+            return {"version": self.version, "num_syncs": self._num_syncs, "gate_open": self._gate_open,
+                    "engines": [(s.index, s.handle.url, s.status) for s in self._slots if s.handle is not None]}
+
+    def report_failure(self, index: int, url: str, reason: str, *, wrong_version: bool = False) -> None:
+        """A direct caller's call on engine ``index`` at ``url`` failed: an engine that answered under a
+        version the pool never published is dead now; otherwise an exited process is (else the pinger judges)."""
+        s = self._slots[index] if 0 <= index < len(self._slots) else None
+        if s is None or s.handle is None or s.handle.url != url or s.status != "live":
+            return  # already handled, or a replacement now holds the slot
+        if wrong_version:
+            self._declare_dead(s, reason)
+        elif not self._exited(s):
+            telemetry.event("engine.direct_call_failed", severity="warning", slot=index, reason=reason[:200])
+
     def slot(self, index: int) -> EngineHandle | None:
         """The current handle of slot ``index`` (a recreated engine gets a new one; None while starting)."""
         return self._slots[index].handle

@@ -79,3 +79,47 @@ def test_harness_that_never_calls_the_model_fails_loudly(host, tmp_path):
             broken.run(trial, task, scripted(renderer, [], []), sample_id="s1", group_id="g1")
     finally:
         trial.close()
+
+
+def test_example_harness_offers_mcp_tools_from_a_server_it_starts_in_the_sandbox(tmp_path):
+    renderer = ChatRenderer.default()
+    host = HarnessHost(HarnessSettings(argv=("{python}", "{harness}/openai_bash_agent.py"), mcp_servers=(
+        ("files", ("{python}", "{harness}/mcp_files_server.py")),)), AgentSettings(max_turns=4, max_new_tokens=64),
+        renderer)
+    task = load_task(REPO / "examples" / "mcp" / "tasks" / "files-note-mcp")
+    trial = Sandbox(tmp_path, "run-m").create(task, 0)
+    seen = []
+    call = ('<tool_call>\n{"name": "files_write_file", "arguments": {"path": "notes.txt", "content": "ready\\n"}}'
+            '\n</tool_call>')
+    try:
+        out = host.run(trial, task, scripted(renderer, [call, "Done."], seen), sample_id="m0", group_id="gm")
+        trial.finish()
+        assert out.exit_code == 0, out.stderr_tail
+        first_prompt = renderer.decode(seen[0][0].input_ids)
+        assert '"name": "files_write_file"' in first_prompt and '"name": "bash"' in first_prompt
+        assert "wrote 6 chars to notes.txt" in renderer.decode(seen[1][0].input_ids)
+        from rl.agent.verifier import verify
+
+        verdict = verify(trial, scale=20.0)
+        assert (verdict.reward.passed, verdict.reward.total) == (2, 2)
+    finally:
+        trial.close()
+        host.close()
+
+
+def test_missing_routing_in_a_harness_trial_is_re_raised(host, tmp_path):
+    """The harness only sees a 500; the trial still raises MissingRoutingError (the rollout aborts)."""
+    from rl.errors import MissingRoutingError
+
+    h, renderer = host
+
+    def generate(req):
+        raise MissingRoutingError("engine returned no routing", sample="s2", turn=0)
+
+    task = load_task(REPO / "examples" / "tasks" / "files-hello")
+    trial = Sandbox(tmp_path, "run-h3").create(task, 0)
+    try:
+        with pytest.raises(MissingRoutingError):
+            h.run(trial, task, generate, sample_id="s2", group_id="g2")
+    finally:
+        trial.close()
