@@ -14,6 +14,7 @@ from pathlib import Path
 from rl.agent.loop import AgentSettings, sft_example, solution_command
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
+from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.engines import EngineRouter
@@ -66,10 +67,12 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
 
     tasks = load_pool(cfg.rollout.tasks_dir)
     renderer = ChatRenderer.default()
-    vocab = build_vocab(tasks, renderer, cfg.model.vocab_size)
+    vocab = build_vocab(tasks, renderer, cfg.model.vocab_size) if cfg.model.compact_vocab \
+        else CompactVocab.identity(cfg.model.vocab_size)  # a real server samples from the whole vocabulary
     vocab.save(run.vocab)
-    spec = {**cfg.model.model_dump(), "vocab_size": vocab.size}
-    progress.log(f"run {run.run_id}: {len(tasks)} tasks, compact vocabulary {vocab.size} ids, dir {run.path}")
+    spec = {**ModelSpec.from_config(cfg.model).to_dict(), "vocab_size": vocab.size}
+    progress.log(f"run {run.run_id}: {len(tasks)} tasks, {'compact' if cfg.model.compact_vocab else 'full'} "
+                 f"vocabulary {vocab.size} ids, dir {run.path}")
     c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
         spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
         ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
@@ -81,8 +84,12 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         progress.log(f"warm start: {len(c.warm_start_loss)} supervised steps, loss "
                      f"{c.warm_start_loss[0]:.2f} -> {c.warm_start_loss[-1]:.2f}")
     ckpt0 = ray.get(c.trainer.publish.remote(0))
+    e = cfg.engine  # the trainer's side of the weight sync (t1ops.guards.weight_sync)
+    ray.get(c.trainer.configure_weight_sender.remote(
+        dtype=e.dtype, bucket_bytes=int(e.weight_sync_bucket_mb * (1 << 20)), master_address=e.weight_sync_master_address,
+        timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports")))
     c.router = ray.remote(EngineRouter).options(num_cpus=0, max_concurrency=256).remote(
-        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0,
+        engine_cfg=cfg.engine.model_dump(), spec=spec, trainer=c.trainer, vocab_path=str(run.vocab), checkpoint_dir=ckpt0,
         version="0", num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
         num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
         telemetry_cfg=_telemetry_kw(cfg))
