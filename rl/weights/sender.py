@@ -56,8 +56,16 @@ class WeightSender:
         return str(out)
 
     # --- distributed ----------------------------------------------------------------------
-    def weight_group_address(self) -> tuple[str, int]:
-        """Where engines meet rank 0: the configured address and a free port on this host."""
+    def weight_group_address(self, backend: str) -> tuple[str, int]:
+        """Where engines meet rank 0: the configured address and a free port on this host.
+
+        Refuses a backend this torch lacks before any engine is asked to join (an engine would
+        otherwise wait for a rank 0 that never comes, until the group timeout)."""
+        import torch.distributed as dist
+
+        if not dist.is_backend_available(backend):
+            raise InputError(f"this trainer's torch has no {backend!r} backend; set engine.weight_sync_backend "
+                             "(gloo for engines on CPU, nccl between GPUs)", backend=backend)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((self._ws_address if self._ws_address != "0.0.0.0" else "", 0))
             return self._ws_address, int(s.getsockname()[1])

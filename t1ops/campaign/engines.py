@@ -25,10 +25,10 @@ class RayTrainerSender:
     def __init__(self, actor) -> None:
         self.actor = actor
 
-    def group_address(self):
+    def group_address(self, backend: str):
         import ray
 
-        return tuple(ray.get(self.actor.weight_group_address.remote()))
+        return tuple(ray.get(self.actor.weight_group_address.remote(backend)))
 
     def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str):
         return self.actor.weight_open_group.remote(master_port, world_size, group_name, backend)

@@ -108,7 +108,7 @@ class TrainerSender(Protocol):
     """The trainer's side of :class:`DistributedSync` (``rl.weights``; a Ray actor in a campaign)."""
 
     def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str) -> Any: ...
-    def group_address(self) -> tuple[str, int]: ...
+    def group_address(self, backend: str) -> tuple[str, int]: ...
     def buckets(self, version: str) -> list: ...
     def send(self, version: str) -> Any: ...
     def close_group(self) -> None: ...
@@ -162,7 +162,12 @@ class DistributedSync:
                   lambda c: c.destroy_weights_update_group(old), {}, "destroy_group")
             self.sender.close_group()
         self.group_name = f"t1ops-weights-{next(self._names)}"
-        address, port = self.sender.group_address()
+        try:
+            address, port = self.sender.group_address(self.backend)
+        except Exception as exc:  # e.g. no NCCL in this torch: no engine is asked to join
+            failures.update({i: f"trainer cannot host the group: {exc}" for i, _ in targets})
+            self.members = ()
+            return
         world = len(targets) + 1
         handle = self.sender.open_group(master_port=port, world_size=world, group_name=self.group_name,
                                         backend=self.backend)
@@ -193,8 +198,8 @@ class LocalTrainerSender:
         self.sender = sender
         self._thread = cf.ThreadPoolExecutor(1, thread_name_prefix="weights-rank0")
 
-    def group_address(self) -> tuple[str, int]:
-        return self.sender.weight_group_address()
+    def group_address(self, backend: str) -> tuple[str, int]:
+        return self.sender.weight_group_address(backend)
 
     def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str) -> cf.Future:
         return self._thread.submit(self.sender.weight_open_group, master_port, world_size, group_name, backend)

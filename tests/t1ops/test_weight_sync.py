@@ -100,3 +100,17 @@ def test_a_failed_engine_is_reported_by_slot(tmp_path, engines):
     dead = EngineClient("http://127.0.0.1:9", httpx.Client(timeout=5))  # nothing listens on port 9
     failures = DiskSync(trainer.weight_export).publish([engines[0], (7, dead)], "unused", "5")
     assert list(failures) == [7] and "ConnectError" in failures[7]
+
+
+def test_a_backend_the_trainer_lacks_fails_before_any_engine_is_asked(tmp_path):
+    if torch.distributed.is_backend_available("nccl"):
+        pytest.skip("this torch has NCCL")
+
+    class _Unreachable:
+        base_url = "http://never"
+
+        def init_weights_update_group(self, request):
+            raise AssertionError("an engine was asked to join a group rank 0 cannot host")
+
+    failures = DistributedSync(LocalTrainerSender(_Trainer(tmp_path)), "nccl").publish([(0, _Unreachable())], "", "1")
+    assert "no 'nccl' backend" in failures[0] and "weight_sync_backend" in failures[0]
