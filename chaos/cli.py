@@ -130,6 +130,17 @@ def _schedule(args: argparse.Namespace) -> int:
     cfg = load_toml(args.config)
     res = run_schedule(args.seed, args.faults, cfg, str(args.out), num_steps=args.steps)
     print(json.dumps(res, indent=2, default=str))
+    verdicts = {v["id"]: v for v in res["invariants"]["faults"]}
+    print(f"\nseed {args.seed}: {len(res['fired'])}/{len(res['schedule'])} faults fired", file=sys.stderr)
+    for f in res["fired"]:
+        v = verdicts.get(f["id"], {})
+        rule = "must catch" if v.get("must_catch") else "must absorb"
+        proof = ", ".join(v.get("evidence") or v.get("wrongly_named") or []) or "-"
+        print(f"  {f['id']} {f['kind']:<13} hit {f['work']} ({'in flight' if f['in_flight'] else 'IDLE'}); "
+              f"{rule}: {'ok' if v.get('ok') else 'FAILED'} [{proof}]", file=sys.stderr)
+    for k, ok in res["invariants"].items():
+        if k not in ("faults", "detail"):
+            print(f"  {'ok ' if ok else 'FAIL'} {k}", file=sys.stderr)
     if not res["passed"]:
         print(f"fault schedule seed={args.seed} FAILED its invariants; replay with "
               f"`t1ops chaos schedule --seed {args.seed} --faults {args.faults} --steps {args.steps}`",

@@ -10,7 +10,8 @@ on, and reports what it *observed*:
 - ``guarded``: whether the guardrail caught it, how fast, and the text a user sees;
 - ``invariants``: named checks that must hold (e.g. "no sample lost").
 
-``passed`` = fault fired, guardrail caught it, and every invariant held.
+``passed`` = fault fired, the unguarded run really failed (at least one invariant whose name
+starts with ``unguarded`` states how, observed), the guardrail caught it, and every invariant held.
 
 Scenario modules live in ``chaos/scenarios/`` and call :func:`register` at
 import time; :func:`discover` imports them all.
@@ -54,8 +55,13 @@ class ScenarioResult:
 
     @property
     def passed(self) -> bool:
-        return (self.crashed is None and self.fault_fired and self.guarded.caught
+        return (self.crashed is None and self.fault_fired and self.guarded.caught and self.unguarded_asserted
                 and all(self.invariants.values()))
+
+    @property
+    def unguarded_asserted(self) -> bool:
+        """The bug side is an observed, asserted fact, not only a printed sentence."""
+        return any(k.lower().startswith("unguarded") for k in self.invariants)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

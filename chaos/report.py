@@ -44,6 +44,8 @@ def failure_reason(r: ScenarioResult) -> str:
         return "the fault did not fire"
     if not r.guarded.caught:
         return "the guardrail missed it"
+    if not r.unguarded_asserted:
+        return "the unguarded failure is not asserted (no invariant named unguarded*)"
     broken = [name for name, ok in r.invariants.items() if not ok]
     return ("invariant broken: " + ", ".join(broken)) if broken else ""
 

@@ -15,6 +15,17 @@ built with ``device="cuda"``) and builds without linear biases.
 ``init_single_process()`` makes the gloo world of 1 that megatron's
 parallel_state needs, with tensor/pipeline parallel size 1 and the
 model-parallel RNG seeded. Both functions are idempotent.
+``init_model_parallel()`` is the multi-rank twin: the caller has created the
+default process group (t1ops does it through ``t1ops.guards.dist`` with an
+explicit timeout); it sets up megatron's TP/EP/DP groups with that timeout.
+``teardown()`` undoes either, so one process can build the layout-independent
+initial weights in a world of 1 and then join its real world.
+
+``SequenceParallelNorm`` replaces the local spec's torch LayerNorm: megatron
+refuses torch norms under sequence parallelism because their gradients are
+partial per tensor-parallel rank; this norm marks its parameters
+``sequence_parallel`` so the trainer all-reduces them over the TP group
+(``rl.trainer.grads``), as megatron's own fused norms are marked.
 """
 from __future__ import annotations
 
@@ -69,6 +80,16 @@ def _cpu_tracker_fork(self, name="model-parallel-rng"):
         torch.set_rng_state(outer_state)
 
 
+def _apply_no_te_shim() -> None:
+    """moe_utils binds ``te_general_gemm`` only when Transformer Engine imports; without TE (CPU,
+    or a GPU host without it) the router's gating linear hits a NameError. None selects its
+    torch.mm fallback."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def apply_cpu_shims() -> bool:
     """Patch megatron-core's four CUDA assumptions when CUDA is absent.
 
@@ -76,13 +97,13 @@ def apply_cpu_shims() -> bool:
     available and nothing was patched. Safe to call any number of times.
     """
     global _APPLIED
+    _apply_no_te_shim()
     if torch.cuda.is_available():
         return False
     if _APPLIED:
         return True
     from megatron.core import utils as mcore_utils
     from megatron.core.tensor_parallel import random as mcore_random
-    from megatron.core.transformer.moe import moe_utils
 
     # 1. Router.gating moves a CPU weight to torch.cuda.current_device(), and the
     #    rotary embedding and the GPT model place buffers there. Without CUDA that
@@ -97,13 +118,63 @@ def apply_cpu_shims() -> bool:
     #    the CPU generator instead.
     mcore_random.CudaRNGStatesTracker.add = _cpu_tracker_add
     mcore_random.CudaRNGStatesTracker.fork = _cpu_tracker_fork
-    # 4. moe_utils binds te_general_gemm only when Transformer Engine imports;
-    #    without TE the router's gating linear hits a NameError. None selects
-    #    its torch.mm fallback.
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
+    # 4. (Transformer Engine absent, CUDA or not) is _apply_no_te_shim().
     _APPLIED = True
     return True
+
+
+class SequenceParallelNorm:
+    """megatron's ``WrappedTorchNorm`` (torch LayerNorm / RMSNorm, same parameters and numerics)
+    usable under sequence parallelism: the parameters are marked ``sequence_parallel``."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_unused) -> torch.nn.Module:
+        norms = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
+        if config.normalization not in norms:
+            raise InputError(f"SequenceParallelNorm implements {sorted(norms)}, config asks {config.normalization!r}")
+        norm = norms[config.normalization](normalized_shape=hidden_size, eps=eps)
+        for param in norm.parameters():
+            param.sequence_parallel = bool(config.sequence_parallel)
+        return norm
+
+
+def init_model_parallel(*, tp: int = 1, pp: int = 1, ep: int = 1, seed: int = 1234,
+                        timeout_s: float) -> None:
+    """megatron parallel state over an existing default process group of ``dp * tp * pp`` ranks.
+
+    Every group megatron creates gets ``timeout_s`` (its own default is 30 min).
+    Expert tensor parallelism is 1 (the report's layout); ``ep`` must divide
+    ``world / pp``. Raises InputError when no process group exists yet or a
+    different layout is already initialised.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    apply_cpu_shims()
+    if not torch.distributed.is_initialized():
+        raise InputError("init_model_parallel needs the default process group first "
+                         "(t1ops.guards.dist.init_process_group creates it with an explicit timeout)")
+    if parallel_state.model_parallel_is_initialized():
+        have = (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_pipeline_model_parallel_world_size(),
+                parallel_state.get_expert_model_parallel_world_size())
+        if have != (tp, pp, ep):
+            raise InputError(f"megatron parallel state already holds tp/pp/ep = {have}, asked {(tp, pp, ep)}; "
+                             "call teardown() first", have=have)
+        return
+    parallel_state.initialize_model_parallel(
+        tp, pp, expert_model_parallel_size=ep, expert_tensor_parallel_size=1,
+        distributed_timeout_minutes=timeout_s / 60.0, create_gloo_process_groups=False)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def teardown() -> None:
+    """Destroy megatron's parallel state and the default process group (either may be absent)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def init_single_process(backend: str = "gloo", seed: int = 1234, timeout_s: float = 60.0) -> None:

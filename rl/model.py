@@ -47,7 +47,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rl.errors import CheckpointError, InputError, RoutingError
-from rl.megatron_cpu import init_single_process
+from rl.megatron_cpu import SequenceParallelNorm, init_single_process
 
 WEIGHTS_FILE = "weights.pt"
 _LOGPROB_CHUNK_TOKENS = 4096  # positions per LM-head chunk: bounds B x chunk x V logits ...
@@ -81,9 +81,22 @@ class ModelSpec:
         return asdict(self)
 
 
-def _transformer_config(spec: ModelSpec, dtype: torch.dtype, routing_replay: bool):
+def _parallel_sizes() -> tuple[int, int]:
+    """(tp, ep) of megatron's parallel state (1, 1 in a world of 1)."""
+    from megatron.core import parallel_state
+
+    return (parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size())
+
+
+def _transformer_config(spec: ModelSpec, dtype: torch.dtype, routing_replay: bool, sequence_parallel: bool = False):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    tp, ep = _parallel_sizes()
+    if spec.vocab_size % tp:
+        raise InputError(f"vocab_size {spec.vocab_size} is not divisible by tp = {tp}: the LM head and embedding "
+                         "are split by vocabulary rows; pad the vocabulary to a multiple of tp",
+                         vocab_size=spec.vocab_size, tp=tp)
     if dtype not in (torch.float32, torch.bfloat16):
         raise InputError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}", dtype=str(dtype))
     if spec.num_attention_heads % spec.num_query_groups:
@@ -122,22 +135,41 @@ def _transformer_config(spec: ModelSpec, dtype: torch.dtype, routing_replay: boo
         use_cpu_initialization=not torch.cuda.is_available(),
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
+        # the trainer's layout (rl.trainer.ranks); all 1 / False in a world of 1
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sequence_parallel,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=1,
     )
 
 
-def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: bool):
+def _layer_spec(spec: ModelSpec):
+    """megatron's local layer spec with :class:`SequenceParallelNorm` as every norm (same params)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    layer = get_gpt_layer_local_spec(num_experts=spec.num_experts, qk_layernorm=True, normalization="RMSNorm")
+    layer.submodules.input_layernorm = SequenceParallelNorm
+    layer.submodules.pre_mlp_layernorm = SequenceParallelNorm
+    attention = layer.submodules.self_attention.submodules
+    attention.q_layernorm = attention.k_layernorm = SequenceParallelNorm
+    return TransformerBlockSubmodules(layer_specs=[layer] * spec.num_layers, layer_norm=SequenceParallelNorm)
+
+
+def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: bool,
+               sequence_parallel: bool = False):
+    from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    init_single_process()
-    config = _transformer_config(spec, dtype, routing_replay)
+    if not parallel_state.model_parallel_is_initialized():
+        init_single_process()
+    config = _transformer_config(spec, dtype, routing_replay, sequence_parallel)
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=spec.num_experts, qk_layernorm=True,
-                                                        normalization="RMSNorm"),
+        transformer_layer_spec=_layer_spec(spec),
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.max_seq_len,
         position_embedding_type="rope",
@@ -145,10 +177,13 @@ def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: b
         share_embeddings_and_output_weights=False,
     )
     model.t1_spec = spec
+    if torch.cuda.is_available():  # megatron puts its own layers there; the torch norms start on the CPU
+        model.cuda(torch.cuda.current_device())
     return model
 
 
-def build_policy(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32, unk_id: int | None = None):
+def build_policy(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32, unk_id: int | None = None,
+                 sequence_parallel: bool = False):
     """Policy: a megatron ``GPTModel`` (MoE, routing replay on) over ``spec.vocab_size`` ids.
 
     ``unk_id`` is the compact UNK id (``CompactVocab.unk_id``); its logit is
@@ -158,12 +193,12 @@ def build_policy(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32,
     """
     if unk_id is not None and not 0 <= unk_id < spec.vocab_size:
         raise InputError(f"unk_id {unk_id} outside [0, {spec.vocab_size})", unk_id=unk_id)
-    model = _build_gpt(spec, seed, dtype, routing_replay=True)
+    model = _build_gpt(spec, seed, dtype, routing_replay=True, sequence_parallel=sequence_parallel)
     model.t1_unk_id = unk_id
     return model
 
 
-def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32):
+def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
     """Critic: the same MoE ``GPTModel`` trunk with a scalar value head.
 
     megatron's ``GPTModel`` ends in ``output_layer``, a ColumnParallelLinear
@@ -171,20 +206,40 @@ def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32)
     model returns its output [B, T, out]. The critic replaces that layer by
     megatron's own ColumnParallelLinear hidden -> 1 (with bias), so the model
     returns values [B, T, 1]. Routing replay is off: replay instances are
-    process-global in mcore and the critic's routing is its own.
+    process-global in mcore and the critic's routing is its own. Under tensor
+    parallelism a 1-wide output cannot be split: the head is then replicated
+    on every TP rank (:class:`_ReplicatedValueHead`, same parameter names).
     """
     from megatron.core import tensor_parallel
 
-    model = _build_gpt(spec, seed, dtype, routing_replay=False)
+    model = _build_gpt(spec, seed, dtype, routing_replay=False, sequence_parallel=sequence_parallel)
     config = model.config
-    model.output_layer = tensor_parallel.ColumnParallelLinear(
-        spec.hidden_size, 1, config=config, init_method=config.init_method,
-        bias=True, skip_bias_add=False, gather_output=True,
-    )
+    if _parallel_sizes()[0] == 1:
+        model.output_layer = tensor_parallel.ColumnParallelLinear(
+            spec.hidden_size, 1, config=config, init_method=config.init_method,
+            bias=True, skip_bias_add=False, gather_output=True,
+        )
+    else:
+        model.output_layer = _ReplicatedValueHead(spec.hidden_size, config)
+    if torch.cuda.is_available():
+        model.output_layer.cuda(torch.cuda.current_device())
     with torch.no_grad():
         model.output_layer.bias.zero_()
     model.t1_unk_id = None
     return model
+
+
+class _ReplicatedValueHead(torch.nn.Module):
+    """hidden -> 1 linear held whole on every tensor-parallel rank (``weight`` [1, H], ``bias`` [1])."""
+
+    def __init__(self, hidden_size: int, config) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(1, hidden_size, dtype=config.params_dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=config.params_dtype))
+        config.init_method(self.weight)
+
+    def forward(self, hidden_SBH, weight=None, runtime_gather_output=None):
+        return torch.nn.functional.linear(hidden_SBH, self.weight, self.bias), None
 
 
 # --- forward helpers -----------------------------------------------------------
@@ -237,9 +292,36 @@ class _PassThroughHead(torch.nn.Module):
         return hidden_SBH, None
 
 
+def _full_sequence(model, hidden_SBH: torch.Tensor) -> torch.Tensor:
+    """Under sequence parallelism the decoder's output is this rank's slice of the sequence;
+    gather it (backward: keep this rank's slice of the full gradient). Identity otherwise."""
+    if not model.config.sequence_parallel:
+        return hidden_SBH
+    from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+    return gather_from_sequence_parallel_region(hidden_SBH, tensor_parallel_output_grad=False)
+
+
+def _apply_head(head, hidden_SBH: torch.Tensor) -> torch.Tensor:
+    """The head over full-sequence hidden states; a vocab-split head's logits are gathered whole.
+
+    For a column-parallel head under TP: copy-to-TP (backward all-reduces the
+    input gradient over the vocab shards), the local shard's matmul, gather
+    along the vocabulary (backward keeps this rank's shard). With tp = 1 or a
+    replicated head this is the head's own forward.
+    """
+    from megatron.core import tensor_parallel
+
+    if isinstance(head, tensor_parallel.ColumnParallelLinear) and _parallel_sizes()[0] > 1:
+        x = tensor_parallel.copy_to_tensor_model_parallel_region(hidden_SBH)
+        local = torch.nn.functional.linear(x, head.weight, head.bias)
+        return tensor_parallel.gather_from_tensor_model_parallel_region(local)
+    out, _ = head(hidden_SBH)
+    return out
+
+
 def _masked_logits(head, unk_id: int | None, hidden_SBH: torch.Tensor) -> torch.Tensor:
-    logits, _ = head(hidden_SBH)
-    logits = logits.float()
+    logits = _apply_head(head, hidden_SBH).float()
     if unk_id is not None:
         logits[..., unk_id] = float("-inf")
     return logits
@@ -249,8 +331,8 @@ def last_logits(model, ids_BT: torch.Tensor) -> torch.Tensor:
     """fp32 next-token logits [B, V] at the last position, UNK masked to -inf."""
     _check_ids(model, ids_BT)
     with _hidden_mode(model) as head:
-        hidden_BTH = model(*_model_inputs(ids_BT))
-        return _masked_logits(head, model.t1_unk_id, hidden_BTH[:, -1:, :].transpose(0, 1))[0]
+        hidden_SBH = _full_sequence(model, model(*_model_inputs(ids_BT)).transpose(0, 1))
+        return _masked_logits(head, model.t1_unk_id, hidden_SBH[-1:])[0]
 
 
 def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor,
@@ -296,7 +378,7 @@ def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor,
         picked_cB = logits_cBV.gather(-1, targets_cB.unsqueeze(-1)).squeeze(-1)
         return picked_cB - torch.logsumexp(logits_cBV, dim=-1)
 
-    hidden_TBH = hidden_BTH.transpose(0, 1)
+    hidden_TBH = _full_sequence(model, hidden_BTH.transpose(0, 1))
     targets_TB = targets_BT.long().transpose(0, 1)
     batch_size = max(1, ids_BT.shape[0])
     chunk = max(1, min(_LOGPROB_CHUNK_TOKENS // batch_size, _LOGPROB_CHUNK_LOGITS // (batch_size * vocab_size)))
@@ -313,7 +395,9 @@ def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor,
 def values(critic, ids_BT: torch.Tensor) -> torch.Tensor:
     """fp32 value estimates [B, T] (one per position) from ``build_critic``'s model."""
     _check_ids(critic, ids_BT)
-    return critic(*_model_inputs(ids_BT))[..., 0].float()
+    with _hidden_mode(critic) as head:
+        hidden_SBH = _full_sequence(critic, critic(*_model_inputs(ids_BT)).transpose(0, 1))
+        return _apply_head(head, hidden_SBH)[..., 0].transpose(0, 1).float()
 
 
 # --- routing record / replay -------------------------------------------------
@@ -391,13 +475,18 @@ def _check_rows(rows: Sequence[np.ndarray], spec: ModelSpec) -> list[np.ndarray]
 
 
 @contextlib.contextmanager
-def replay_routing(model, rows: Sequence[np.ndarray]) -> Iterator[None]:
+def replay_routing(model, rows: Sequence[np.ndarray], sp_size: int = 1) -> Iterator[None]:
     """Forwards inside the block use the experts in ``rows`` (R3).
 
     ``rows[b]`` is int [T_b, L, K] for sample b; every forward inside the
     block must have batch size len(rows) and T >= max T_b. Positions t >= T_b
     (padding) get experts 0..K-1. Gate weights come from the live router
     scores at the replayed experts, so router weights still get gradients.
+
+    Under sequence parallelism (``sp_size`` > 1) the routers of this rank see
+    only its slice of the positions: ``rows`` are then this rank's slice (the
+    token pipeline's SP split, ``rl.routing.shard_for_rank``) and T counts the
+    local positions, ``num_positions / sp_size``.
     """
     from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
@@ -408,6 +497,10 @@ def replay_routing(model, rows: Sequence[np.ndarray]) -> Iterator[None]:
     def set_targets(_module, args, kwargs):
         ids = args[0] if args else kwargs["input_ids"]
         batch_size, num_positions = int(ids.shape[0]), int(ids.shape[1])
+        if num_positions % sp_size:
+            raise RoutingError(f"{num_positions} positions do not split over sp_size = {sp_size}; pad them "
+                               "through the token pipeline first")
+        num_positions //= sp_size
         if batch_size != len(checked):
             raise RoutingError(f"replay has rows for {len(checked)} samples, forward has {batch_size}")
         targets_TBLK = np.broadcast_to(
@@ -419,7 +512,7 @@ def replay_routing(model, rows: Sequence[np.ndarray]) -> Iterator[None]:
                     f"rows[{b}] has {rows_TLK.shape[0]} positions, forward has only {num_positions}", sample=b
                 )
             targets_TBLK[: rows_TLK.shape[0], b] = rows_TLK
-        targets = torch.from_numpy(targets_TBLK)
+        targets = torch.from_numpy(targets_TBLK).to(ids.device)
         for layer, replay in enumerate(replays):
             replay.clear_indices()
             replay.set_target_indices(targets[:, :, layer].reshape(num_positions * batch_size, -1))

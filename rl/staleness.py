@@ -15,6 +15,10 @@ The rule limits the steady state; it is not a per-trajectory SLA. A long-tail
 group can still finish older than ``max_staleness`` steps: it is accepted and the
 violation is recorded (walkthrough: "accepts it, records a violation and alerts"),
 never silently dropped.
+
+The bounds are checked after every change (:meth:`StalenessManager.check_bounds`),
+in production too: a broken bound raises :class:`CapacityError` instead of
+letting generation run further ahead than the budget allows.
 """
 from __future__ import annotations
 
@@ -22,7 +26,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl.errors import InputError
+from rl.errors import InputError, T1OpsError
+
+
+class CapacityError(T1OpsError, RuntimeError):
+    """The staleness manager's bounds were broken (an accounting bug, never load)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,7 @@ class StalenessManager:
             if self._capacity() <= 0:
                 return None
             self.running += 1
+            self._check_bounds()
             return self.current_step
 
     def _finish(self, what: str) -> None:
@@ -102,12 +111,28 @@ class StalenessManager:
                                  argument="started_step")
             self._finish("on_accepted")
             self.accepted += 1
+            self._check_bounds()
             staleness = self.current_step - started_step
             if staleness <= self.max_staleness:
                 return None
             violation = StalenessViolation(started_step, self.current_step, staleness, self.max_staleness)
             self.violations.append(violation)
             return violation
+
+    def check_bounds(self) -> None:
+        """Raise CapacityError unless ``running <= max_concurrency`` and ``accepted + running <=
+        (max_staleness + current_step) * batch_size`` (the rule's two bounds)."""
+        with self.lock:
+            self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        consumer_capacity = (self.max_staleness + self.current_step) * self.batch_size
+        if not 0 <= self.running <= self.max_concurrency or self.accepted + self.running > consumer_capacity:
+            raise CapacityError(f"staleness capacity exceeded: running {self.running} (max {self.max_concurrency}), "
+                                f"accepted + running {self.accepted + self.running} > (max_staleness "
+                                f"{self.max_staleness} + step {self.current_step}) x {self.batch_size} = "
+                                f"{consumer_capacity}; every group must start through try_start",
+                                running=self.running, accepted=self.accepted, current_step=self.current_step)
 
     def on_released(self) -> None:
         """A group finished without entering the buffer (filtered, failed, aborted): frees its slot."""

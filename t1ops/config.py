@@ -31,7 +31,8 @@ class RunConfig(Section):
     steps: int = Field(8, ge=1, le=100_000, description="RL steps to run (after warm start).")
     ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None: all).")
-    one_step_pipeline: bool = Field(True, description="Generate batch t+1 while step t trains (False: strictly sequential).")
+    one_step_pipeline: bool = Field(True, description="Generate batch t+1 while step t trains (False: strictly sequential). Used when mode is None.")
+    mode: Literal["sync", "one_step", "fully_async"] | None = Field(None, description="Step pipeline: 'sync' (generate, then train), 'one_step' (batch t+1 generates while step t trains), 'fully_async' (group workers generate continuously within the staleness budget, [fully_async] section; docs/async.md). None: one_step_pipeline decides.")
     plan: str | None = Field(None, description="Cluster plan (TOML) that `t1ops preflight` must accept before launch (None: no gate).")
 
 
@@ -69,6 +70,7 @@ class EngineConfig(Section):
     weight_sync_master_address: str = Field("127.0.0.1", description="Address the engines reach the trainer at (rank 0 of the weight-update group).")
     weight_sync_bucket_mb: float = Field(512.0, gt=0, description="Bytes per /update_weights_from_distributed request (MiB), never splitting a tensor's conversion unit.")
     weight_sync_timeout_s: float = Field(600.0, gt=0, description="Timeout of the weight-update group (forming it, each broadcast).")
+    batching: bool = Field(True, description="Embedded engine: K/V cache, continuous batching and prefix reuse (docs/engine.md); false recomputes the whole sequence per token, one request at a time (the old path, for benchmarks).")
 
 
 class ParallelConfig(Section):
@@ -136,10 +138,51 @@ class RolloutConfig(Section):
     reward_scale: float = Field(20.0, gt=0, description="CTRF reward = passed tests / scale (report: S = 20).")
     num_workers: int = Field(1, ge=1, description="Rollout workers (one per node).")
     num_train_tasks: int | None = Field(None, ge=1, description="Train on a fixed, seeded subset of this many tasks (None: the whole pool).")
+    agent: Literal["builtin", "command"] = Field("builtin", description="'builtin': t1ops's token-in agent loop; 'command': the [harness] program runs as the agent in the sandbox against the OpenAI endpoint (docs/harness.md).")
+
+
+class HarnessConfig(Section):
+    """The program ``rollout.agent = "command"`` runs as each trial's agent (docs/harness.md)."""
+
+    argv: list[str] = Field(default_factory=lambda: ["{python}", "{harness}/openai_bash_agent.py"], min_length=1, description="Command line of the harness; {python}: an interpreter the sandbox uid can run, {harness}: program_dir as the trial sees it (nothing else of the repository exists in a trial).")
+    program_dir: str = Field("examples/harness", description="Directory holding the harness program (relative to the repository); read-only to the trial.")
+    max_corrections: int = Field(2, ge=0, le=10, description="Corrective observations per request when a reply's tool call does not parse; then the request fails.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the harness (no secrets: use the task's declared env).")
+
+
+class McpServerConfig(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="Server name; its tools are offered as '<name>_<tool>'.")
+    argv: list[str] = Field(min_length=1, description="Command line of the stdio server, started inside the trial's sandbox; placeholders as in harness.argv.")
+
+
+class McpConfig(Section):
+    """Tools from stdio MCP servers, offered to both agents (docs/harness.md)."""
+
+    servers: list[McpServerConfig] = Field(default_factory=list, description="MCP servers started per trial inside its sandbox (empty: none).")
+
+
+class EvalConfig(Section):
+    """Held-out evaluation during training (docs/campaign.md, "Evaluation")."""
+
+    every_steps: int = Field(0, ge=0, description="Evaluate held-out tasks every N RL steps, plus the warm-started weights (step 0) and the last step; 0: no evaluation.")
+    tasks_dir: str | None = Field(None, description="A separate pool of evaluation tasks; None: the training pool's tasks left out of the training set (rollout.num_train_tasks).")
+    tasks: list[str] | None = Field(None, description="A declared evaluation split (task names in the eval pool); None: every held-out task. Never overlaps the training set (checked before launch).")
+    samples_per_task: int = Field(2, ge=1, le=64, description="Trials per evaluation task.")
+    greedy: bool = Field(False, description="Greedy decoding (temperature 0) for evaluation; false samples at eval.temperature.")
+    temperature: float = Field(1.0, gt=0, le=4, description="Sampling temperature of evaluation trials when greedy = false.")
+    timeout_s: float = Field(1800.0, gt=0, description="An evaluation still running this long after its submission is an error.")
+
+
+class CheckpointsConfig(Section):
+    """Checkpoint retention (docs/campaign.md, "Checkpoint retention"); how often: trainer.save_every."""
+
+    keep_last: int | None = Field(4, ge=2, description="Keep the newest N steps of each role (None: keep all); the step a resume needs is always kept.")
+    keep_every: int = Field(0, ge=0, description="Also keep every K-th step (0: none besides the last N).")
 
 
 class GuardsConfig(Section):
     fd_warn_fraction: float = Field(0.8, gt=0, le=1, description="Warn when open fds exceed this fraction of the soft limit.")
+    fd_sample_interval_s: float = Field(10.0, gt=0, le=3600, description="The fd guard samples every campaign process's open fds this often, on its own thread (and after every step).")
     stall_timeout_s: float = Field(300.0, gt=0, description="In-flight work with zero completions this long is an error.")
     host_ram_warn_fraction: float = Field(0.9, gt=0, le=1, description="Warn when projected host RAM exceeds this fraction.")
     nccl_timeout_min: float = Field(30.0, gt=0, description="NCCL group timeout (report: 30 min).")
@@ -156,6 +199,31 @@ class GuardsConfig(Section):
     sandbox_host_gib: float = Field(2.0, ge=0, description="Host RAM one concurrent sandbox worker costs, for the host-memory projection.")
 
 
+class FullyAsyncConfig(Section):
+    """run.mode = "fully_async" (SkyRL walkthrough, section 8; docs/async.md). Units are prompt groups."""
+
+    num_parallel_generation_workers: int = Field(8, ge=1, le=100_000, description="Prompt groups generating at once (the walkthrough's 64 group workers).")
+    max_staleness_steps: int = Field(1, ge=0, le=1000, description="Capacity rule: accepted + running groups <= (max_staleness_steps + step) x groups per step. A budget, not an SLA: older groups are accepted and counted as violations.")
+    zero_variance_filter: bool = Field(True, description="Drop groups whose rewards are all equal (no GRPO signal); counted per step.")
+    sample_full_batch: bool = Field(True, description="Keep drawing groups until a step has rollout.batch_size / n_samples_per_prompt useful ones (False: train on what the first groups give).")
+    staleness_alarm_share: float = Field(0.25, ge=0, le=1, description="Alarm (error event, step line) when more than this share of a step's groups exceed max_staleness_steps.")
+    max_draws_factor: int = Field(8, ge=1, le=1000, description="A step that drops more than this many times its group count (all zero variance) stops with an error naming the fix.")
+
+
+class SandboxConfig(Section):
+    """How trials are isolated (docs/sandbox.md). A task's own ``[environment]`` memory_mb /
+    cpus / storage_mb replace the limits below for its trials."""
+
+    isolation: Literal["strict", "namespaces", "none"] = Field("strict", description="Weakest isolation `t1ops run` accepts: strict = per-trial uid + namespaces + cgroup; namespaces = the same with per-process rlimits; none = host user (non-root only).")
+    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network).")
+    memory_mb: int = Field(1024, ge=16, description="Memory of one trial, all its processes and its tmpfs together (cgroup; rlimit fallback per process).")
+    cpus: float | None = Field(None, gt=0, description="CPU quota of one trial in cores (cgroup cpu.cfs_quota_us); None: no quota.")
+    storage_mb: int = Field(256, ge=1, description="Size of the trial's tmpfs: workspace, /tmp, /var/tmp, /dev/shm together.")
+    num_files: int = Field(20_000, ge=64, description="Inodes of the trial's tmpfs (files + dirs).")
+    num_procs: int = Field(64, ge=4, description="Processes of one trial (cgroup pids.max and RLIMIT_NPROC).")
+    cpu_s: int = Field(30, ge=1, description="CPU seconds per process (RLIMIT_CPU).")
+
+
 class TelemetryConfig(Section):
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint; None writes JSON lines only.")
     export_interval_s: float = Field(5.0, gt=0, description="Metric export interval.")
@@ -169,8 +237,19 @@ class CampaignConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Inference engines.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Learning.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig, description="Checkpoint retention.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
+    harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The command agent (rollout.agent = 'command').")
+    mcp: McpConfig = Field(default_factory=McpConfig, description="MCP tool servers for both agents.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
+    fully_async: FullyAsyncConfig = Field(default_factory=FullyAsyncConfig, description="Fully async pipeline (run.mode = 'fully_async').")
+
+    @property
+    def pipeline_mode(self) -> str:
+        """run.mode, or the legacy run.one_step_pipeline switch when mode is unset."""
+        return self.run.mode or ("one_step" if self.run.one_step_pipeline else "sync")
 
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":
@@ -194,7 +273,7 @@ class CampaignConfig(Section):
         p = self.trainer.parallel
         errors = trainer_errors(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, sequence_parallel=p.sequence_parallel,
                                 num_layers=m.num_layers, num_experts=m.num_experts,
-                                num_attention_heads=m.num_attention_heads)
+                                num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups)
         if errors:
             raise ValueError("trainer.parallel: " + "; ".join(errors))
         return self

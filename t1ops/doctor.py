@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import resource
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -25,9 +25,13 @@ class Check:
     name: str
     status: Status
     detail: str
+    facts: dict = field(default_factory=dict)   # structured findings (in --json only)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not d["facts"]:
+            del d["facts"]
+        return d
 
 
 _CHECKS: list[Callable[[], Check | list[Check]]] = []
@@ -106,6 +110,35 @@ def cgroup_memory_events() -> Check:
     except OSError as err:
         return Check("cgroup_memory_events", "warn", f"{p} not readable: {err}")
     return Check("cgroup_memory_events", "ok", f"{p} readable (oom_kill counter available)")
+
+
+@check
+def sandbox_isolation() -> Check:
+    """The trial isolation in effect (docs/sandbox.md): uid drop, namespaces, cgroup or the
+    rlimit fallback. ``t1ops run`` refuses a level below ``sandbox.isolation``."""
+    from rl.agent.sandbox import probe_isolation
+
+    iso = probe_isolation()
+    facts = iso.to_dict()
+    detail = (f"level={iso.level}; uid drop: {iso.uid_drop} ({iso.uid_reason}); namespaces: "
+              f"{','.join(iso.namespaces) or 'none'}; limits: {iso.limits_reason}")
+    status: Status = "ok" if iso.level == "strict" else ("warn" if iso.level == "namespaces" else "fail")
+    return Check("sandbox_isolation", status, detail, facts)
+
+
+@check
+def sandbox_leftovers() -> Check:
+    """Trial tmpfs mounts and cgroups that exist now (a killed campaign cannot close its trials)."""
+    from rl.agent.sandbox.isolation import trial_resources
+
+    mounts, cgroups = trial_resources()
+    facts = {"mounts": mounts, "cgroups": cgroups}
+    if not mounts and not cgroups:
+        return Check("sandbox_leftovers", "ok", "no trial tmpfs or cgroup on this host", facts)
+    return Check("sandbox_leftovers", "warn",
+                 f"{len(mounts)} trial tmpfs mounts and {len(cgroups)} trial cgroups exist: trials of a "
+                 "running campaign, or leftovers of a killed one (then: umount -l <mount>; rmdir "
+                 "<cgroup>; docs/sandbox.md)", facts)
 
 
 @check

@@ -55,10 +55,12 @@ def expert_layout(world: int, pp: int, ep: int, etp: int, num_experts: int) -> s
     return None
 
 
-def heads_split(num_attention_heads: int, tp: int) -> str | None:
-    """Tensor parallelism splits the attention heads."""
+def heads_split(num_attention_heads: int, tp: int, num_query_groups: int | None = None) -> str | None:
+    """Tensor parallelism splits the attention heads and the key/value groups."""
     if num_attention_heads % tp:
         return f"tp = {tp} does not divide num_attention_heads {num_attention_heads}"
+    if num_query_groups is not None and num_query_groups % tp:
+        return f"tp = {tp} does not divide num_query_groups {num_query_groups} (each TP rank holds whole KV groups)"
     return None
 
 
@@ -84,11 +86,12 @@ def plan_errors(world: int, tp: int, pp: int, cp: int, etp: int, dp: int | None)
 
 
 def trainer_errors(*, dp: int, tp: int, pp: int, ep: int, sequence_parallel: bool, num_layers: int,
-                   num_experts: int, num_attention_heads: int, etp: int = 1, cp: int = 1) -> list[str]:
+                   num_experts: int, num_attention_heads: int, num_query_groups: int | None = None,
+                   etp: int = 1, cp: int = 1) -> list[str]:
     """Every rule a campaign's ``[trainer.parallel]`` must satisfy against its model (world = dp*tp*pp*cp)."""
     world = dp * tp * pp * cp
     rules = (plan_errors(world, tp, pp, cp, etp, dp)
              + [layers_split(num_layers, pp), expert_layout(world, pp, ep, etp, num_experts),
-                heads_split(num_attention_heads, tp), moe_tp_needs_sp(tp, sequence_parallel),
+                heads_split(num_attention_heads, tp, num_query_groups), moe_tp_needs_sp(tp, sequence_parallel),
                 sp_needs_tp(tp, sequence_parallel)])
     return [m for m in rules if m]

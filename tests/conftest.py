@@ -20,3 +20,7 @@ from hypothesis import settings as _hyp_settings  # noqa: E402
 _hyp_settings.register_profile("repro", derandomize=True, print_blob=True)
 _hyp_settings.register_profile("explore", derandomize=False, max_examples=1000, print_blob=True)
 _hyp_settings.load_profile("repro")
+
+# tests/fixtures/ holds task directories whose tests are run by the sandbox's verifier,
+# never by this suite
+collect_ignore_glob = ["fixtures/*"]

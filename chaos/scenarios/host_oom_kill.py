@@ -117,6 +117,7 @@ def run(tmp: Path) -> Outcome:
         unguarded=unguarded,
         guarded=Guarded(caught=caught, detection_s=detection_s, error=error),
         invariants={
+            "unguarded trainer died by SIGKILL with nothing named": rc_u in (-9, 137),
             "projection warned before launch": not verdict.fits,
             "named as OS OOM kill, not a crash": "killed by the OS OOM killer" in error
             or (cgroup is None and "OOM killer" in error),

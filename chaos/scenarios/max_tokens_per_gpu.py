@@ -71,6 +71,7 @@ def run(tmp: Path) -> Outcome:
         unguarded=unguarded,
         guarded=Guarded(caught=bool(error), detection_s=detection_s, error=error),
         invariants={
+            "unguarded launch accepted the lowered cap": record.exists(),
             "binding micro-batch unchanged by the cap": binding_tokens_per_gpu(after) == binding_tokens_per_gpu(before),
             "micro-batch count doubled": micro_batches_per_gpu(after) == 2 * micro_batches_per_gpu(before),
             "still OOM after lowering the cap": not est.fits,

@@ -106,7 +106,8 @@ def run(tmp: Path) -> Outcome:
                    f"micro-batch (true {np.mean(direct):.4f}, {inflation:.0f}x and more); "
                    "no error, mismatch looks catastrophic"),
         guarded=Guarded(caught=caught, detection_s=round(detection_s, 4), error=error),
-        invariants={"gap_matches_direct_mbs1": close(ours_mb1, direct),
+        invariants={"unguarded_gap_inflated_1000x": inflation >= 1000,
+                    "gap_matches_direct_mbs1": close(ours_mb1, direct),
                     "gap_matches_direct_mbs4": close(ours_mb4, direct),
                     "gap_near_report_0.02": all(0.015 <= g <= 0.025 for g in ours_mb1)},
         details={"buggy_gap": [round(b, 2) for b in buggy],

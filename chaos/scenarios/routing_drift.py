@@ -107,6 +107,7 @@ def run(tmp: Path) -> Outcome:
         unguarded=unguarded,
         guarded=Guarded(caught=lowered and gap.replay_used_recorded, detection_s=measure_s, error=error),
         invariants={
+            "unguarded_trainer_evaluates_other_experts": gap.num_flipped_rows > 0 and gap.gap_r3_off > 0,
             "r3_lowers_logprob_gap": lowered,
             "replayed_forward_used_recorded_experts": gap.replay_used_recorded,
             "same_precision_control_has_no_flip_and_no_r3_gap": control.num_flipped_rows == 0

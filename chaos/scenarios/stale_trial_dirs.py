@@ -21,12 +21,13 @@ verifier is killed by a verifier timeout before pytest writes a report.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from chaos.harness import Guarded, Outcome, register
-from rl.agent.sandbox import VERIFIER_LIMITS, Sandbox, run_limited
+from rl.agent.sandbox import Sandbox
 from rl.agent.tasks import load_task
 from rl.agent.verifier import accept_ctrf, read_verifier_result, verify
 from rl.errors import TrialDirError
@@ -50,6 +51,7 @@ def _previous_run(root: Path) -> Path:
     old = Sandbox(root, "run-old").create(load_task(POOL / "text-sort"), 0)
     old.exec("sort in.txt > out.txt", timeout_s=20)
     verify(old)
+    old.close()
     return old.dir
 
 
@@ -58,13 +60,19 @@ def _unguarded(old_dir: Path, task_dir: Path, sandbox: Sandbox) -> dict:
     task = load_task(task_dir)
     stamp = (old_dir / "verifier" / "ctrf.json").stat().st_mtime
     t_new_run = time.time()
-    out = run_limited(["/bin/bash", str(old_dir / "tests" / "test.sh")], cwd=old_dir / "workspace",
-                      env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "T1_WORKSPACE": str(old_dir / "workspace"),
-                           "T1_TESTS_DIR": str(old_dir / "tests"),
-                           "T1_CTRF_PATH": str(old_dir / "verifier" / "ctrf.json")},
-                      limits=VERIFIER_LIMITS, timeout_s=task.verifier_timeout_s,
-                      log_dir=old_dir / "logs", marker="legacy-reuse", isolation=sandbox.isolation,
-                      uid=None)
+    # the legacy verifier, run straight on the host in the reused dir (its workspace is gone
+    # with the old trial's tmpfs: the new trial did nothing), killed at the verifier timeout
+    (old_dir / "workspace").mkdir(exist_ok=True)
+    try:
+        subprocess.run(["/bin/bash", str(old_dir / "tests" / "test.sh")], cwd=old_dir / "workspace",
+                       env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+                            "T1_WORKSPACE": str(old_dir / "workspace"), "T1_TESTS_DIR": str(old_dir / "tests"),
+                            "T1_CTRF_PATH": str(old_dir / "verifier" / "ctrf.json")},
+                       timeout=task.verifier_timeout_s, capture_output=True)
+        reason = "ok"
+    except subprocess.TimeoutExpired:
+        reason = "timeout"
+    out = type("Out", (), {"reason": reason})
     reward = ctrf_reward(old_dir / "verifier" / "ctrf.json", solved=False)
     return {"verifier_reason": out.reason, "reward": reward.value, "source": reward.source,
             "passed": reward.passed, "ctrf_from_before_this_run": stamp < t_new_run}
@@ -91,6 +99,7 @@ def run(tmp: Path) -> Outcome:
     detection_s = time.monotonic() - t0
     fresh = new_sandbox.create(load_task(task_dir), 0)
     verdict = verify(fresh)
+    fresh.close()
     return Outcome(
         fault_fired=fired and ung["reward"] > 0,
         unguarded=(f"new run's trial did nothing, its verifier ended by {ung['verifier_reason']}, yet "

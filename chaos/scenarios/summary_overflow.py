@@ -85,5 +85,6 @@ def run(tmp: Path) -> Outcome:
                         error=f"compaction at {threshold} tokens (= context {CONTEXT} - request {SUMMARY_MAX_NEW}, "
                               f"not - reserve {NAIVE_RESERVE}); {sum(r == 'ok' for r in guarded)}/{len(prompts)} "
                               "summaries served"),
-        invariants={"every_request_fits": all(r == "ok" for r in guarded)},
+        invariants={"unguarded_summaries_mostly_refused": share > 0.5,
+                    "every_request_fits": all(r == "ok" for r in guarded)},
         details={"scale": round(SCALE, 1), "prompt_lengths": [len(p) for p in prompts]})

@@ -4,10 +4,11 @@ T1 report, section 10: "Verifier integrity is filtered, not enforced. The
 verifier executes in the agent-controlled sandbox with no runtime tamper
 detection; defense currently rests on the audited task pool."
 
-Fault: four real agents, each a shell command run in the sandbox (on the host
-uid with the task pool visible, so every forgery lands on disk, as on a host
-where neither the uid drop nor the mount namespace is available), none of
-which solves the task (honest reward 0/4):
+Fault: four real agents, each a shell command, none of which solves the task
+(honest reward 0/4). Unguarded, the command runs as the legacy sandbox ran it
+(host uid, host paths, so every forgery lands on disk); guarded, it runs in
+the real sandbox (per-trial uid, private mount namespace: the forgeries aimed
+outside the workspace cannot even land, docs/sandbox.md):
 
 - ``forged-ctrf``: pre-writes a passing ``verifier/ctrf.json`` and a
   ``tests/test.sh`` that exits 0;
@@ -19,8 +20,9 @@ which solves the task (honest reward 0/4):
 - Unguarded: the report's verifier: tests copied into the trial (merging with
   what is there), ``test.sh`` run with the agent's PATH, CTRF read from
   ``verifier/ctrf.json``. Observed: each forgery earns 4/20 = 0.2.
-- Guarded: ``rl.agent.verifier.verify``. Observed: a tamper event of the
-  right kind with the trial id, reward 0.0 from the fallback, source ``tamper:...``.
+- Guarded: ``rl.agent.verifier.verify``. Observed: reward 0.0 for each; a
+  forgery inside the workspace (``shadow-pytest``) is a tamper event of the right
+  kind with the trial id; the others never reach the trial dir or the task.
 """
 from __future__ import annotations
 
@@ -80,20 +82,27 @@ def _one(tmp: Path, name: str, guarded: bool) -> dict:
     src = tmp / f"{name}-{'g' if guarded else 'u'}" / "text-sort"
     shutil.copytree(POOL / "text-sort", src)
     task = load_task(src)
-    # the worst host: no uid drop, task pool visible, so every forgery lands on disk
-    sandbox = Sandbox(tmp / "trials", "run-tamper", drop_privileges=False, hide_task_pool=False)
+    sandbox = Sandbox(tmp / "trials", "run-tamper")
     trial = sandbox.create(task, 0)
     cmd, kind = _attacks(trial.dir, src)[name]
-    ran = trial.exec(cmd, timeout_s=20)
-    fired = ran.reason == "ok"
-    if not guarded:
-        return {"fired": fired, "reward": _naive_verify(trial, task)}
-    t0 = time.monotonic()
-    v = verify(trial)
-    return {"fired": fired, "reward": v.reward.value, "source": v.reward.source,
-            "kinds": sorted({e.kind for e in v.tamper_events}), "expected": kind,
-            "trial_ids_match": all(e.trial_id == trial.trial_id for e in v.tamper_events),
-            "detection_s": time.monotonic() - t0}
+    try:
+        if not guarded:   # the legacy sandbox: the command ran on the host, as the host uid
+            ran = subprocess.run(["bash", "-c", cmd], cwd=trial.workspace, capture_output=True, timeout=20)
+            return {"fired": ran.returncode == 0, "reward": _naive_verify(trial, task)}
+        before = (src / "tests" / "test_outputs.py").read_bytes()
+        trial.exec(cmd, timeout_s=20)
+        landed = ((trial.dir / "verifier").exists() or (trial.dir / "tests").exists()
+                  or (src / "tests" / "test_outputs.py").read_bytes() != before)
+        t0 = time.monotonic()
+        v = verify(trial)
+        kinds = sorted({e.kind for e in v.tamper_events})
+        return {"fired": True, "reward": v.reward.value, "source": v.reward.source,
+                "kinds": kinds, "expected": kind, "landed": landed,
+                "caught": v.reward.value == 0.0 and (kind in kinds or not landed),
+                "trial_ids_match": all(e.trial_id == trial.trial_id for e in v.tamper_events),
+                "detection_s": time.monotonic() - t0}
+    finally:
+        trial.close()
 
 
 @register("verifier-tamper", "an agent forges its reward (ctrf, tests, PATH, conftest)")
@@ -102,8 +111,7 @@ def run(tmp: Path) -> Outcome:
     unguarded = {n: _one(tmp / "u", n, guarded=False) for n in names}
     guarded = {n: _one(tmp / "g", n, guarded=True) for n in names}
     paid = {n: r["reward"] for n, r in unguarded.items()}
-    caught = {n: r["expected"] in r["kinds"] and r["reward"] == 0.0 and r["source"].startswith("tamper:")
-              for n, r in guarded.items()}
+    caught = {n: r["caught"] for n, r in guarded.items()}
     return Outcome(
         fault_fired=all(r["fired"] for r in unguarded.values()) and all(v > 0 for v in paid.values()),
         unguarded="; ".join(f"{n} earned {v:.2f} with 0 genuine passes" for n, v in paid.items()),

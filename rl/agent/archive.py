@@ -1,4 +1,4 @@
-"""Safe extraction of task archives (gzip tar of one task directory): untrusted input.
+"""Safe extraction of task archives (gzip tar or zip of one task directory): untrusted input.
 
 The walkthrough's dataset rows are ``{path, task_binary}`` where ``task_binary``
 is a gzip tar of the task directory. Every member is checked before anything is
@@ -108,13 +108,30 @@ def _open(data: bytes, archive: str) -> tarfile.TarFile:
     try:
         return tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
     except (tarfile.TarError, EOFError, OSError, ValueError) as e:
-        raise UnsafeArchiveError(f"{archive}: not a readable tar archive ({e})", archive=archive,
-                                 member=None) from e
+        raise UnsafeArchiveError(f"{archive}: not a readable tar or zip archive ({e})",
+                                 archive=archive, member=None) from e
+
+
+def is_zip(data: bytes) -> bool:
+    return data[:4] in (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def _task_name(parts: list[tuple[str, ...]], name: str | None, archive: str) -> tuple[str, bool]:
+    """(task name, whether to strip the single top-level folder)."""
+    tops = {ps[0] for ps in parts if ps}
+    strip = len(tops) == 1 and any(len(ps) > 1 for ps in parts)
+    task_name = name or (next(iter(tops)) if strip else None)
+    if not task_name or "/" in task_name or task_name in (".", ".."):
+        raise UnsafeArchiveError(f"{archive}: the archive has no single top folder (top-level "
+                                 f"entries {sorted(tops)[:5]}); name the task with --name NAME",
+                                 archive=archive, member=None)
+    return task_name, strip
 
 
 def extract_task_bytes(data: bytes, dest: str | Path, *, name: str | None = None,
                        archive: str = "<bytes>", limits: ArchiveLimits = ArchiveLimits()) -> Path:
-    """Extract one task archive into ``dest/<name>`` and return that path.
+    """Extract one task archive (gzip tar, or zip: :mod:`rl.agent.ziparchive`) into
+    ``dest/<name>`` and return that path.
 
     ``name`` defaults to the archive's single top-level directory. The target must
     not exist yet. Nothing is written outside ``dest``; on refusal nothing stays.
@@ -122,26 +139,21 @@ def extract_task_bytes(data: bytes, dest: str | Path, *, name: str | None = None
     if len(data) > limits.max_compressed_bytes:
         raise UnsafeArchiveError(f"{archive}: {len(data)} compressed bytes > "
                                  f"{limits.max_compressed_bytes}", archive=archive, member=None)
-    dest_dir = Path(dest)
+    dest_dir = Path(dest).resolve()
     dest_dir.mkdir(parents=True, exist_ok=True)
+    if is_zip(data):
+        from rl.agent.ziparchive import extract_zip
+        return extract_zip(data, dest_dir, name=name, archive=archive, limits=limits)
     try:
         with _open(data, archive) as tar:
             members = check_members(tar, archive, limits)
             parts = [_normalised(m.name, archive).parts for m in members]
-            tops = {ps[0] for ps in parts if ps}
-            strip = len(tops) == 1 and any(len(ps) > 1 for ps in parts)
-            task_name = name or (next(iter(tops)) if strip else None)
-            if not task_name or "/" in task_name or task_name in (".", ".."):
-                raise UnsafeArchiveError(f"{archive}: cannot tell the task name (top-level entries "
-                                         f"{sorted(tops)[:5]}); pass a name", archive=archive, member=None)
-            target = dest_dir / task_name
-            if target.exists():
-                raise UnsafeArchiveError(f"{archive}: {target} already exists; remove it or import "
-                                         "elsewhere", archive=archive, member=None)
+            task_name, strip = _task_name(parts, name, archive)
+            top = next(ps[0] for ps in parts if ps) if strip else ""
+            target = _free_target(dest_dir, task_name, archive)
             with tempfile.TemporaryDirectory(prefix=".import-", dir=dest_dir) as staging:
                 tar.extractall(staging, members=members, filter="data")
-                src = Path(staging) / (next(iter(tops)) if strip else "")
-                shutil.move(str(src), str(target))
+                shutil.move(str(Path(staging) / top), str(target))
     except UnsafeArchiveError:
         raise
     except tarfile.TarError as e:   # the stdlib "data" filter is a second line of defence
@@ -153,9 +165,17 @@ def extract_task_bytes(data: bytes, dest: str | Path, *, name: str | None = None
     return target
 
 
+def _free_target(dest_dir: Path, task_name: str, archive: str) -> Path:
+    target = dest_dir / task_name
+    if target.exists():
+        raise UnsafeArchiveError(f"{archive}: {target} already exists; remove it or import "
+                                 "elsewhere", archive=archive, member=None)
+    return target
+
+
 def extract_task_archive(path: str | Path, dest: str | Path, *, name: str | None = None,
                          limits: ArchiveLimits = ArchiveLimits()) -> Path:
-    """:func:`extract_task_bytes` for a ``.tar.gz`` file on disk."""
+    """:func:`extract_task_bytes` for a ``.tar.gz`` / ``.zip`` file on disk."""
     p = Path(path)
     size = p.stat().st_size
     if size > limits.max_compressed_bytes:

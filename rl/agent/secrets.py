@@ -6,6 +6,7 @@ telemetry attributes, dumps) goes through :func:`redact` first.
 """
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -29,12 +30,28 @@ def collect_secrets(keys: tuple[str, ...] | list[str], environ: Mapping[str, str
     return {k: environ[k] for k in keys}
 
 
+def encoded_forms(value: str) -> list[str]:
+    """``value`` and the encodings an agent could use to smuggle it out: reversed, hex (both
+    cases), base64 and urlsafe base64 at each of the three byte alignments (the part of the
+    encoding that depends on the secret alone, so it is found inside a longer encoded text)."""
+    raw = value.encode()
+    forms = [value, value[::-1], raw.hex(), raw.hex().upper()]
+    for enc in (base64.b64encode, base64.urlsafe_b64encode):
+        for pad in range(3):
+            coded = enc(b"\0" * pad + raw).decode()
+            start, stop = (0, 2, 3)[pad], (8 * (pad + len(raw))) // 6
+            piece = coded[start:stop]
+            if len(piece) >= MIN_SECRET_CHARS + 2:
+                forms.append(piece)
+    return list(dict.fromkeys(f for f in forms if f))
+
+
 def redact(text: str, secrets: Mapping[str, str]) -> str:
-    """``text`` with every secret value replaced by ``[REDACTED:<key>]`` (longest values first,
-    so a secret that contains another is replaced whole)."""
-    for key, value in sorted(secrets.items(), key=lambda kv: -len(kv[1])):
-        if value:
-            text = text.replace(value, REDACTED.format(key=key))
+    """``text`` with every secret value, and each of its :func:`encoded_forms`, replaced by
+    ``[REDACTED:<key>]`` (longest first, so a secret that contains another is replaced whole)."""
+    pairs = [(form, key) for key, value in secrets.items() if value for form in encoded_forms(value)]
+    for form, key in sorted(pairs, key=lambda fk: -len(fk[0])):
+        text = text.replace(form, REDACTED.format(key=key))
     return text
 
 

@@ -18,7 +18,9 @@ and more. Here every key is sorted into one of three bins (docs/tasks.md):
 from __future__ import annotations
 
 import math
+import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,6 +193,23 @@ def _values(data: dict[str, Any], problems: list[tuple[str, str]]) -> None:
     os_name = get("environment", "os")
     if isinstance(os_name, str) and os_name.lower() != "linux":
         problems.append(("environment.os", f"environment.os = {os_name!r}: only linux tasks run here"))
+
+
+_TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def template_vars(env: dict[str, str]) -> list[str]:
+    """Host variables an ``[environment.env]`` table needs: ``${VAR}`` without a default.
+    They become required env keys, so their values are redacted like any declared secret."""
+    return sorted({m.group(1) for v in env.values() for m in _TEMPLATE.finditer(v)
+                   if m.group(2) is None})
+
+
+def resolve_env(env: dict[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """Harbor's ``${VAR}`` / ``${VAR:-default}`` templates, resolved from the host at runtime
+    (an unset ``${VAR}`` without default resolves to "", as the shell would)."""
+    return {k: _TEMPLATE.sub(lambda m: environ.get(m.group(1)) or (m.group(2) or ""), v)
+            for k, v in env.items()}
 
 
 def parse_task_toml(text: str, *, source: str = "task.toml") -> dict[str, Any]:

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl.agent.task_toml import parse_size_mb, parse_task_toml, read_task_toml  # noqa: F401
+from rl.agent.dockerfile import image_settings
+from rl.agent.task_toml import (parse_size_mb, parse_task_toml, read_task_toml,  # noqa: F401
+                               resolve_env, template_vars)
 from rl.errors import TaskError
 
 log = logging.getLogger("rl.agent.tasks")
@@ -63,6 +66,13 @@ class Task:
     env: dict[str, str] = field(default_factory=dict)            # [environment.env] templates
     solution_env: dict[str, str] = field(default_factory=dict)   # [solution.env]
     ignored: tuple[str, ...] = ()          # task.toml keys kept but not used, "key (why)"
+    image_env: dict[str, str] = field(default_factory=dict)      # the Dockerfile's ENV lines
+
+    @property
+    def agent_env(self) -> dict[str, str]:
+        """What the task's commands see besides the sandbox's base: the Dockerfile's ENV,
+        then ``[environment.env]`` with ``${VAR}`` resolved from the host now (as Harbor)."""
+        return {**self.image_env, **resolve_env(self.env, os.environ)}
 
     @property
     def allow_network(self) -> bool:
@@ -177,20 +187,27 @@ def _build(root: Path, data: dict[str, Any], snapshot: dict[str, bytes],
     memory = env.get("memory_mb", parse_size_mb(env["memory"]) if "memory" in env else None)
     storage = env.get("storage_mb", parse_size_mb(env["storage"]) if "storage" in env else None)
     internet = env.get("allow_internet", env.get("allow_network"))
+    workdir, image_env = None, {}
+    if (root / "environment" / "Dockerfile").is_file():
+        workdir, image_env = image_settings((root / "environment" / "Dockerfile").read_text(
+            errors="replace"))
+    task_env = dict(env.get("env", {}))
+    secret_keys = tuple(dict.fromkeys([*env.get("required_env_keys", ()), *template_vars(task_env)]))
     return Task(
         name=root.name, path=root,
         family=meta.get("family") or meta.get("category") or root.name.split("-")[0],
         instruction=(root / "instruction.md").read_text(errors="replace"),
         agent_timeout_s=float(agent.get("timeout_sec", DEFAULT_AGENT_TIMEOUT_S)),
         verifier_timeout_s=float(verifier.get("timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S)),
-        required_env_keys=tuple(env.get("required_env_keys", ())),
+        required_env_keys=secret_keys,
         memory_mb=memory, max_turns=agent.get("max_turns"), allow_internet=internet,
         verifier_env=dict(verifier.get("env", {})),
         tests_sha256=files, tests_digest=digest, tests_snapshot=snapshot,
         solution=sol.read_text(errors="replace") if sol.is_file() else None,
         cpus=env.get("cpus"), storage_mb=storage, gpus=env.get("gpus", 0),
-        docker_image=env.get("docker_image"), workdir=env.get("workdir"),
-        env=dict(env.get("env", {})), solution_env=dict(solution.get("env", {})), ignored=ignored,
+        docker_image=env.get("docker_image"), workdir=env.get("workdir") or workdir,
+        env=task_env, solution_env=dict(solution.get("env", {})), ignored=ignored,
+        image_env=image_env,
     )
 
 

@@ -11,16 +11,22 @@ Here it is enforced:
    copied in from the task (never from the trial), made read-only, and
    hashed again; the same check runs after the verifier;
 3. verifier/ is created here, with a ``run_tag`` file naming this run and
-   trial; ``tests/test.sh`` runs as a separate uid with a clean environment
-   whose PATH starts at a verifier-owned bin dir (a shadow ``pytest`` is
-   never found) and with ``--confcutdir`` at tests/;
+   trial; ``/tests/test.sh`` runs in a fresh namespace set as the trial's own
+   verifier uid (``Trial.run_verifier``): the workspace at ``/app``, tests at
+   ``/tests`` (read-only), ``/logs/verifier``, a fresh ``/tmp``, nothing else
+   the agent wrote, and a clean environment whose pytest is pinned
+   (``PYTEST_ADDOPTS``: ``-c`` of the task's own ini or an empty one,
+   ``--rootdir``/``--confcutdir`` at ``/tests``, ``-p no:cacheprovider``;
+   no plugin autoload but the CTRF one);
 4. the CTRF report is accepted only if it was written during this verifier
    run (its summary start/stop lie inside the run) and the run tag still
    matches; ``result.json`` records the reward with the tag.
 
 The reward itself is decided by rl/agent/verdict.py (CTRF, then Harbor's
 reward.json / reward.txt, else 0 tagged ``no-verdict``; never the exit code).
-Any tamper event voids the forged path: reward 0, source ``tamper:<kinds>``.
+Any tamper event voids the forged path: reward 0, source ``tamper:<kinds>``. A scan
+that cannot finish is the ``scan-failed`` event: reward 0, recorded. docs/sandbox.md
+has the threat model.
 """
 from __future__ import annotations
 
@@ -36,29 +42,17 @@ from pathlib import Path
 from typing import Any
 
 from rl.agent.ctrf import read_ctrf
-from rl.agent.sandbox import VERIFIER_LIMITS, ExecResult, Limits, Trial, run_limited
+from rl.agent.sandbox import PINNED_PYTEST_INI, VERIFIER_LIMITS, ExecResult, Limits, Trial
+from rl.agent.tamper import TamperEvent, scan_trial_dir, scan_tree
 from rl.agent.tasks import hash_tree
-from rl.agent.verdict import SOURCE_NO_VERDICT, decide, no_verdict
+from rl.agent.verdict import SOURCE_NO_VERDICT, decide, foreign_reward_files, no_verdict
 from rl.errors import ParseError, TaskError, TrialDirError
 from rl.rewards import RewardResult, ctrf_reward
 
 log = logging.getLogger("rl.agent.verifier")
 
-_PYTEST_CONFIGS = {"conftest.py", "pytest.ini"}
-_SHADOW_NAMES = {"pytest", "py.test", "python", "python3", "bash"}
-_TRIAL_ENTRIES = {"workspace", "logs", "trial.json"}   # all a trial holds before verification
+_TRIAL_ENTRIES = {"fs", "logs", "trial.json", ".root", "solution"}   # before verification
 _CLOCK_SLACK_MS = 2_000
-
-
-@dataclass(frozen=True)
-class TamperEvent:
-    """One forgery attempt found in a trial."""
-
-    trial_id: str
-    kind: str        # precreated-ctrf | conftest | pytest-config | shadow-exec | precreated-dir |
-                     # tests-modified | foreign-file | stale-ctrf
-    path: str
-    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,31 +80,16 @@ def run_tag_for(trial: Trial) -> str:
 
 
 def scan_for_tampering(trial: Trial) -> list[TamperEvent]:
-    """Everything in the trial that only a forger would put there (read-only scan)."""
-    events: list[TamperEvent] = []
+    """Everything in the trial that only a forger would put there (read-only, iterative);
+    a scan that fails is itself a ``scan-failed`` event."""
     tid = trial.trial_id
-
-    def add(kind: str, path: Path, detail: str = "") -> None:
-        events.append(TamperEvent(tid, kind, str(path), detail))
-
-    for entry in sorted(trial.dir.iterdir()):
-        if entry.name in ("tests", "verifier"):
-            add("precreated-dir", entry, f"{entry.name}/ existed before the verifier ran")
-        elif entry.name not in _TRIAL_ENTRIES:
-            add("foreign-file", entry, "outside the workspace")
-    for p in sorted(trial.dir.rglob("*")):
-        if p.is_relative_to(trial.dir / "logs"):
-            continue
-        name = p.name
-        if name.endswith(".json") and "ctrf" in name.lower():
-            add("precreated-ctrf", p, "a CTRF report existed before the verifier ran")
-        elif name in _PYTEST_CONFIGS:
-            add("conftest" if name == "conftest.py" else "pytest-config", p,
-                "pytest would load it if it sat on the collection path")
-        elif name in _SHADOW_NAMES and p.is_file() and os.access(p, os.X_OK):
-            add("shadow-exec", p, f"executable named {name!r} could shadow the verifier's tools")
-    events += _tests_intact(trial, trial.task.tests_dir, "task tests/ changed since the task was loaded")
-    return events
+    try:
+        events = scan_trial_dir(tid, trial.dir, _TRIAL_ENTRIES)
+        events += scan_tree(tid, trial.workspace, trial.task.environment_dir)
+    except Exception as e:   # a hostile tree must end in a verdict, never a crash
+        events = [TamperEvent(tid, "scan-failed", str(trial.dir), f"{type(e).__name__}: {e}")]
+    return events + _tests_intact(trial, trial.task.tests_dir,
+                                  "task tests/ changed since the task was loaded")
 
 
 def _tests_intact(trial: Trial, where: Path, detail: str) -> list[TamperEvent]:
@@ -145,31 +124,24 @@ def _install_tests(trial: Trial) -> Path:
     return dst
 
 
-def _verifier_bin(root: Path) -> Path:
-    """A root-owned dir holding only a link to this interpreter's pytest (PATH's first entry)."""
-    bindir = root / ".verifier-bin"
-    real = Path(sys.executable).parent / "pytest"
-    if not real.is_file():
-        raise TaskError(f"pytest not found next to {sys.executable}; install pytest-json-ctrf")
-    bindir.mkdir(mode=0o755, exist_ok=True)
-    link = bindir / "pytest"
-    if not link.is_symlink() or os.readlink(link) != str(real):
-        tmp = bindir / f".pytest.{_secrets.token_hex(4)}"
-        tmp.symlink_to(real)
-        tmp.replace(link)
-    return bindir
+def _pinned_ini(trial: Trial) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The ``-c`` file: the task's own tests/pytest.ini, else an empty one made for the jail."""
+    if "pytest.ini" in trial.task.tests_snapshot:
+        return "/tests/pytest.ini", ()
+    return PINNED_PYTEST_INI, ((PINNED_PYTEST_INI, "[pytest]\n"),)
 
 
-def _verifier_env(trial: Trial, tests: Path, vdir: Path, tag: str) -> dict[str, str]:
-    bindir = _verifier_bin(trial.dir.parent.parent)
-    return {**trial.task.verifier_env,
-            "PATH": f"{bindir}:{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(vdir),
-            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-            # only the CTRF plugin: no entry-point plugin an agent (or a stray package) provides,
-            # and 3x faster start-up on a loaded host
+def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
+    venv_bin = str(Path(sys.executable).parent)
+    # the image's ENV and [environment.env] first, as in Harbor's container, then [verifier.env]
+    return {**trial.env, **trial.task.verifier_env,
+            "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
+            # only the CTRF plugin: no entry-point plugin an agent (or a stray package) provides
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "ctrf.main",
-            "T1_WORKSPACE": str(trial.workspace),
-            "T1_TESTS_DIR": str(tests), "T1_CTRF_PATH": str(vdir / "ctrf.json"), "T1_RUN_TAG": tag}
+            "PYTEST_ADDOPTS": f"-c {ini} --rootdir=/tests --confcutdir=/tests -p no:cacheprovider",
+            "T1_WORKSPACE": trial.workdir, "T1_TESTS_DIR": "/tests",
+            "T1_CTRF_PATH": "/logs/verifier/ctrf.json", "T1_RUN_TAG": tag}
 
 
 def accept_ctrf(vdir: Path, tag: str, t0_ms: float, t1_ms: float) -> dict[str, Any]:
@@ -209,17 +181,13 @@ def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.
     vdir.mkdir(mode=0o755)
     (vdir / "run_tag").write_text(tag + "\n")
     os.chmod(vdir / "run_tag", 0o444)
-    uid = trial.isolation.verifier_uid
-    if uid is not None:
-        os.chown(vdir, uid, uid)
     if events:   # a forgery voids the trial: run nothing the agent may have prepared
         return _finish(trial, tag, vdir, events, None, t_start, scale)
+    ini, files = _pinned_ini(trial)
     t0_ms = time.time() * 1000
-    out = run_limited(["/bin/bash", str(tests / "test.sh")], cwd=trial.workspace,
-                      env=_verifier_env(trial, tests, vdir, tag), limits=limits,
-                      timeout_s=trial.task.verifier_timeout_s, log_dir=trial.dir / "logs",
-                      marker=f"{trial.trial_id}:verifier", isolation=trial.isolation, uid=uid,
-                      secrets=trial.secrets)
+    out = trial.run_verifier(["/bin/bash", "/tests/test.sh"], env=_verifier_env(trial, tag, ini),
+                             limits=limits, timeout_s=trial.task.verifier_timeout_s, tests=tests,
+                             vdir=vdir, files=files)
     t1_ms = time.time() * 1000
     events += _post_checks(trial, tests)
     if events:
@@ -263,6 +231,12 @@ def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out:
         return None, "tamper"
     except ParseError as e:
         problem = str(e) if (vdir / "ctrf.json").exists() else "no CTRF report"
+    foreign = foreign_reward_files(vdir, trial.task.tests_snapshot)
+    if foreign:
+        events.append(TamperEvent(trial.trial_id, "foreign-verdict", str(vdir),
+                                  f"{', '.join(foreign)} written, but no file of the task's tests/ "
+                                  "names it: not the task's verifier"))
+        return None, "tamper"
     reward = decide(doc, problem, vdir, since_s=t0_ms / 1000, scale=scale)
     if out.limit_hit:
         return reward, out.reason
@@ -274,7 +248,12 @@ def _write_result(vdir: Path, result: VerifierResult) -> None:
                "reward": dataclasses.asdict(result.reward) if dataclasses.is_dataclass(result.reward)
                else str(result.reward), "exit_code": result.exit_code,
                "tamper_events": [dataclasses.asdict(e) for e in result.tamper_events]}
-    (vdir / "result.json").write_text(json.dumps(payload, indent=1, default=str))
+    path = vdir / "result.json"
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(payload, indent=1, default=str))
 
 
 def read_verifier_result(trial_dir: str | Path, run_tag: str) -> dict[str, Any]:

@@ -42,6 +42,8 @@ def load_partial(engine, state: dict[str, torch.Tensor]) -> None:
     with engine._model_lock, torch.no_grad():
         for name, tensor in state.items():
             current[name].copy_(tensor)
+        if hasattr(engine, "weights_generation"):  # cached K/V of the old weights is stale (rl.engines.batching)
+            engine.weights_generation += 1
 
 
 def update_from_hf_dir(engine, request: P.UpdateWeightsFromDiskRequest) -> None:

@@ -20,6 +20,12 @@ weights, so the campaign calls :meth:`Trainer.snapshot_behaviour` inside the
 weight-sync barrier, when it publishes weights; old log-probs are then
 recomputed under those weights. Without a snapshot the current weights are
 the behaviour policy (synchronous loop).
+
+Fully async (``behaviour="rollout"``, docs/async.md): a trajectory may span
+several weight versions, so no snapshot is the policy that sampled it; the
+per-token ``rollout_logprobs`` are the behaviour log-probs (the PPO ratio's
+denominator; GRPO's DPPO mask always uses them). TIS and the log-prob gap then
+compare the trainer's current weights (the proximal policy) with the rollout.
 """
 from __future__ import annotations
 
@@ -113,9 +119,14 @@ class Trainer:
         self._behaviour: dict[str, torch.Tensor] | None = None
 
     # --- the RL step ------------------------------------------------------------
-    def train_step(self, batch: TrainBatch) -> StepStats:
-        """Critic step (PPO), then the actor's clipped step unless in critic warm-up."""
+    def train_step(self, batch: TrainBatch, *, behaviour: str = "snapshot") -> StepStats:
+        """Critic step (PPO), then the actor's clipped step unless in critic warm-up.
+
+        ``behaviour``: ``"snapshot"`` recomputes old log-probs under the behaviour snapshot;
+        ``"rollout"`` takes the per-token rollout log-probs (fully async)."""
         s = self.settings
+        if behaviour not in ("snapshot", "rollout"):
+            raise InputError(f"behaviour must be 'snapshot' or 'rollout', got {behaviour!r}", argument="behaviour")
         if batch.num_loss_tokens == 0:
             raise InputError("the batch has no loss-bearing token; skip it explicitly rather than "
                              "stepping on nothing", num_samples=batch.num_samples)
@@ -128,9 +139,13 @@ class Trainer:
         if old_logprobs_BT is not None:
             tis_BT, tis = tis_weights(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
                                       "token" if s.tis_mode == "off" else s.tis_mode)
+        # Fully async: the rollout's per-token log-probs are the behaviour, so the ratio already holds the
+        # off-policy correction; TIS (current weights vs rollout) is then recorded, not applied on top.
+        ratio_old_BT = batch.rollout_logprobs_BT if behaviour == "rollout" else old_logprobs_BT
+        apply_tis = s.tis_mode != "off" and behaviour != "rollout"
         actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
-        actor = actor_step(self.actor, self.actor_optimizer, batch, advantages, old_logprobs_BT, s,
-                           temperature=self.temperature, tis_BT=None if s.tis_mode == "off" else tis_BT) \
+        actor = actor_step(self.actor, self.actor_optimizer, batch, advantages, ratio_old_BT, s,
+                           temperature=self.temperature, tis_BT=tis_BT if apply_tis else None) \
             if actor_updated else None
         if old_logprobs_BT is None:  # GRPO without TIS: measure on the first epoch's forward
             old_logprobs_BT = actor.first_logprobs_BT

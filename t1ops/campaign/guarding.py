@@ -13,6 +13,7 @@ guarded where they happen (trainer host, engine fleet, workers, agent loop).
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psutil
@@ -35,12 +36,15 @@ class CampaignGuards:
         self.oom = OomWatch().arm()
         # pids: the coordinator plus the campaign's local processes (workers, engines); a process on
         # another node is skipped by the guard (its own node's worker watches it).
-        self.fd_guard = FdGuard(cfg.guards.fd_warn_fraction, pids=pids).start()
+        self.fd_guard = FdGuard(cfg.guards.fd_warn_fraction, pids=pids).start(interval_s=cfg.guards.fd_sample_interval_s)
         self.stall = StallDetector(cfg.guards.stall_timeout_s, fd_guard=self.fd_guard,
                                    dead_engines=dead_engines, what="trials")
         self.run_dir = run_dir
         self.watchdog: Watchdog | None = None
         self.trainer_pid: int | None = None
+        self.rank_watch = None  # t1ops.guards.rank_watch.RankWatch when the trainer has several ranks
+        self._busy_s = 0.0      # seconds the coordinator spent inside guard checks
+        self._busy_taken = 0.0  # ... of which already reported
 
     def attach_trainer(self, pid: int, stack_path: Path) -> None:
         """Watch the trainer process (it installed a faulthandler dump on SIGUSR1)."""
@@ -48,6 +52,10 @@ class CampaignGuards:
         self.watchdog = Watchdog.from_config(self.cfg.guards, [TRAINER_RANK],
                                              dump_stacks=signal_stack_dumper({TRAINER_RANK: pid},
                                                                              {TRAINER_RANK: stack_path}))
+
+    def attach_ranks(self, rank_watch) -> None:
+        """Watch every trainer rank (beacons per micro-batch; all ranks' stacks on a hang)."""
+        self.rank_watch = rank_watch
 
     def wait(self, ref, what: str):
         """``ray.get`` that polls the watchdog (trainer) instead of blocking forever."""
@@ -61,15 +69,20 @@ class CampaignGuards:
                 except ray.exceptions.ActorDiedError as err:
                     self._explain_death(err, what)
                     raise
-            if self.watchdog is not None and what == "train":
+            if (self.watchdog is not None or self.rank_watch is not None) and what == "train":
+                t0 = time.perf_counter()
                 try:
-                    self.watchdog.check()
+                    self.rank_watch.poll() if self.rank_watch is not None else self.watchdog.check()
                 except HangError:
                     telemetry.event("campaign.trainer_hung", severity="error")
                     raise
+                finally:
+                    self._busy_s += time.perf_counter() - t0
 
     def train_submitted(self, step: int) -> None:
         """The trainer's silence is timed from here: sync and rollout time are not its silence."""
+        if self.rank_watch is not None:
+            self.rank_watch.expect_work()
         if self.watchdog is not None:
             self.watchdog.report(TRAINER_RANK, 2 * step - 1)
 
@@ -96,7 +109,16 @@ class CampaignGuards:
 
     def after_step(self, step: int) -> None:
         self.fd_guard.sample()
+        t0 = time.perf_counter()
         self.host_mem.sample()
+        self._busy_s += time.perf_counter() - t0
+
+    def take_busy_s(self) -> float:
+        """Seconds spent in the coordinator's guard checks (fd sampling thread included) since the
+        last call: the guards' own overhead, reported per step as ``guards_s``."""
+        total = self._busy_s + self.fd_guard.busy_s
+        delta, self._busy_taken = total - self._busy_taken, total
+        return delta
 
     def stop(self) -> None:
         self.fd_guard.stop()

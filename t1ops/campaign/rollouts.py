@@ -54,9 +54,11 @@ class Rollouts:
                                      self.cfg.run.seed, r.skim_overprovision)
         shards = [groups[i::len(self.workers)] for i in range(len(self.workers))]
         refs = []
-        for w, shard, share in zip(self.workers, shards, _split(accept, [len(s) for s in shards])):
-            if shard:
-                refs.append(w.rollout.remote(step, shard, share))
+        with telemetry.span("rollout.submit", step=step, num_groups=len(groups)):  # the trials' root span
+            carrier = telemetry.trace_carrier()
+            for w, shard, share in zip(self.workers, shards, _split(accept, [len(s) for s in shards])):
+                if shard:
+                    refs.append(w.rollout.remote(step, shard, share, trace=carrier))
         n = sum(len(g) for g in groups)
         self.stall.on_submit(n)
         self.in_flight += n
@@ -76,6 +78,10 @@ class Rollouts:
             self._finished[i] = n
         if check:
             self.stall.check()
+
+    def pulse(self) -> None:
+        """Feed finished trials to the stall detector and let it judge (the fully async loop's poll)."""
+        self._pulse()
 
     def wait_done(self, pending: Pending) -> None:
         """Block until the batch is generated (results stay in Ray's object store)."""

@@ -27,6 +27,7 @@ from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.summary import Summary
+from t1ops.campaign.trialtrace import step_split
 from t1ops.config import CampaignConfig
 
 
@@ -42,6 +43,9 @@ class Campaign:
     rollouts: Rollouts | None = None
     guards: CampaignGuards | None = None
     warm_start_loss: list[float] = field(default_factory=list)
+    evaluator: object = None          # t1ops.campaign.evaluation.Evaluator when eval.every_steps > 0
+    eval_tasks: list = field(default_factory=list)  # held-out task names (empty: no evaluation)
+    resume_from: int | None = None    # the verified step a resumed run continues from (None: a new run)
     on_step: list = field(default_factory=list)   # callables (campaign, step) run as each step starts
 
 
@@ -69,6 +73,12 @@ def _count(items) -> dict:
     return out
 
 
+def _lag_histogram(results: list[dict], step: int) -> dict[str, int]:
+    from t1ops.campaign.async_buffer import version_lag_histogram
+
+    return {str(k): v for k, v in version_lag_histogram(results, step - 1).items()}
+
+
 def dump_results(run: RunDir, step: int, results: list[dict]) -> int:
     """Write every trajectory chunk of a step in the audit dump format; returns the count."""
     n = 0
@@ -81,12 +91,21 @@ def dump_results(run: RunDir, step: int, results: list[dict]) -> int:
 
 
 def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
-    """Run ``cfg.run.steps`` RL steps with the one-step pipeline (see module docstring)."""
+    """Run ``cfg.run.steps`` RL steps with the one-step pipeline (see module docstring), or
+    sequentially (run.mode "sync"); "fully_async" has its own loop (t1ops.campaign.async_loop)."""
     import ray
 
-    steps, pipelined = c.cfg.run.steps, c.cfg.run.one_step_pipeline
-    pending = c.rollouts.submit(1)
-    for step in range(1, steps + 1):
+    if c.cfg.pipeline_mode == "fully_async":
+        from t1ops.campaign.async_loop import async_step_loop
+
+        return async_step_loop(c, summary, progress)
+    steps, pipelined = c.cfg.run.steps, c.cfg.pipeline_mode == "one_step"
+    first = (c.resume_from or 0) + 1  # the data-sampler position: task order is a function of the step
+    ev = c.evaluator
+    if ev is not None and not any(e["step"] == first - 1 for e in summary.evals):
+        ev.maybe_submit(first - 1)  # the warm-started (or resumed) weights, evaluated while the step runs
+    pending = c.rollouts.submit(first)
+    for step in range(first, steps + 1):
         t_step = time.monotonic()
         for hook in c.on_step:  # e.g. a chaos fault schedule
             hook(c, step)
@@ -98,20 +117,37 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         progress.update(step=step, phase="train", in_flight=c.rollouts.in_flight)
         t_train = time.monotonic()
         c.guards.train_submitted(step)
+        telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
         stats = c.guards.wait_train(c.trainer.train.remote(results), step)  # ... while step t trains
         train_s = time.monotonic() - t_train
+        telemetry.event("campaign.train_done", step=step)
         if pending is not None:
             c.rollouts.wait_done(pending)  # no request may span the weight sync
+        if ev is not None:
+            ev.collect()  # nor an eval request: each eval sees exactly the weights it evaluates
         t_sync = time.monotonic()
         ckpt = ray.get(c.trainer.publish.remote(step))
+        telemetry.event("campaign.sync_barrier", step=step)
         sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
         sync_s = time.monotonic() - t_sync
+        telemetry.event("campaign.sync_done", step=step)
+        if ev is not None:
+            ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
         dump_results(c.run, step, results)
         row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
-        row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"])
-        summary.add_step(row)
+        row.update(ray.get(c.trainer.checkpoint_report.remote()))  # disk used, retention
+        row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"],
+                   mode=c.cfg.pipeline_mode, version_lag_tokens=_lag_histogram(results, step),
+                   **step_split(results, rollout_s))
         c.guards.after_step(step)
+        row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
+        if stats.get("ranks"):  # per-rank timing of a multi-rank trainer
+            row["ranks"] = stats["ranks"]
+        summary.add_step(row)
         for key in ("reward_mean", "explained_variance", "logprob_gap", "step_s"):
             if not math.isnan(row[key]):  # NaN: not defined this step (e.g. EV with constant returns)
                 telemetry.gauge(f"campaign.{key}", row[key], step=step)
-        progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()))
+        progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()),
+                        evaluation=ev.latest if ev is not None else None)
+    if ev is not None and ev.collect() is not None:  # the last step's weights
+        progress.log(progress.eval_text(ev.latest))

@@ -25,6 +25,12 @@ Contract of :class:`EnginePool`:
   checkpoint (``/update_weights_from_disk``, deliberately unbounded), check each
   engine's version, rotate the behaviour snapshot (callback), start
   replacements for dead engines, resume, open the gate.
+- ``pause_mode="in_place"`` (fully async, docs/async.md): the barrier pauses
+  requests where they are instead of aborting them; they resume under the
+  new weights after the sync, so one response may span several versions.
+  Each span must name a version this pool published since the request was
+  admitted, in order; anything else takes the engine out of rotation as below.
+  The gate and the pause still hold: no token is sampled while weights load.
 - every response carries ``weight_version``; a response under a version the
   pool did not publish (neither the one current when the request was admitted
   nor the current one), or spanning two versions, takes its engine out of
@@ -145,10 +151,15 @@ class EnginePool:
 
     def __init__(self, factory: EngineFactory, cfg: EngineConfig, *, version: str = "default",
                  checkpoint_dir: str | None = None, clock: Callable[[], float] = time.monotonic,
-                 max_concurrency: int = 64, weight_sync: WeightSync | None = None) -> None:
+                 max_concurrency: int = 64, pause_mode: Literal["abort", "in_place"] = "abort",
+                 weight_sync: WeightSync | None = None) -> None:
+        if pause_mode not in ("abort", "in_place"):
+            raise InputError(f"pause_mode must be 'abort' or 'in_place', got {pause_mode!r}", argument="pause_mode")
         self.factory, self.cfg, self.clock = factory, cfg, clock
         self.weight_sync: WeightSync = weight_sync or CheckpointDirSync()  # how "publish" moves weights
         self.version, self.checkpoint_dir = version, checkpoint_dir
+        self.pause_mode = pause_mode
+        self._history: list[str] = [version]  # every version published, oldest first
         self._cond = threading.Condition()
         self._sync_lock = threading.Lock()
         self._gate_open, self._syncing, self._num_syncs = True, False, 0
@@ -222,6 +233,24 @@ class EnginePool:
     def describe(self) -> str:
         return ", ".join(f"engine {s.index} {s.status}" + (f" ({s.dead_reason})" if s.dead_reason else "")
                          for s in self._slots)
+
+    def view(self) -> dict:
+        """What a direct caller (:class:`t1ops.guards.engine_direct.DirectEngines`) needs: the weight
+        version, barriers begun, the gate, and ``(slot, url, status)`` of every started engine."""
+        with self._cond:
+            return {"version": self.version, "num_syncs": self._num_syncs, "gate_open": self._gate_open,
+                    "engines": [(s.index, s.handle.url, s.status) for s in self._slots if s.handle is not None]}
+
+    def report_failure(self, index: int, url: str, reason: str, *, wrong_version: bool = False) -> None:
+        """A direct caller's call on engine ``index`` at ``url`` failed: an engine that answered under a
+        version the pool never published is dead now; otherwise an exited process is (else the pinger judges)."""
+        s = self._slots[index] if 0 <= index < len(self._slots) else None
+        if s is None or s.handle is None or s.handle.url != url or s.status != "live":
+            return  # already handled, or a replacement now holds the slot
+        if wrong_version:
+            self._declare_dead(s, reason)
+        elif not self._exited(s):
+            telemetry.event("engine.direct_call_failed", severity="warning", slot=index, reason=reason[:200])
 
     def slot(self, index: int) -> EngineHandle | None:
         """The current handle of slot ``index`` (a recreated engine gets a new one; None while starting)."""
@@ -407,8 +436,7 @@ class EnginePool:
             except ENGINE_FAILURES as e:
                 self._exited(s)  # a refused connection from a killed process: dead now, not in N pings
                 return f"{type(e).__name__}: {e}"
-            published = (ticket.version, self.version)  # admitted under one, or held by the barrier
-            if not resp.finish_reason.is_abort and (resp.weight_version not in published or resp.spans_versions):
+            if not resp.finish_reason.is_abort and not self._versions_ok(ticket, resp):
                 self._declare_dead(s, f"answered with weight version {resp.weight_version!r} "
                                       f"(spans {[v.version for v in resp.weight_versions]}) for a request "
                                       f"admitted under {ticket.version!r} (pool now {self.version!r}): it "
@@ -419,6 +447,17 @@ class EnginePool:
             with self._cond:
                 s.in_flight.pop(ticket_id, None)
                 self._cond.notify_all()
+
+    def _versions_ok(self, ticket: _Ticket, resp: P.GenerateResponse) -> bool:
+        """Abort mode: one version, the admitted or the current one. In place: the spans name
+        versions published since admission, in publication order, ending at the response's."""
+        if self.pause_mode == "abort":
+            return resp.weight_version in (ticket.version, self.version) and not resp.spans_versions
+        history = self._history[self._history.index(ticket.version):] if ticket.version in self._history else []
+        seen = [s.version for s in resp.weight_versions] or [resp.weight_version]
+        positions = [history.index(v) if v in history else -1 for v in seen]
+        return (min(positions) >= 0 and positions == sorted(positions) and resp.weight_version in history
+                and seen[-1] == resp.weight_version)
 
     # --- the weight-sync barrier -----------------------------------------------------------
     def sync_weights(self, checkpoint_dir: str, version: str,
@@ -441,8 +480,9 @@ class EnginePool:
                 live = [s for s in self._slots if s.status == "live"]
                 num_in_flight = sum(len(s.in_flight) for s in live)
             for s in live:
-                self._control(s, "pause", lambda c: c.pause_generation("abort"))
-            self._drain()
+                self._control(s, "pause", lambda c: c.pause_generation(self.pause_mode))
+            if self.pause_mode == "abort":
+                self._drain()  # in place: paused requests stay on their engine and resume after the sync
             waiting = [s for s in self._slots if s.status == "starting" and s.awaiting_weights]
             failures = self.weight_sync.publish([(s.index, s.handle.client) for s in self._live_of(live) + waiting],
                                                 checkpoint_dir, version)
@@ -455,6 +495,7 @@ class EnginePool:
                 raise EngineDeadError(f"weight sync to {version!r} from {checkpoint_dir} failed on every engine: "
                                       f"{self.describe()}; generation stays paused. See {RUNBOOK}")
             self.version, self.checkpoint_dir = version, checkpoint_dir
+            self._history.append(version)
             if rotate_snapshot is not None:
                 rotate_snapshot(version)  # inside the barrier: the ratio's denominator = the sampling policy
             recreated = self._recreate_dead()

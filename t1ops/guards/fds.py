@@ -129,6 +129,7 @@ class FdGuard:
         self.peak_at: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.busy_s = 0.0  # seconds spent sampling (the guard's own overhead, reported per step)
 
     def start(self, interval_s: float | None = None, raise_limit: bool = True) -> "FdGuard":
         """Raise the soft limit (unless told not to); sample periodically if ``interval_s``."""
@@ -151,6 +152,13 @@ class FdGuard:
 
     def sample(self) -> list[FdUsage]:
         """One reading per live process; gauges ``fd.open``/``fd.fraction``, event ``fd.near_limit``."""
+        t0 = time.perf_counter()
+        try:
+            return self._sample()
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def _sample(self) -> list[FdUsage]:
         out: list[FdUsage] = []
         for pid in self._pids():
             try:

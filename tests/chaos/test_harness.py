@@ -39,6 +39,17 @@ def test_uncaught_fault_fails():
     assert set(d) >= {"id", "fault_fired", "unguarded", "guarded", "passed", "runbook"}
 
 
+@register("_selftest-no-bug-side", "a scenario that never asserts its unguarded failure (harness self-test)")
+def _no_bug_side(tmp: Path) -> Outcome:
+    return Outcome(fault_fired=True, unguarded="printed only", guarded=Guarded(caught=True),
+                   invariants={"nothing_lost": True})
+
+
+def test_a_scenario_must_assert_its_unguarded_failure():
+    res = run_scenario("_selftest-no-bug-side")
+    assert res.fault_fired and res.guarded.caught and not res.passed and not res.unguarded_asserted
+
+
 def test_unknown_id_lists_known():
     with pytest.raises(KeyError, match="known"):
         run_scenario("no-such-failure")

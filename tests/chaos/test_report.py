@@ -16,14 +16,14 @@ def _pass(tmp: Path) -> Outcome:
     (tmp / "fault").write_text("x")
     return Outcome(fault_fired=(tmp / "fault").exists(), unguarded="silent | loss <of> data",
                    guarded=Guarded(caught=True, detection_s=0.25, error="GuardError: caught it"),
-                   invariants={"nothing_lost": True}, details={"count": 3})
+                   invariants={"unguarded_lost_data": True, "nothing_lost": True}, details={"count": 3})
 
 
 @register(MISS, "a scenario whose invariant breaks (report self-test)")
 def _miss(tmp: Path) -> Outcome:
     return Outcome(fault_fired=True, unguarded="silent",
                    guarded=Guarded(caught=True, detection_s=0.0004, error="seen"),
-                   invariants={"nothing_lost": True, "no_duplicates": False})
+                   invariants={"unguarded_lost_data": True, "nothing_lost": True, "no_duplicates": False})
 
 
 @register(CRASH, "a scenario that crashes (report self-test)")

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.schedule import FAULTS, make_schedule, run_schedule
+from chaos.schedule import (EVIDENCE_SLACK_S, FAULTS, TRIGGERS, evidence_for, make_schedule, must_catch,
+                            run_schedule, wrongly_named)
 from t1ops.config import load_toml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,7 +17,37 @@ def test_schedule_replays_from_its_seed():
     assert a == make_schedule(7, 5, 4, num_engines=2, num_workers=1)
     assert a != make_schedule(8, 5, 4, num_engines=2, num_workers=1)
     assert len(a) == 5 and {f.kind for f in a} == set(FAULTS)
-    assert all(1 <= f.step <= 4 for f in a)
+    assert all(1 <= f.step <= 4 and f.trigger in TRIGGERS[f.kind] for f in a)
+    assert len({f.id for f in a}) == 5
+
+
+def test_schedules_hit_work_and_keep_a_long_trainer_stall_last():
+    for seed in range(200):
+        s = make_schedule(seed, 6, 4, num_engines=2, num_workers=1, batch_size=4)
+        long_trainer = [f for f in s if f.kind == "stall-trainer" and f.long]
+        assert len(long_trainer) <= 1
+        if long_trainer:  # it stops the run: nothing may be due after it
+            assert long_trainer[0].step == 4
+            assert not [f for f in s if f.trigger == "in-sync" and f.step == 4]
+        assert all(f.step >= 2 for f in s if f.kind == "stall-trainer")  # a learned bound exists
+        assert all(1 <= f.after_trials <= 3 for f in s if f.trigger == "mid-rollout")
+        engine_steps = [f.step for f in s if f.kind in ("kill-engine", "stall-engine")]
+        assert len(engine_steps) == len(set(engine_steps)), "two engine faults in one step"
+    kinds_long = {(f.kind, f.long) for seed in range(50) for f in make_schedule(seed, 5, 4, 2, 1)}
+    assert {("stall-engine", True), ("stall-engine", False), ("stall-trainer", True)} <= kinds_long
+
+
+def test_evidence_must_name_the_target_and_fall_in_the_window():
+    fired = {"id": "f0", "kind": "kill-engine", "target": 1, "pid": 77, "long": False, "at": 100.0,
+             "duration_s": 0.0}
+    ev = [{"name": "engine.dead", "slot": 0, "time": 101.0},             # wrong engine
+          {"name": "engine.dead", "slot": 1, "time": 99.0},              # before the fault
+          {"name": "engine.dead", "slot": 1, "time": 100.0 + EVIDENCE_SLACK_S + 5}]  # too late
+    assert must_catch(fired) and evidence_for(fired, ev) == []
+    assert evidence_for(fired, ev + [{"name": "engine.dead", "slot": 1, "time": 100.4}])
+    short = {**fired, "kind": "stall-engine", "duration_s": 1.0}
+    assert not must_catch(short) and wrongly_named(short, ev) == []
+    assert wrongly_named(short, [{"name": "engine.dead", "slot": 1, "time": 100.5}])
 
 
 @pytest.mark.chaos
@@ -26,7 +57,8 @@ def test_seeded_schedule_of_five_faults_against_a_campaign(tmp_path):
     cfg.rollout.tasks_dir = str(REPO / "examples" / "tasks")
     seed = 20261129
     res = run_schedule(seed, 5, cfg, str(tmp_path), num_steps=4)
-    assert len(res["fired"]) == 5, f"seed {seed}: only {len(res['fired'])} faults fired"
+    assert len(res["fired"]) == 5, f"seed {seed}: only {len(res['fired'])} faults fired: {res['invariants']}"
     assert res["passed"], f"seed {seed} (replay: t1ops chaos schedule --seed {seed}): {res['invariants']}"
-    assert [tuple(f.values()) for f in res["schedule"]] == \
-        [(f.step, f.kind, f.target) for f in make_schedule(seed, 5, 4, 2, cfg.rollout.num_workers)]
+    assert [f["id"] for f in res["schedule"]] == \
+        [f.id for f in make_schedule(seed, 5, 4, 2, cfg.rollout.num_workers, 4)]
+    assert all(f["work"] for f in res["fired"])

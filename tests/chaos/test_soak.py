@@ -15,7 +15,8 @@ from chaos.soak import background_load, soak, table_lines
 def _result(sid: str, passed: bool, detection: float | None) -> harness.ScenarioResult:
     return harness.ScenarioResult(id=sid, title="t", runbook="", fault_fired=True, unguarded="u",
                                   guarded=harness.Guarded(caught=passed, detection_s=detection,
-                                                          error="" if passed else "guard missed"))
+                                                          error="" if passed else "guard missed"),
+                                  invariants={"unguarded_failed": True})
 
 
 def test_soak_counts_pass_rate_spread_and_reasons():

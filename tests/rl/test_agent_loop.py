@@ -48,7 +48,7 @@ def _scripted(renderer, replies, *, routing=True, seen=None):
 
 def _trial(tmp_path, name="files-hello"):
     task = load_task(REPO / "examples" / "tasks" / name)
-    sb = Sandbox(tmp_path, "run-test", isolate_network=False, drop_privileges=False)
+    sb = Sandbox(tmp_path, "run-test")
     return task, sb.create(task, 0)
 
 

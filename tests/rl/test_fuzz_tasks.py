@@ -145,3 +145,53 @@ def test_archive_random_bytes(raw):
             extract_task_bytes(raw, tmp, name="t")
         except UnsafeArchiveError:
             pass
+
+
+def _zip(members) -> bytes:
+    import stat
+    import zipfile
+    modes = {tarfile.REGTYPE: stat.S_IFREG | 0o755, tarfile.DIRTYPE: stat.S_IFDIR | 0o755,
+             tarfile.SYMTYPE: stat.S_IFLNK | 0o777, tarfile.LNKTYPE: stat.S_IFLNK | 0o777,
+             tarfile.CHRTYPE: stat.S_IFCHR | 0o644, tarfile.FIFOTYPE: stat.S_IFIFO | 0o644}
+    import warnings
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf, warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # duplicate names are part of the attack surface
+        for m in members:
+            info = zipfile.ZipInfo(m["name"] + ("/" if m["type"] == tarfile.DIRTYPE else ""))
+            info.external_attr = modes[m["type"]] << 16
+            data = m["link"].encode() if m["type"] in (tarfile.SYMTYPE, tarfile.LNKTYPE) else m["data"]
+            zf.writestr(info, b"" if m["type"] == tarfile.DIRTYPE else data)
+    return buf.getvalue()
+
+
+@FAST
+@given(st.lists(_member, min_size=1, max_size=6))
+def test_zip_random_members_stay_inside(members):
+    blob = _zip(members)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        dest, canary = root / "dest", root / "canary"
+        canary.mkdir()
+        try:
+            extract_task_bytes(blob, dest, name="t", limits=ArchiveLimits(max_members=5))
+        except UnsafeArchiveError:
+            pass
+        assert {p.name for p in root.iterdir()} <= {"dest", "canary"}
+        assert not any(canary.iterdir())
+        for p in dest.rglob("*"):
+            assert p.is_symlink() or p.is_file() or p.is_dir()
+            if p.is_symlink():
+                assert Path(os.path.realpath(p)).is_relative_to(os.path.realpath(dest))
+            else:
+                assert not p.stat().st_mode & 0o7000       # never setuid/setgid/sticky
+
+
+@FAST
+@given(st.binary(max_size=300))
+def test_zip_random_bytes(raw):
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            extract_task_bytes(b"PK\x03\x04" + raw, tmp, name="t")
+        except UnsafeArchiveError:
+            pass

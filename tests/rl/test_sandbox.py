@@ -1,15 +1,17 @@
-"""The local sandbox: layout, limits with named reasons, process-group kill, network, secrets."""
+"""The local sandbox: layout, limits with named reasons, whole-trial kill, network, secrets.
+(The red-team attacks of issue #22 are in test_sandbox_attacks.py.)"""
 from __future__ import annotations
 
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 
-from rl.agent.sandbox import MARKER_ENV, Limits, Sandbox, probe_isolation
+from rl.agent.sandbox import Limits, Sandbox, probe_isolation
 from rl.agent.secrets import RedactingFilter, collect_secrets, redact, redact_obj
 from rl.agent.tasks import load_task
 from rl.errors import InputError, SandboxError, TaskError
@@ -26,7 +28,14 @@ def sandbox(tmp_path_factory):
 
 @pytest.fixture
 def trial(sandbox):
-    return sandbox.create(load_task(TASK), 0)
+    t = sandbox.create(load_task(TASK), 0)
+    yield t
+    t.close()
+
+
+def _alive(uid):
+    return [p for p in psutil.process_iter(["uids", "status"]) if p.info["uids"]
+            and p.info["uids"].real == uid and p.info["status"] != psutil.STATUS_ZOMBIE]
 
 
 def test_trial_dir_carries_run_id_and_is_unique(sandbox):
@@ -38,13 +47,17 @@ def test_trial_dir_carries_run_id_and_is_unique(sandbox):
     assert meta["run_id"] == "run-test" and meta["trial_id"] == a.trial_id
     assert (a.workspace / "data.txt").read_text() == "alpha\nbeta\ngamma\n"
     assert not (a.dir / "tests").exists() and not (a.dir / "verifier").exists()
+    a.close()
+    b.close()
+    assert not os.path.ismount(a.dir / "fs") and not (a.workspace / "data.txt").exists()
 
 
-def test_command_runs_in_workspace_in_its_own_process_group(trial):
-    r = trial.exec("pwd; ps -o pgid= -p $$; ps -o pid= -p $$", timeout_s=10)
+def test_command_runs_at_app_alone_in_its_pid_namespace(trial):
+    r = trial.exec("pwd; id -u; whoami; ls /proc | grep -c '^[0-9]'", timeout_s=10)
     assert r.reason == "ok" and r.exit_code == 0
-    cwd, pgid, pid = r.stdout.split()
-    assert cwd == str(trial.workspace) and pgid == pid and int(pgid) != os.getpgid(0)
+    cwd, uid, name, num_pids = r.stdout.split()
+    assert cwd == "/app" and int(uid) == trial.uid and int(num_pids) <= 4   # init, bash, ls, grep
+    assert name == "trial"                           # tools that look the user up (git) work
 
 
 def test_runaway_writer_ends_with_file_size_limit(trial):
@@ -59,18 +72,13 @@ def test_memory_hog_ends_with_memory_limit(trial):
 
 
 def test_fork_bomb_ends_with_process_limit_and_leaves_nothing(trial):
-    r = trial.exec(":(){ :|:& };:", timeout_s=5)
+    # the bomb gets 2 s to grow (a command that exits at once takes its bomb with it: the
+    # PID namespace dies with the command)
+    r = trial.exec(":(){ :|:& };:; sleep 2", timeout_s=10)
     assert r.reason == "process_limit", r
-    time.sleep(0.2)
-    left = [p for p in psutil.process_iter(["pid"]) if _has_marker(p, trial.trial_id)]
-    assert not left
-
-
-def _has_marker(proc, marker):
-    try:
-        return proc.environ().get(MARKER_ENV) == marker
-    except (psutil.Error, OSError):
-        return False
+    assert not _alive(trial.uid)
+    trial.exec(":(){ :|:& };:", timeout_s=10)
+    assert not _alive(trial.uid)
 
 
 def test_cpu_spinner_ends_with_cpu_limit(trial):
@@ -83,7 +91,7 @@ def test_timeout_kills_whole_process_group_including_background(trial):
     r = trial.exec("sleep 60 & sleep 60 & sleep 60", timeout_s=1)
     assert r.reason == "timeout" and r.exit_code is None
     assert time.monotonic() - t0 < 10
-    assert not [p for p in psutil.process_iter(["pid"]) if _has_marker(p, trial.trial_id)]
+    assert not _alive(trial.uid)
 
 
 def test_caller_continues_after_limits(trial):
@@ -104,20 +112,24 @@ def test_trial_budget_bounds_every_command(sandbox):
     assert t.exec("true").reason == "budget_exhausted"
 
 
-def test_no_network_where_kernel_allows(sandbox, trial):
-    if not sandbox.isolation.network_isolated:
-        pytest.skip(sandbox.isolation.network_reason)
+def test_no_network(sandbox, trial):
     r = trial.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '", timeout_s=10)
     assert r.stdout.split() == ["lo"]
 
 
 def test_agent_cannot_write_outside_workspace(sandbox, trial):
-    if sandbox.isolation.agent_uid is None:
-        pytest.skip(sandbox.isolation.uid_reason)
-    r = trial.exec(f"touch {trial.dir}/verifier; mkdir {trial.dir}/tests; echo x > /tmp/t1-escape-{trial.trial_id}",
-                   timeout_s=10)
-    assert "Permission denied" in r.stderr
+    """Each write succeeds inside the trial (so the test can see an escape) and lands nowhere
+    on the host; the marker name is fresh, so no leftover of an earlier run can hide one."""
+    marker = f"t1-escape-{uuid.uuid4().hex}"
+    r = trial.exec(f"for d in /tmp /var/tmp /dev/shm /app; do echo x > $d/{marker} && echo wrote $d; done; "
+                   f"touch {trial.dir}/verifier {trial.dir}/{marker}; mkdir {trial.dir}/tests", timeout_s=10)
+    assert r.stdout.split().count("wrote") == 4, r
+    host = [Path(d) / marker for d in ("/tmp", "/var/tmp", "/dev/shm", trial.dir)]
+    assert not [p for p in host if p.exists()]
     assert not (trial.dir / "verifier").exists() and not (trial.dir / "tests").exists()
+    assert (trial.workspace / marker).exists() and (trial.fs / "tmp" / marker).exists()
+    trial.close()
+    assert not (trial.fs / "tmp" / marker).exists()     # the trial's /tmp goes with the trial
 
 
 def test_finished_trial_refuses_commands(trial):
@@ -133,10 +145,14 @@ def test_bad_arguments_are_refused(tmp_path):
         Sandbox(tmp_path, "../x")
 
 
-def test_probe_reports_fallback_reason_when_disabled():
-    iso = probe_isolation(isolate_network=False, drop_privileges=False)
-    assert not iso.network_isolated and "disabled" in iso.network_reason
-    assert iso.agent_uid is None and "disabled" in iso.uid_reason
+def test_probe_reports_the_isolation_in_effect(tmp_path):
+    iso = probe_isolation()
+    assert iso.level == "strict" and iso.uid_drop and iso.cgroup, iso
+    assert set(iso.namespaces) >= {"mount", "pid", "net", "ipc"}
+    with pytest.raises(SandboxError, match="root"):
+        Sandbox(tmp_path, "r", drop_privileges=False)
+    with pytest.raises(SandboxError, match="not one of"):
+        Sandbox(tmp_path, "r", isolation="paranoid")
 
 
 def test_secrets_reach_the_sandbox_but_not_its_output(tmp_path):
@@ -151,9 +167,16 @@ def test_secrets_reach_the_sandbox_but_not_its_output(tmp_path):
         Sandbox(tmp_path / "a", "r", environ={}).create(task, 0)
     sb = Sandbox(tmp_path / "b", "r", environ={"API_TOKEN": "sk-live-123456"})
     t = sb.create(task, 0)
-    r = t.exec('echo "token=$API_TOKEN"; [ "$API_TOKEN" = sk-live-123456 ] && echo match', timeout_s=10)
-    assert r.stdout == "token=[REDACTED:API_TOKEN]\nmatch\n"
-    assert "sk-live-123456" not in (t.dir / "trial.json").read_text()
+    r = t.exec('echo "token=$API_TOKEN"; [ "$API_TOKEN" = sk-live-123456 ] && echo match; '
+               'echo "$API_TOKEN" | rev; printf %s "$API_TOKEN" | base64; printf %s "$API_TOKEN" | xxd -p; '
+               'echo "$API_TOKEN" >&2', timeout_s=10)
+    assert r.stdout.startswith("token=[REDACTED:API_TOKEN]\nmatch\n")
+    assert "sk-live-123456" not in r.stdout + r.stderr and "654321" not in r.stdout
+    assert r.stdout.count("[REDACTED:API_TOKEN]") == 4 and "[REDACTED:API_TOKEN]" in r.stderr, r
+    written = "".join(p.read_text() for p in (t.dir / "logs").iterdir()) + (t.dir / "trial.json").read_text()
+    assert "sk-live-123456" not in written and "[REDACTED:API_TOKEN]" in written
+    assert set(t.agent_env()) == {"PATH", "HOME", "LANG", "TMPDIR", "API_TOKEN"}
+    t.close()
 
 
 def test_redact_helpers():
@@ -169,8 +192,6 @@ def test_redact_helpers():
 
 
 def test_task_pool_is_hidden_from_the_agent(sandbox, trial):
-    if not sandbox.isolation.can_hide_paths:
-        pytest.skip(sandbox.isolation.hide_reason)
     solution = TASK / "solution" / "solve.sh"
     r = trial.exec(f"cat {solution}; ls -A {TASK.parent} | wc -l", timeout_s=10)
     assert "No such file" in r.stderr and r.stdout.strip() == "0"
@@ -178,8 +199,6 @@ def test_task_pool_is_hidden_from_the_agent(sandbox, trial):
 
 
 def test_each_trial_has_its_own_uid_and_escapees_are_swept(sandbox):
-    if sandbox.isolation.agent_uid is None:
-        pytest.skip(sandbox.isolation.uid_reason)
     task = load_task(TASK)
     a, b = sandbox.create(task, 7), sandbox.create(task, 8)
     assert a.uid != b.uid and a.exec("id -u").stdout.strip() == str(a.uid)
@@ -190,13 +209,56 @@ def test_each_trial_has_its_own_uid_and_escapees_are_swept(sandbox):
     assert not alive
 
 
-def test_many_files_under_the_size_cap_end_with_disk_limit(tmp_path):
-    sb = Sandbox(tmp_path, "run-disk", limits=Limits(disk_mb=8, file_size_mb=2, num_files=300))
+def test_storage_is_a_sized_tmpfs_not_a_poll(tmp_path):
+    sb = Sandbox(tmp_path, "run-disk", limits=Limits(storage_mb=8, file_size_mb=2, num_files=300))
     t = sb.create(load_task(TASK), 0)
-    # The disk limit is polled (every 0.25 s): each command stays alive long enough to be seen,
-    # as a real agent's command does; a burst shorter than one poll is caught by the next command.
-    r = t.exec("for i in $(seq 1000); do head -c 1M /dev/zero > f$i; done; sleep 2", timeout_s=30)
-    assert r.reason == "disk_limit" and r.limit_hit
-    r = t.exec("rm -f f*; for i in $(seq 3000); do : > e$i; done; sleep 2", timeout_s=30)
-    assert r.reason == "disk_limit"
-    assert t.exec("rm -f e*; echo ok").stdout == "ok\n"
+    # a burst with no pause: the filesystem refuses it, nothing has to catch it in time
+    r = t.exec("for i in $(seq 25); do head -c 1M /dev/zero > /dev/shm/f$i || exit 1; done", timeout_s=30)
+    assert r.reason == "disk_limit" and r.limit_hit, r
+    r = t.exec("rm -f /dev/shm/f*; for i in $(seq 3000); do : > /tmp/e$i || exit 1; done", timeout_s=30)
+    assert r.reason == "disk_limit", r
+    assert t.exec("rm -f /tmp/e*; echo ok").stdout == "ok\n"
+    t.close()
+
+
+def test_two_trials_of_one_task_share_no_tmp_or_logs(sandbox):
+    task = load_task(TASK)
+    a, b = sandbox.create(task, 11), sandbox.create(task, 12)
+    mark = uuid.uuid4().hex
+    assert a.exec(f"echo {mark} > /tmp/x; echo {mark} > /dev/shm/x; echo {mark} > /logs/agent/x; "
+                  "cat /tmp/x /dev/shm/x /logs/agent/x").stdout.split() == [mark] * 3
+    r = b.exec("cat /tmp/x /var/tmp/x /dev/shm/x /logs/agent/x; find /tmp /var/tmp /dev/shm /logs/agent -mindepth 1")
+    assert mark not in r.stdout and r.stdout.split() == []
+    a.close()
+    b.close()
+
+
+def test_rlimit_fallback_without_a_cgroup_still_names_the_limit(tmp_path, monkeypatch):
+    """Where no per-trial cgroup can be made the level is 'namespaces': RLIMIT_AS per process."""
+    import dataclasses
+
+    import rl.agent.sandbox as sandbox_mod
+
+    weaker = dataclasses.replace(probe_isolation(), level="namespaces", cgroup=False,
+                                 cgroup_reason="no cgroup (test)")
+    monkeypatch.setattr(sandbox_mod, "probe_isolation", lambda: weaker)
+    with pytest.raises(SandboxError, match="'strict' is required"):
+        Sandbox(tmp_path / "a", "r")
+    t = Sandbox(tmp_path / "b", "r", isolation="namespaces", limits=SMALL).create(load_task(TASK), 0)
+    assert t.cgroup is None
+    assert t.exec("python3 -c 'x = bytearray(512 * 2**20)'", timeout_s=20).reason == "memory_limit"
+    r = t.exec("id -u; ls /proc | grep -c '^[0-9]'")
+    assert r.stdout.split()[0] == str(t.uid) and int(r.stdout.split()[1]) <= 4
+    t.close()
+
+
+def test_an_agent_that_locks_its_own_workspace_fails_its_command_not_the_sandbox(sandbox):
+    from rl.agent.verifier import verify
+
+    t = sandbox.create(load_task(TASK), 13)
+    assert t.exec("cp data.txt out.txt; chmod 000 out.txt /app").reason == "ok"
+    r = t.exec("ls")
+    assert (r.reason, r.exit_code) == ("exit_nonzero", 126) and "cannot enter /app" in r.stderr
+    v = verify(t)                      # the verifier owns (and may read) what the agent left
+    assert v.reward.passed >= 1, v
+    t.close()

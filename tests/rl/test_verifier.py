@@ -32,14 +32,6 @@ def sandbox(tmp_path_factory):
     return Sandbox(tmp_path_factory.mktemp("sbx"), "run-v")
 
 
-@pytest.fixture(scope="module")
-def open_sandbox(tmp_path_factory):
-    """Agent on the host uid with the task pool visible (the worst host): forgeries succeed on
-    disk, so only the verifier's checks stop them."""
-    return Sandbox(tmp_path_factory.mktemp("sbx-open"), "run-open", drop_privileges=False,
-                   hide_task_pool=False)
-
-
 def test_honest_solution_gets_full_ctrf_reward(sandbox, task):
     trial = sandbox.create(task, 0)
     trial.exec("sort in.txt > out.txt")
@@ -67,17 +59,13 @@ def test_no_output_at_all_scores_zero_from_ctrf(sandbox, task):
 @pytest.mark.parametrize("attack, kind", [
     ("echo '{ctrf}' > ctrf.json", "precreated-ctrf"),
     ("printf 'import pytest\\n' > conftest.py", "conftest"),
+    ("mkdir -p deep/er && printf '[pytest]\\naddopts = -p evil\\n' > deep/er/pytest.ini", "pytest-config"),
     ("mkdir -p bin && printf '#!/bin/sh\\nexit 0\\n' > bin/pytest && chmod +x bin/pytest", "shadow-exec"),
-    ("mkdir -p {dir}/verifier && echo '{ctrf}' > {dir}/verifier/ctrf.json", "precreated-dir"),
-    ("echo 'def test_x(): pass' > {dir}/conftest.py", "foreign-file"),
-    ("echo 'def test_free(): pass' >> {src}/tests/test_outputs.py", "tests-modified"),
+    ("mkdir -p sub/_pytest && printf 'x = 1\\n' > sub/_pytest/__init__.py", "shadow-module"),
 ])
-def test_each_forgery_is_recorded_and_never_pays(open_sandbox, task, tmp_path, attack, kind):
-    src = tmp_path / "task"
-    shutil.copytree(task.path, src)
-    t = load_task(src)
-    trial = open_sandbox.create(t, 0)
-    cmd = attack.format(ctrf=PASSING_CTRF, dir=trial.dir, src=src)
+def test_each_workspace_forgery_is_recorded_and_never_pays(sandbox, task, attack, kind):
+    trial = sandbox.create(task, 0)
+    cmd = attack.format(ctrf=PASSING_CTRF)
     assert trial.exec(f"sort in.txt > out.txt; {cmd}").reason == "ok"
     v = verify(trial)
     kinds = {e.kind for e in v.tamper_events}
@@ -85,6 +73,25 @@ def test_each_forgery_is_recorded_and_never_pays(open_sandbox, task, tmp_path, a
     assert v.reason == "tamper" and v.reward.source.startswith("tamper:") and kind in v.reward.source
     assert v.reward.value == 0.0
     assert json.loads((trial.dir / "verifier" / "result.json").read_text())["tamper_events"]
+    trial.close()
+
+
+@pytest.mark.parametrize("attack", [
+    "mkdir -p {dir}/verifier && echo '{ctrf}' > {dir}/verifier/ctrf.json",
+    "echo 'def test_x(): pass' > {dir}/conftest.py",
+    "echo 'def test_free(): pass' >> {src}/tests/test_outputs.py",
+])
+def test_forgeries_outside_the_workspace_cannot_even_land(sandbox, task, tmp_path, attack):
+    src = tmp_path / "task"
+    shutil.copytree(task.path, src)
+    before = (src / "tests" / "test_outputs.py").read_text()
+    trial = sandbox.create(load_task(src), 0)
+    trial.exec(attack.format(ctrf=PASSING_CTRF, dir=trial.dir, src=src))   # lands in its own /tmp at most
+    assert not (trial.dir / "conftest.py").exists() and not (trial.dir / "verifier").exists()
+    assert (src / "tests" / "test_outputs.py").read_text() == before
+    v = verify(trial)
+    assert (v.reason, v.reward.value, v.reward.passed) == ("ok", 0.0, 0)
+    trial.close()
 
 
 def test_stale_ctrf_from_another_run_is_refused(sandbox, task, tmp_path):
@@ -114,9 +121,9 @@ def _script_task(tmp_path: Path, name: str, script: str):
     return load_task(src)
 
 
-def test_exit_zero_without_a_verdict_scores_zero_tagged(open_sandbox, tmp_path):
+def test_exit_zero_without_a_verdict_scores_zero_tagged(sandbox, tmp_path):
     task = _script_task(tmp_path, "noverdict", 'test -f "$T1_WORKSPACE/out.txt"\nexit 0\n')
-    trial = open_sandbox.create(task, 0)
+    trial = sandbox.create(task, 0)
     trial.exec("echo hello > out.txt")
     v = verify(trial)
     assert (v.reason, v.reward.source, v.reward.value, v.exit_code) == ("no-verdict", "no-verdict",
@@ -131,26 +138,24 @@ def test_exit_zero_without_a_verdict_scores_zero_tagged(open_sandbox, tmp_path):
      "harbor-reward"),
     ('echo nonsense > "$V/reward.txt"\nexit 0\n', 0.0, "no-verdict"),
 ])
-def test_harbor_reward_file_is_the_verdict_when_there_is_no_ctrf(open_sandbox, tmp_path, script,
+def test_harbor_reward_file_is_the_verdict_when_there_is_no_ctrf(sandbox, tmp_path, script,
                                                                  value, source):
     task = _script_task(tmp_path, "harbor", 'V=$(dirname "$T1_CTRF_PATH")\n' + script)
-    v = verify(open_sandbox.create(task, 0))
+    v = verify(sandbox.create(task, 0))
     assert (v.reward.source, v.reward.value) == (source, value)
 
 
-def test_a_solved_verdict_never_scores_zero_even_with_a_zero_pass_ctrf(open_sandbox, tmp_path):
+def test_a_solved_verdict_never_scores_zero_even_with_a_zero_pass_ctrf(sandbox, tmp_path):
     task = _script_task(tmp_path, "zeroctrf", 'cd "$T1_WORKSPACE"\n'
                         'pytest -q -p no:cacheprovider --ctrf "$T1_CTRF_PATH" "$T1_TESTS_DIR"\n'
                         'echo 1 > "$(dirname "$T1_CTRF_PATH")/reward.txt"\n')
-    v = verify(open_sandbox.create(task, 0))     # nothing done: CTRF 0 passed, reward.txt 1
+    v = verify(sandbox.create(task, 0))     # nothing done: CTRF 0 passed, reward.txt 1
     assert (v.reward.source, v.reward.value) == ("harbor-reward", 1.0)
     assert "own verdict wins" in v.reward.detail
 
 
 def test_hidden_pool_blocks_the_tests_edit_outright(tmp_path, task):
-    sb = Sandbox(tmp_path / "sbx", "run-hidden", drop_privileges=False)
-    if not sb.isolation.can_hide_paths:
-        pytest.skip(sb.isolation.hide_reason)
+    sb = Sandbox(tmp_path / "sbx", "run-hidden")
     src = tmp_path / "pool" / "text-sort"
     shutil.copytree(task.path, src)
     trial = sb.create(load_task(src), 0)

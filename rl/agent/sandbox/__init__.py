@@ -1,0 +1,102 @@
+"""Local sandbox: every command of a trial in fresh namespaces, as an unprivileged per-trial uid.
+
+:class:`Sandbox` creates trials under ``<root>/<run_id>/``; a :class:`Trial` runs the agent's
+commands (:meth:`Trial.exec`) and, after it, the verifier (:meth:`Trial.run_verifier`), each
+in its own namespace set (``jail.py``/``jail_init.py``) with the trial's limits (``limits.py``,
+``cgroup.py``). The isolation in effect is probed once (``isolation.py``) and a sandbox refuses
+to start below the level it is asked for. Threat model and fallbacks: docs/sandbox.md.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+from typing import Mapping
+
+from rl.agent.environment import LocalEnvironment
+from rl.agent.sandbox.isolation import (AGENT_UID, LEVELS, VERIFIER_UID, Isolation,
+                                        probe_isolation, require)
+from rl.agent.sandbox.jail import PINNED_PYTEST_INI, View, run_jailed
+from rl.agent.sandbox.limits import LIMIT_REASONS, VERIFIER_LIMITS, ExecResult, Limits, classify
+from rl.agent.sandbox.trial import Trial, create_trial, task_limits
+from rl.agent.secrets import collect_secrets
+from rl.agent.tasks import Task, effective_timeout
+from rl.errors import InputError, SandboxError, TrialDirError
+
+__all__ = ["AGENT_UID", "LEVELS", "LIMIT_REASONS", "PINNED_PYTEST_INI", "VERIFIER_LIMITS",
+           "VERIFIER_UID", "ExecResult", "Isolation", "Limits", "Sandbox", "Trial", "View",
+           "classify", "make_sandbox", "probe_isolation", "require_isolation", "run_jailed"]
+
+log = logging.getLogger("rl.agent.sandbox")
+
+
+class Sandbox:
+    """Creates trials under ``<root>/<run_id>/``; one per campaign (or per rollout worker).
+
+    ``isolation``: the weakest level accepted (``strict`` | ``namespaces`` | ``none``);
+    ``allow_internet``: whether a task that asks for the network (``allow_internet``) gets it.
+    """
+
+    def __init__(self, root: str | Path, run_id: str, *, limits: Limits = Limits(),
+                 isolation: str = "strict", allow_internet: bool = False,
+                 agent_timeout_override_s: float | None = None, allow_lower_timeout: bool = False,
+                 environ: Mapping[str, str] | None = None, isolate_network: bool = True,
+                 drop_privileges: bool = True, hide_task_pool: bool = True) -> None:
+        if not run_id or "/" in run_id or run_id.startswith("."):
+            raise InputError(f"run_id {run_id!r} must be a non-empty name without '/'", argument="run_id")
+        if not drop_privileges or not hide_task_pool:
+            raise SandboxError("drop_privileges=False / hide_task_pool=False are gone: nothing of "
+                               "a task runs as root and the task pool is never visible to a trial")
+        self.isolation = probe_isolation()
+        require(self.isolation, isolation)
+        if self.isolation.level == "none":
+            raise SandboxError("isolation level 'none' has no runner in this build: run as root "
+                               "(docs/sandbox.md)")
+        self.root, self.run_id, self.limits = Path(root).resolve(), run_id, limits
+        self.run_dir = self.root / run_id
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.run_dir, 0o711)   # traversable, not listable
+        self.override_s, self.allow_lower = agent_timeout_override_s, allow_lower_timeout
+        self.environ = os.environ if environ is None else environ
+        self.allow_internet = allow_internet or not isolate_network
+
+    def create(self, task: Task, trial_idx: int, *, oracle: bool = False, workdir: str | None = None,
+               limits: Limits | None = None, env: Mapping[str, str] | None = None) -> Trial:
+        """A fresh trial with the task's environment/ in its workspace (at ``workdir``, default
+        the task's ``workdir`` or ``/app``); ``oracle`` mounts its solution/ at /solution."""
+        budget = effective_timeout(task.agent_timeout_s, self.override_s,
+                                   allow_lower=self.allow_lower, what=f"agent[{task.name}]")
+        secrets = collect_secrets(task.required_env_keys, self.environ)
+        tdir = self.run_dir / f"{task.name}-{trial_idx}-{uuid.uuid4().hex[:8]}"
+        try:
+            tdir.mkdir(mode=0o755)
+        except FileExistsError as e:
+            raise TrialDirError(f"trial dir {tdir} already exists; trial dirs are never reused",
+                                path=str(tdir)) from e
+        wants_net = task.allow_network
+        if wants_net and not self.allow_internet:
+            log.warning("sandbox: task %s asks for the network; this sandbox gives none "
+                        "(allow_internet = false)", task.name)
+        return create_trial(
+            task=task, run_id=self.run_id, trial_idx=trial_idx, tdir=tdir, budget=budget,
+            limits=task_limits(limits or self.limits, task), isolation=self.isolation,
+            secrets=secrets, network=wants_net and self.allow_internet,
+            workdir=workdir or LocalEnvironment().check(task).workdir, oracle=oracle,
+            env=env if env is not None else task.agent_env)
+
+
+def require_isolation(level: str) -> Isolation:
+    """The probed isolation, or SandboxError if it is weaker than ``level`` (``t1ops run``
+    calls this before anything starts)."""
+    iso = probe_isolation()
+    require(iso, level)
+    return iso
+
+
+def make_sandbox(root: str | Path, run_id: str, cfg: Mapping, **kw) -> Sandbox:
+    """A Sandbox from ``SandboxConfig`` fields (``t1ops.config``): limits, isolation, network."""
+    names = ("memory_mb", "cpus", "storage_mb", "num_files", "num_procs", "cpu_s")
+    limits = Limits(**{k: cfg[k] for k in names if k in cfg})
+    return Sandbox(root, run_id, limits=limits, isolation=cfg.get("isolation", "strict"),
+                   allow_internet=cfg.get("allow_internet", False), **kw)

@@ -1,0 +1,109 @@
+"""One rank's micro-batch forwards and the data-parallel gathers of their results.
+
+A :class:`~rl.trainer.packing.MicroBatch` names rows of the step's full
+:class:`~rl.trainer.batch.TrainBatch` (every rank holds the whole batch: a
+few integers per token). :func:`slice_rows` cuts any ``[B, T, ...]`` tensor to
+the micro-batch's rows and positions (filler rows and positions past the
+batch get ``fill``). The actor forward routes its R3 rows through exactly the
+token pipeline of ``rl.routing`` (padding, then the sequence-parallel split
+when SP is on) and asserts the per-sample row count against the tokens' own
+shard on every rank before replaying them.
+
+Results of a micro-batch are token-aligned ``[rows, positions]`` like
+``rl.trainer.forward``; :func:`gather_samples` assembles per-sample results of
+all data-parallel ranks into full ``[B, T]`` tensors, identical on every rank.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rl import model as rmodel
+from rl.routing import assert_row_count, shard_for_rank
+from rl.trainer.batch import PAD_TOKEN_ID, TrainBatch
+from rl.trainer.forward import shift_to_tokens
+from rl.trainer.packing import FILLER, MicroBatch
+
+
+def slice_rows(x: torch.Tensor, mb: MicroBatch, fill=0) -> torch.Tensor:
+    """``x[rows, :positions]`` with filler rows / positions beyond ``x`` set to ``fill``."""
+    out = torch.full((len(mb.rows), mb.positions) + tuple(x.shape[2:]), fill, dtype=x.dtype)
+    width = min(mb.positions, x.shape[1])
+    for i, row in enumerate(mb.rows):
+        if row != FILLER:
+            out[i, :width] = x[row, :width]
+    return out
+
+
+def routing_rows(batch: TrainBatch, mb: MicroBatch) -> torch.Tensor:
+    """``[rows, positions, L, K]`` routing; padding positions and filler rows get experts 0..K-1."""
+    K = batch.routing_BTLK.shape[-1]
+    pad = torch.arange(K, dtype=batch.routing_BTLK.dtype)
+    out = pad.expand(len(mb.rows), mb.positions, batch.routing_BTLK.shape[2], K).clone()
+    width = min(mb.positions, batch.routing_BTLK.shape[1])
+    for i, row in enumerate(mb.rows):
+        if row != FILLER:
+            n = int(batch.num_tokens_B[row])
+            out[i, :min(n, width)] = batch.routing_BTLK[row, :min(n, width)]
+    return out
+
+
+def sp_rows(batch: TrainBatch, mb: MicroBatch, ids_bF: torch.Tensor, sp_size: int, sp_rank: int) -> list[np.ndarray]:
+    """This rank's replay rows: each sample's forward rows through the token pipeline, counts asserted."""
+    rows_bFLK = routing_rows(batch, mb)[:, : ids_bF.shape[1]].numpy()
+    out = []
+    for i, row in enumerate(mb.rows):
+        F = ids_bF.shape[1]
+        tok_shard = shard_for_rank(ids_bF[i].numpy(), num_tokens=F, sp_size=sp_size, cp_size=1, cp_rank=0,
+                                   sp_rank=sp_rank)
+        rows_shard = shard_for_rank(rows_bFLK[i], num_tokens=F, sp_size=sp_size, cp_size=1, cp_rank=0,
+                                    sp_rank=sp_rank)
+        assert_row_count(tok_shard.shape[0], rows_shard, sample=str(row),
+                         stage=f"sequence-parallel shard {sp_rank}/{sp_size}")
+        out.append(rows_shard)
+    return out
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def actor_logprobs(actor, batch: TrainBatch, mb: MicroBatch, *, replay: bool, sp_size: int = 1,
+                   sp_rank: int = 0, temperature: float = 1.0) -> torch.Tensor:
+    """fp32 token-aligned ``[rows, positions]`` log-probs of the micro-batch (differentiable under grad).
+
+    The forward runs on the model's device; the result comes back to the CPU, where the batch lives."""
+    tokens = slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
+    ids, targets = tokens[:, :-1], tokens[:, 1:]
+    dev = _device(actor)
+    if not replay:
+        return shift_to_tokens(rmodel.token_logprobs(actor, ids.to(dev), targets.to(dev), temperature).cpu())
+    with rmodel.replay_routing(actor, sp_rows(batch, mb, ids, sp_size, sp_rank), sp_size=sp_size):
+        return shift_to_tokens(rmodel.token_logprobs(actor, ids.to(dev), targets.to(dev), temperature).cpu())
+
+
+def critic_values(critic, batch: TrainBatch, mb: MicroBatch) -> torch.Tensor:
+    """fp32 token-aligned ``[rows, positions]`` values (the critic routes freely)."""
+    tokens = slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
+    return shift_to_tokens(rmodel.values(critic, tokens[:, :-1].to(_device(critic))).cpu())
+
+
+def gather_samples(parts: dict[int, torch.Tensor], shape: tuple[int, int], group) -> torch.Tensor:
+    """Full ``[B, T]`` from every DP rank's ``{sample: [n]}``; positions past a row's data are 0."""
+    everyone: list = [None] * dist.get_world_size(group) if group is not None else [parts]
+    if group is not None:
+        dist.all_gather_object(everyone, {k: v.detach() for k, v in parts.items()}, group=group)
+    out = torch.zeros(shape, dtype=torch.float32)
+    for chunk in everyone:
+        for row, values in chunk.items():
+            width = min(shape[1], values.shape[0])
+            out[row, :width] = values[:width]
+    return out
+
+
+def collect(mb: MicroBatch, result_bT: torch.Tensor, into: dict[int, torch.Tensor]) -> None:
+    """Keep a micro-batch's per-sample results (filler rows dropped) for :func:`gather_samples`."""
+    for i, row in enumerate(mb.rows):
+        if row != FILLER:
+            into[row] = result_bT[i].detach()

@@ -1,0 +1,346 @@
+"""The trainer on one rank of a megatron layout (DP x TP(+SP) x EP), actor and critic.
+
+Every rank of the layout builds a :class:`RankTrainer` after its process
+group and megatron's parallel state exist (``rl.megatron_cpu.init_model_parallel``;
+t1ops creates the group with explicit timeouts). Actor and critic SHARE the
+ranks: both are sharded over the same layout and run one after the other in
+the step (critic first), as the report's actor and critic time-share their
+GPUs (docs/parallelism.md).
+
+Initial weights are layout-free: :func:`full_initial_states` builds the
+1-rank :class:`~rl.trainer.trainer.Trainer` in a world of 1 and returns its
+weights; each rank keeps its shard (``rl.trainer.shard``). So a 2-rank and a
+1-rank trainer start from the same weights, and a checkpoint of one layout
+loads into another.
+
+The step mirrors ``rl.trainer.step``: the whole batch's reduction weights,
+GAE, advantages, TIS and the log-prob gap are computed on full ``[B, T]``
+tensors (per-sample forward results gathered over DP); only forwards and
+backwards run per rank, per micro-batch (``rl.trainer.packing``), with
+gradients accumulated, reduced and clipped by the global norm
+(``rl.trainer.grads``). ``on_micro_batch`` is called after every micro-batch
+(the progress watchdog's heartbeat).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+import torch.distributed as dist
+
+from rl import model as rmodel
+from rl.advantages import compute_gae, whiten_advantages
+from rl.errors import InputError
+from rl.losses import dppo_loss, ppo_clip_loss, reduction_weights, tis_weights, value_loss
+from rl.metrics import explained_variance, logprob_gap
+from rl.trainer import rank_forward as rf
+from rl.trainer.batch import TrainBatch
+from rl.trainer.grads import comm_device, reduce_clip_step
+from rl.trainer.optim import build_optimizer
+from rl.trainer.packing import MicroBatch, pack_to_ranks, plan_micro_batches
+from rl.trainer.settings import TrainerSettings
+from rl.trainer.shard import assemble, local_from_full, placements
+from rl.trainer.sft import SftStats
+from rl.trainer.step import grpo_token_advantages
+from rl.trainer.trainer import StepStats, Trainer, _weights, copy_state
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A trainer layout; field names match ``t1ops.config.ParallelConfig``."""
+
+    dp: int = 1
+    tp: int = 1
+    ep: int = 1
+    pp: int = 1
+    sequence_parallel: bool = False
+    max_tokens_per_gpu: int = 8192
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def sp_size(self) -> int:
+        return self.tp if self.sequence_parallel else 1
+
+
+def full_initial_states(spec, settings: TrainerSettings, seed: int, unk_id: int | None):
+    """(actor, critic or None) weights of the 1-rank Trainer with ``seed``; call before joining a world."""
+    from rl.megatron_cpu import init_single_process, teardown
+
+    init_single_process()
+    t = Trainer(spec, settings, seed=seed, unk_id=unk_id)
+    states = (rmodel.weights_state_dict(t.actor), None if t.critic is None else rmodel.weights_state_dict(t.critic))
+    teardown()
+    return states
+
+
+class _Tally:
+    """Token-weighted mean of per-micro-batch masked means, summed over DP ranks."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+
+    def add(self, stats: Mapping[str, float], keys: tuple[str, ...], loss: float) -> None:
+        n = stats.get("num_tokens", 0.0)
+        self.sums["loss"] = self.sums.get("loss", 0.0) + loss
+        self.sums["n"] = self.sums.get("n", 0.0) + n
+        for k in keys:
+            self.sums[k] = self.sums.get(k, 0.0) + (stats[k] * n if n else 0.0)
+
+    def total(self, group) -> dict[str, float]:
+        keys = sorted(self.sums)
+        t = torch.tensor([self.sums[k] for k in keys], dtype=torch.float64, device=comm_device())
+        dist.all_reduce(t, group=group)
+        out = dict(zip(keys, t.cpu().tolist()))
+        n = out.pop("n")
+        return {k: (v if k == "loss" else (v / n if n else math.nan)) for k, v in out.items()}
+
+
+class RankTrainer:
+    """Actor (+ critic in PPO) shards on this rank, their optimizers, the distributed step."""
+
+    def __init__(self, spec, settings: TrainerSettings, layout: Layout, *, full_actor: Mapping[str, torch.Tensor],
+                 full_critic: Mapping[str, torch.Tensor] | None, unk_id: int | None, seed: int = 0,
+                 temperature: float = 1.0, on_micro_batch: Callable[[int], None] | None = None,
+                 watch: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
+        from megatron.core import parallel_state as ps
+
+        if dist.get_world_size() != layout.world_size:
+            raise InputError(f"layout needs {layout.world_size} ranks (dp*tp*pp), the process group has "
+                             f"{dist.get_world_size()}", world_size=dist.get_world_size())
+        self.spec, self.settings, self.layout = spec, settings, layout
+        # greedy sampling (0) reports log-probs of the unscaled distribution, as SGLang does
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.tp_rank, self.dp_rank = ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()
+        self.ep_rank = ps.get_expert_model_parallel_rank()
+        self.dp_group = ps.get_data_parallel_group()
+        sp = layout.sequence_parallel
+        self.actor = rmodel.build_policy(spec, seed, torch.float32, unk_id=unk_id, sequence_parallel=sp)
+        self._load(self.actor, full_actor)
+        self.actor_optimizer = build_optimizer(self.actor, settings.actor_lr, settings)
+        self.critic = self.critic_optimizer = None
+        if settings.mode == "ppo":
+            if full_critic is None:
+                raise InputError("PPO mode needs the critic's initial weights", argument="full_critic")
+            self.critic = rmodel.build_critic(spec, seed + 1, sequence_parallel=sp)
+            self._load(self.critic, full_critic)
+            self.critic_optimizer = build_optimizer(self.critic, settings.critic_lr, settings)
+        self.step = 0
+        self.micro_batches_done = 0
+        self._behaviour: dict[str, torch.Tensor] | None = None  # this rank's shard of the behaviour policy
+        self._on_micro_batch = on_micro_batch
+        self._watch = watch or (lambda name: contextlib.nullcontext())
+
+    # --- weights -------------------------------------------------------------------------
+    def _placements(self, model):
+        return placements(model, tp_rank=self.tp_rank, tp=self.layout.tp, ep_rank=self.ep_rank,
+                          ep=self.layout.ep, num_experts=self.spec.num_experts)
+
+    def _load(self, model, full: Mapping[str, torch.Tensor]) -> None:
+        rmodel.load_state(model, local_from_full(dict(full), self._placements(model)), source="full state")
+
+    def full_state(self, role: str) -> dict[str, torch.Tensor] | None:
+        """The whole model of ``role`` gathered from every rank (a collective); the full state on rank 0."""
+        model = self.actor if role == "actor" else self.critic
+        piece = (self._placements(model), rmodel.weights_state_dict(model))
+        pieces = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        with self._watch(f"weight-update gather ({role})"):
+            dist.gather_object(piece, pieces, dst=0)
+        return assemble(pieces) if pieces is not None else None
+
+    def shard(self, role: str):
+        """(placements, tensors) of this rank's part of ``role``: what a sharded checkpoint stores."""
+        model = self.actor if role == "actor" else self.critic
+        if model is None:
+            raise InputError(f"this trainer has no {role} (GRPO mode has no critic)", argument="role")
+        return self._placements(model), rmodel.weights_state_dict(model)
+
+    def load_full(self, *, actor: Mapping[str, torch.Tensor] | None = None,
+                  critic: Mapping[str, torch.Tensor] | None = None, step: int | None = None) -> None:
+        """Load full (any-layout) weights; this rank keeps its shard."""
+        if actor is not None:
+            self._load(self.actor, actor)
+        if critic is not None:
+            if self.critic is None:
+                raise InputError("GRPO mode has no critic to load", argument="critic")
+            self._load(self.critic, critic)
+        if step is not None:
+            self.step = int(step)
+        self._behaviour = None
+
+    def snapshot_behaviour(self) -> dict[str, torch.Tensor]:
+        """This rank's shard of the actor as it is now (the policy the engines sample with next)."""
+        return copy_state(self.actor.state_dict())
+
+    def set_behaviour(self, local_state: Mapping[str, torch.Tensor] | None) -> None:
+        self._behaviour = None if local_state is None else copy_state(local_state)
+
+    # --- plan -----------------------------------------------------------------------------
+    def plan(self, batch: TrainBatch) -> list[MicroBatch]:
+        """This rank's micro-batches (all ranks compute the same plan from the same batch)."""
+        lengths = batch.num_tokens_B.tolist()
+        per_rank = pack_to_ranks(lengths, self.layout.dp)
+        plans = plan_micro_batches(per_rank, lengths, self.layout.max_tokens_per_gpu, self.layout.sp_size,
+                                   aligned=self.layout.ep > 1)
+        return plans[self.dp_rank]
+
+    def _tick(self) -> None:
+        self.micro_batches_done += 1
+        if self._on_micro_batch is not None:
+            self._on_micro_batch(self.micro_batches_done)
+
+    def _actor_lp(self, batch, mb, replay, temperature: float | None = None):
+        return rf.actor_logprobs(self.actor, batch, mb, replay=replay, sp_size=self.layout.sp_size,
+                                 sp_rank=self.tp_rank,
+                                 temperature=self.temperature if temperature is None else temperature)
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch, plan: list[MicroBatch] | None = None, *, replay: bool | None = None,
+                 behaviour: bool = False) -> torch.Tensor:
+        """Full token-aligned ``[B, T]`` log-probs of the actor (under the behaviour snapshot if asked)."""
+        plan = self.plan(batch) if plan is None else plan
+        replay = self.settings.r3 if replay is None else replay
+        parts: dict[int, torch.Tensor] = {}
+        self.actor.eval()
+        with _weights(self.actor, self._behaviour if behaviour else None):
+            for mb in plan:
+                with self._watch("micro-batch forward"):
+                    rf.collect(mb, self._actor_lp(batch, mb, replay), parts)
+                self._tick()
+        with self._watch("data-parallel gather"):
+            return rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
+
+    @torch.no_grad()
+    def _values(self, batch: TrainBatch, plan: list[MicroBatch]) -> torch.Tensor:
+        parts: dict[int, torch.Tensor] = {}
+        self.critic.eval()
+        for mb in plan:
+            with self._watch("micro-batch forward"):
+                rf.collect(mb, rf.critic_values(self.critic, batch, mb), parts)
+            self._tick()
+        with self._watch("data-parallel gather"):
+            return rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
+
+    # --- the step -----------------------------------------------------------------------------
+    def _weighted(self, loss_bT: torch.Tensor, w_bT: torch.Tensor) -> torch.Tensor:
+        return (torch.where(w_bT > 0, loss_bT, 0.0) * w_bT).sum()
+
+    def _critic_update(self, batch, plan, weights_BT, old_BT, returns_BT) -> tuple[dict, float]:
+        s, mask_BT = self.settings, batch.loss_mask_BT
+        self.critic.train()
+        for _ in range(s.ppo_epochs):
+            tally = _Tally()
+            for mb in plan:
+                mask = rf.slice_rows(mask_BT, mb, fill=False)
+                with self._watch("micro-batch forward/backward"):
+                    values = rf.critic_values(self.critic, batch, mb)
+                    loss_bT, stats = value_loss(values, rf.slice_rows(old_BT, mb), rf.slice_rows(returns_BT, mb),
+                                                mask, clip=s.value_clip)
+                    loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
+                    loss.backward()
+                tally.add(stats, ("clip_fraction",), float(loss.detach()))
+                self._tick()
+            with self._watch("gradient all-reduce (critic)"):
+                norm = reduce_clip_step(self.critic, self.critic_optimizer, s.grad_clip)
+        return tally.total(self.dp_group), norm
+
+    def _actor_update(self, batch, plan, weights_BT, advantages, old_BT, tis_BT) -> tuple[dict, float]:
+        s, mask_BT = self.settings, batch.loss_mask_BT
+        adv_BT = advantages if advantages.dim() == 2 else advantages[:, None].expand(mask_BT.shape).contiguous()
+        key = "clip_fraction" if s.mode == "ppo" else "tv_masked_fraction"
+        extra = ("dual_clip_fraction",) if s.mode == "ppo" else ()
+        self.actor.train()
+        for _ in range(s.ppo_epochs):
+            tally = _Tally()
+            for mb in plan:
+                mask = rf.slice_rows(mask_BT, mb, fill=False)
+                with self._watch("micro-batch forward"):
+                    lp = self._actor_lp(batch, mb, s.r3)
+                adv = rf.slice_rows(adv_BT, mb)
+                if s.mode == "ppo":
+                    loss_bT, stats = ppo_clip_loss(lp, rf.slice_rows(old_BT, mb), adv, mask, s.clip_low, s.clip_high,
+                                                   s.clip_ratio_c)
+                else:
+                    loss_bT, stats = dppo_loss(lp, rf.slice_rows(batch.rollout_logprobs_BT, mb), adv, mask,
+                                               s.dppo_delta, s.dppo_delta)
+                if tis_BT is not None:
+                    loss_bT = loss_bT * rf.slice_rows(tis_BT, mb)
+                loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
+                with self._watch("micro-batch backward"):
+                    loss.backward()
+                tally.add(stats, (key, "ratio_mean") + extra, float(loss.detach()))
+                self._tick()
+            with self._watch("gradient all-reduce (actor)"):
+                norm = reduce_clip_step(self.actor, self.actor_optimizer, s.grad_clip)
+        return tally.total(self.dp_group), norm
+
+    def train_step(self, batch: TrainBatch) -> StepStats:
+        """The distributed twin of ``Trainer.train_step`` (same numbers up to float summation order)."""
+        s, mask_BT = self.settings, batch.loss_mask_BT
+        if batch.num_loss_tokens == 0:
+            raise InputError("the batch has no loss-bearing token; skip it explicitly rather than "
+                             "stepping on nothing", num_samples=batch.num_samples)
+        plan = self.plan(batch)
+        weights_BT = reduction_weights(mask_BT, s.loss_reduction, batch.prompt_ids)
+        critic = None
+        if s.mode == "ppo":
+            old_values_BT = self._values(batch, plan)
+            advantages, returns_BT = compute_gae(batch.rewards_B, old_values_BT, mask_BT, s.gamma, s.lam)
+            ev = explained_variance(old_values_BT, returns_BT, mask_BT)
+            if s.advantage_whitening:  # the returns (critic targets) stay raw
+                advantages = whiten_advantages(advantages, mask_BT)
+            critic = (ev, *self._critic_update(batch, plan, weights_BT, old_values_BT, returns_BT))
+        else:
+            advantages = grpo_token_advantages(batch, s.grpo_norm_by_std)
+        recompute = s.mode == "ppo" or s.tis_mode != "off"
+        # GRPO without TIS: the 1-rank trainer measures on its first epoch's forward (current weights)
+        old_BT = self.logprobs(batch, plan, behaviour=recompute)
+        tis_BT, tis = tis_weights(old_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
+                                  "token" if s.tis_mode == "off" else s.tis_mode)
+        gap = logprob_gap(old_BT, batch.rollout_logprobs_BT, mask_BT)
+        actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
+        actor = self._actor_update(batch, plan, weights_BT, advantages, old_BT,
+                                   None if s.tis_mode == "off" else tis_BT) if actor_updated else None
+        self.step += 1
+        adv_BT = advantages if advantages.dim() == 2 else advantages[:, None].expand(mask_BT.shape)
+        nan = math.nan
+        a = actor[0] if actor else {}
+        return StepStats(
+            step=self.step, mode=s.mode, actor_updated=actor_updated, num_samples=batch.num_samples,
+            num_tokens=batch.num_loss_tokens, reward_mean=float(batch.rewards_B.mean()),
+            explained_variance=float(critic[0]) if critic else nan, logprob_gap=float(gap),
+            clip_fraction=a.get("clip_fraction", a.get("tv_masked_fraction", nan)),
+            ratio_mean=a.get("ratio_mean", nan), policy_loss=a.get("loss", nan),
+            value_loss=critic[1]["loss"] if critic else nan, actor_grad_norm=actor[1] if actor else nan,
+            critic_grad_norm=critic[2] if critic else nan, tis_mean=tis["tis_mean"],
+            tis_max_raw=tis["tis_max_raw"], tis_clip_fraction=tis["tis_clip_fraction"],
+            advantage_mean=float(adv_BT[mask_BT].mean()), dual_clip_fraction=a.get("dual_clip_fraction", nan),
+            tis_mode=s.tis_mode, behaviour_recomputed=recompute)
+
+    def sft_step(self, tokens, loss_mask) -> SftStats:
+        """Supervised step (token-mean NLL, free routing), data-parallel over the same packer."""
+        import numpy as np
+
+        zeros = [np.zeros(len(t), dtype=np.float32) for t in tokens]
+        batch = TrainBatch.from_sequences(tokens=list(tokens), loss_mask=list(loss_mask), rollout_logprobs=zeros,
+                                          rewards=[0.0] * len(tokens), group_ids=list(range(len(tokens))),
+                                          prompt_ids=list(range(len(tokens))))
+        plan = self.plan(batch)
+        weights_BT = reduction_weights(batch.loss_mask_BT, "token_mean")
+        self.actor.train()
+        total = torch.zeros(1, dtype=torch.float64, device=comm_device())
+        for mb in plan:
+            loss = -self._weighted(self._actor_lp(batch, mb, False, temperature=1.0), rf.slice_rows(weights_BT, mb))
+            with self._watch("micro-batch backward"):
+                loss.backward()
+            total += float(loss.detach())
+            self._tick()
+        with self._watch("gradient all-reduce (actor)"):
+            norm = reduce_clip_step(self.actor, self.actor_optimizer, self.settings.grad_clip)
+        dist.all_reduce(total, group=self.dp_group)
+        return SftStats(float(total.item()), batch.num_loss_tokens, norm)

@@ -1,0 +1,121 @@
+"""Trainer ranks: each joins its process group through ``t1ops.guards.dist``, then megatron's.
+
+:func:`join_world` is what every rank process runs before it builds a
+:class:`~rl.trainer.ranks.RankTrainer`: the default group is created by
+:func:`t1ops.guards.dist.init_process_group` with the configured timeout
+(gloo on CPU; NCCL with ``apply_nccl_env`` when CUDA is present), then
+``rl.megatron_cpu.init_model_parallel`` builds megatron's TP/EP/DP groups
+with the same timeout. A group without an explicit timeout is refused.
+
+:func:`run_local_ranks` starts ``world`` local rank processes
+(``torch.multiprocessing``, spawn) that take one step on a given batch and
+report rank 0's numbers: the equivalence tests and ``bench/bench_ranks.py``
+use it; the campaign runs one Ray actor per rank instead
+(``t1ops.campaign.rank_actors``).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from datetime import timedelta
+
+import torch
+
+from rl.trainer.ranks import Layout
+from t1ops.config import GuardsConfig
+from t1ops.guards import dist as dist_guard
+
+
+def backend_for(requested: str = "auto") -> str:
+    """``auto``: NCCL where CUDA exists, gloo on CPU."""
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return requested
+
+
+def join_world(rank: int, world_size: int, init_method: str, layout: Layout, *, guards: GuardsConfig,
+               seed: int = 0, backend: str = "auto", timeout: timedelta | None = None) -> timedelta:
+    """Create this rank's default process group and megatron's parallel state; returns the timeout used.
+
+    ``timeout`` defaults to the configured one (``timeout_for(backend, guards)``); a caller may pass a
+    scaled one (chaos scenarios), never None to the group itself.
+    """
+    from rl.megatron_cpu import init_model_parallel
+
+    backend = backend_for(backend)
+    timeout = timeout or dist_guard.timeout_for(backend, guards)
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist_guard.init_process_group(backend, timeout=timeout, guards=guards, init_method=init_method,
+                                  rank=rank, world_size=world_size)
+    init_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep, seed=seed, timeout_s=timeout.total_seconds())
+    return timeout
+
+
+def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
+    """A spawned rank: full initial weights in a world of 1, join the world, logprobs + one step."""
+    torch.set_num_threads(1)
+    from rl.megatron_cpu import teardown
+    from rl.trainer.ranks import RankTrainer, full_initial_states
+
+    layout = Layout(**job["layout"])
+    actor, critic = full_initial_states(job["spec"], job["settings"], job["seed"], job["unk_id"])
+    join_world(rank, world, init_method, layout, guards=GuardsConfig(), seed=job["seed"])
+    try:
+        rt = RankTrainer(job["spec"], job["settings"], layout, full_actor=actor, full_critic=critic,
+                         unk_id=job["unk_id"], seed=job["seed"], temperature=job["temperature"])
+        logprobs = rt.logprobs(job["batch"])
+        times = []
+        for _ in range(job["steps"]):
+            t0 = time.perf_counter()
+            stats = rt.train_step(job["batch"])
+            times.append(time.perf_counter() - t0)
+        full = rt.full_state("actor")
+        if job.get("shards_to"):
+            from t1ops.guards.sharded_checkpoints import save_sharded
+
+            save_sharded(job["shards_to"], "actor", job["steps"], rt)
+        if rank == 0:  # a file, not a queue: shared-memory tensors die with this process
+            torch.save({"logprobs": logprobs, "stats": stats.as_dict(), "step_s": times, "actor": full,
+                     "micro_batches": len(rt.plan(job["batch"]))}, out)
+    finally:
+        teardown()
+
+
+def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk_id: int | None = None,
+                    steps: int = 1, temperature: float = 1.0, timeout_s: float = 600.0,
+                    shards_to: str | None = None) -> dict:
+    """Spawn ``layout.world_size`` local ranks, take ``steps`` steps on ``batch``; rank 0's results.
+
+    Returns ``logprobs`` (full ``[B, T]`` before the step), ``stats`` (StepStats of the last step),
+    ``step_s`` (seconds per step) and ``actor`` (the full actor state after the steps). With
+    ``shards_to`` the ranks also save the actor sharded there (step = ``steps``)."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from rl.engines.ports import free_port
+
+    ctx = mp.get_context("spawn")
+    out = os.path.join(tempfile.mkdtemp(prefix="t1ops-ranks-"), "rank0.pt")
+    job = {"layout": asdict(layout), "batch": batch, "spec": spec, "settings": settings, "seed": seed,
+           "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to}
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    procs = [ctx.Process(target=_one_step, args=(r, layout.world_size, init_method, job, out), daemon=True)
+             for r in range(layout.world_size)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        for p in procs:
+            p.join(max(1.0, deadline - time.monotonic()))
+        bad = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode != 0]
+        if bad:
+            raise RuntimeError(f"trainer ranks failed or timed out (rank, exit code): {bad}")
+        return torch.load(out, weights_only=False)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
