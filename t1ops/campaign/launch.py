@@ -80,12 +80,12 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     renderer = ChatRenderer.default()
     if c.resume_from is None:
         vocab = build_vocab(tasks, renderer, cfg.model.vocab_size, multiple=cfg.trainer.parallel.tp) \
-            if cfg.model.compact_vocab else CompactVocab.identity(cfg.model.vocab_size)  # a real server samples all
+            if cfg.engine.compact_vocab else CompactVocab.identity(cfg.model.vocab_size)  # a real server samples all
         vocab.save(run.vocab)
     else:  # the run's own ids: its checkpoints index them
         vocab = CompactVocab.load(run.vocab)
     spec = {**ModelSpec.from_config(cfg.model).to_dict(), "vocab_size": vocab.size}
-    progress.log(f"run {run.run_id}: {len(tasks)} tasks, {'compact' if cfg.model.compact_vocab else 'full'} "
+    progress.log(f"run {run.run_id}: {len(tasks)} tasks, {'compact' if cfg.engine.compact_vocab else 'full'} "
                  f"vocabulary {vocab.size} ids, dir {run.path}")
     rank_watch = None
     if cfg.trainer.parallel.world_size > 1:  # one Ray actor per rank in a placement group

@@ -15,7 +15,7 @@ SGLANG = {"kind": "sglang", "num_engines": 1, "urls": ["http://127.0.0.1:30000"]
 def test_sglang_engines_need_the_full_vocabulary():
     with pytest.raises(ConfigError, match="compact_vocab = false"):
         parse_config({"engine": SGLANG})
-    cfg = parse_config({"engine": {**SGLANG, "weight_sync": "distributed"}, "model": {"compact_vocab": False}})
+    cfg = parse_config({"engine": {**SGLANG, "weight_sync": "distributed", "compact_vocab": False}})
     assert cfg.engine.weight_sync == "distributed" and cfg.engine.weight_sync_backend is None
 
 
@@ -28,4 +28,4 @@ def test_query_groups_must_divide_heads_and_sync_mode_is_checked():
 
 def test_shipped_sglang_example_is_valid():
     cfg = load_toml(REPO / "examples" / "sglang" / "campaign.toml")
-    assert cfg.engine.kind == "sglang" and not cfg.model.compact_vocab and cfg.engine.weight_sync == "distributed"
+    assert cfg.engine.kind == "sglang" and not cfg.engine.compact_vocab and cfg.engine.weight_sync == "distributed"

@@ -70,7 +70,7 @@ def test_campaign_against_url_engines_with_distributed_sync(tmp_path, url_engine
     cfg.trainer.warm_start_steps = 2
     cfg.trainer.ppo_epochs = 1
     cfg.engine.weight_sync_backend = "gloo"  # the engines run on CPU (a real SGLang server: nccl, the default)
-    assert cfg.engine.kind == "sglang" and cfg.engine.weight_sync == "distributed" and not cfg.model.compact_vocab
+    assert cfg.engine.kind == "sglang" and cfg.engine.weight_sync == "distributed" and not cfg.engine.compact_vocab
     run_dir = run_campaign(cfg, out_dir=str(tmp_path / "runs"), show_progress=False)
 
     summary = json.loads((run_dir / "summary.json").read_text())
