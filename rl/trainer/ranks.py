@@ -153,6 +153,13 @@ class RankTrainer:
             dist.gather_object(piece, pieces, dst=0)
         return assemble(pieces) if pieces is not None else None
 
+    def shard(self, role: str):
+        """(placements, tensors) of this rank's part of ``role``: what a sharded checkpoint stores."""
+        model = self.actor if role == "actor" else self.critic
+        if model is None:
+            raise InputError(f"this trainer has no {role} (GRPO mode has no critic)", argument="role")
+        return self._placements(model), rmodel.weights_state_dict(model)
+
     def load_full(self, *, actor: Mapping[str, torch.Tensor] | None = None,
                   critic: Mapping[str, torch.Tensor] | None = None, step: int | None = None) -> None:
         """Load full (any-layout) weights; this rank keeps its shard."""

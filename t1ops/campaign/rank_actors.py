@@ -13,7 +13,9 @@ sends the call to every rank (the arguments are put in the object store once)
 and returns one reference that resolves to rank 0's answer when all ranks are
 done (any rank's error is raised), so the step loop is the same for 1 rank or N.
 Publishing gathers the full actor once per step (a collective); rank 0 writes
-the role-separated, checksummed checkpoint the engines load (docs/parallelism.md).
+the role-separated, checksummed checkpoint the engines load. Every ``save_every``
+steps both roles are also saved sharded: one file per rank under one checksummed
+manifest (``t1ops.guards.sharded_checkpoints``), loadable at any layout (docs/parallelism.md).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from t1ops.config import CampaignConfig, GuardsConfig
 from t1ops.errors import ConfigError
 from t1ops.guards.checkpoints import CheckpointManager
 from t1ops.guards.rank_watch import ProgressBeacon, RankProcess, RankWatch, collective_watch
+from t1ops.guards.sharded_checkpoints import save_sharded
 
 PG_READY_TIMEOUT_S = 120.0
 
@@ -77,9 +80,10 @@ class TrainerRankHost(TrainerHost):
         timeout = join_world(self.rank, self.layout.world_size, init_method, self.layout, guards=self.guards,
                              seed=self.seed)
         self.beacon = ProgressBeacon(self.run_dir / "ranks" / f"rank{self.rank}.progress")
+        self._collective_watch = collective_watch(timeout, self.guards)
         self.trainer = RankTrainer(self.spec, self.settings, self.layout, full_actor=actor, full_critic=critic,
                                    unk_id=self.vocab.unk_id, seed=self.seed, temperature=self.temperature,
-                                   on_micro_batch=self.beacon, watch=collective_watch(timeout, self.guards))
+                                   on_micro_batch=self.beacon, watch=self._collective_watch)
         telemetry.event("trainer.rank_joined", rank=self.rank, world_size=self.layout.world_size,
                         tp_rank=self.trainer.tp_rank, dp_rank=self.trainer.dp_rank, ep_rank=self.trainer.ep_rank,
                         timeout_s=timeout.total_seconds())
@@ -95,27 +99,44 @@ class TrainerRankHost(TrainerHost):
         telemetry.event("trainer.rank_step", step=stats.get("step"), **info)
         return {**stats, "rank_info": info}
 
+    def _prune_shards(self) -> list[str]:
+        """The retention policy (``[checkpoints]``) applied to the sharded steps too (rank 0)."""
+        base = self.ckpt.actor_dir.parent
+        return [d for role in ("actor", "critic") for d in _prune(base / f"{role}-shards", self.retention.keep)]
+
     def publish(self, version: int) -> str | None:
         """Gather the full actor once (a collective on every rank); rank 0 saves it for the engines,
         and the critic every save_every steps. Every rank keeps its shard as the behaviour snapshot."""
-        actor = self.trainer.full_state("actor")
-        critic = None
-        if self.trainer.critic is not None and version % self.settings.save_every == 0:
-            critic = self.trainer.full_state("critic")
+        actor = self.trainer.full_state("actor")  # the engines' weights: gathered once per step
+        if version % self.settings.save_every == 0:  # both roles, sharded per rank, no gather
+            with self._collective_watch("sharded checkpoint save"):
+                for role in ("actor", "critic") if self.trainer.critic is not None else ("actor",):
+                    save_sharded(self.ckpt.actor_dir.parent, role, version, self.trainer)
         path = None
         if self.rank == 0:
             from t1ops.campaign.retention import disk_bytes
 
             path = str(self.ckpt.save("actor", version, actor))
-            if critic is not None:
-                self.ckpt.save("critic", version, critic)
-            deleted = self.retention.apply()
+            deleted = self.retention.apply() + self._prune_shards()
             self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base),
                                 "checkpoints_deleted": len(deleted), "resume_point": None}
         self.published[version] = self.trainer.snapshot_behaviour()
         for old in sorted(self.published)[:-2]:
             del self.published[old]
         return path
+
+
+def _prune(role_dir: Path, keep) -> list[str]:
+    """Sharded steps of one role outside the retention policy's ``keep`` set, deleted."""
+    import shutil
+
+    from t1ops.guards.checkpoints import list_steps, step_dir_name
+
+    steps = list_steps(role_dir) if role_dir.is_dir() else []
+    gone = sorted(set(steps) - keep(steps, None))
+    for step in gone:
+        shutil.rmtree(role_dir / step_dir_name(step))
+    return [f"{role_dir.name}/{step_dir_name(step)}" for step in gone]
 
 
 def _combine(name: str, *results):
