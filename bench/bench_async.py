@@ -8,8 +8,8 @@ scaled down. Seven tasks, each a copy of a bundled Harbor task whose solution
 first sleeps in the trial's sandbox, between the agent's two turns:
 
     five quick tasks: no sleep          (~1-2 s of generation and verification)
-    one medium task : sleep 4 s
-    one long task   : sleep 12 s
+    one medium task : sleep 5 s
+    one long task   : sleep 15 s
 
 The policy is warm-started on the solutions and samples greedily, so it runs
 them. The same campaign (batch 4 = 2 groups of 2, PPO) runs twice, ``one_step``
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 # (new task name, bundled task copied, seconds its solution sleeps first)
 MIX = (("quick-touch", "files-touch", 0), ("quick-mkdir", "files-mkdir", 0), ("quick-pwd", "shell-pwd", 0),
        ("quick-hello", "files-hello", 0), ("quick-upper", "text-upper", 0),
-       ("medium-build", "files-touch", 4), ("long-build", "files-mkdir", 12))
+       ("medium-build", "files-touch", 5), ("long-build", "files-mkdir", 15))
 
 
 def make_pool(root: Path) -> Path:
