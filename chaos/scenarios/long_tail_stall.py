@@ -128,7 +128,7 @@ def run(tmp: Path) -> Outcome:
         fault_fired=fault_fired, unguarded=unguarded if stalled else "",
         guarded=Guarded(caught=caught, error="" if caught else
                         f"fully_async: slow trajectories {slow}, lags {lags}: no trajectory spanned a sync"),
-        invariants={"one_step_stalled_on_the_slow_trial": bool(stalled),
+        invariants={"unguarded_one_step_stalled_on_the_slow_trial": bool(stalled),
                     "slow_trial_tokens_carry_two_or_more_versions": bool(slow_multi),
                     "slow_trial_lag_recorded": bool(lags) and max(lags.values()) >= 2,
                     "steps_kept_going_while_it_slept": len(fast_steps) >= 2,
