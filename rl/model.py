@@ -177,6 +177,8 @@ def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: b
         share_embeddings_and_output_weights=False,
     )
     model.t1_spec = spec
+    if torch.cuda.is_available():  # megatron puts its own layers there; the torch norms start on the CPU
+        model.cuda(torch.cuda.current_device())
     return model
 
 
@@ -219,6 +221,8 @@ def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32,
         )
     else:
         model.output_layer = _ReplicatedValueHead(spec.hidden_size, config)
+    if torch.cuda.is_available():
+        model.output_layer.cuda(torch.cuda.current_device())
     with torch.no_grad():
         model.output_layer.bias.zero_()
     model.t1_unk_id = None

@@ -40,13 +40,13 @@ import numpy as np
 from rl.chat import STOP_IDS, token_bytes
 from rl.errors import InputError, MissingRoutingError, RoutingError, TitoError
 from rl.routing import fill_missing_rows
+from rl.tito_relations import (MAX_DROP_STREAM, MAX_SKIP_PROMPT, common_prefix_len,  # noqa: F401 (re-exported)
+                               find_normalized_repair, find_retokenized_span)
 
 log = logging.getLogger("rl.tito")
 
 RELATIONS = ("strict", "normalized", "retokenized", "split")
 ALIGNED, RETOKENIZED, PLACEHOLDER = 0, 1, 2
-MAX_DROP_STREAM = 97   # a in [0, 97): stream tokens a repair may step over
-MAX_SKIP_PROMPT = 17   # b in [0, 17): harness tokens a repair may step over
 
 
 @dataclass
@@ -98,57 +98,6 @@ class Trajectory:
                 "routing_rows": 0 if self.routing is None else int(self.routing.shape[0])}
 
 
-# --- prefix relations (pure) ----------------------------------------------------
-def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two 1-D int arrays."""
-    n = min(a.shape[0], b.shape[0])
-    neq = np.flatnonzero(a[:n] != b[:n])
-    return int(neq[0]) if neq.size else n
-
-
-def find_normalized_repair(stream: np.ndarray, prompt: np.ndarray) -> tuple[int, int, int] | None:
-    """Smallest (i, a, b): stream[i+a:] == prompt[i+b : i+b+n-i-a], a < 97, b < 17, i+a < n.
-
-    ``i`` is the first divergence. At most 97 x 17 candidates are tried, in
-    order of a + b, so the repair is bounded and enumerable. ``None`` if none fits.
-    """
-    n, m = stream.shape[0], prompt.shape[0]
-    i = common_prefix_len(stream, prompt)
-    for total in range(1, MAX_DROP_STREAM + MAX_SKIP_PROMPT - 1):
-        for a in range(max(0, total - MAX_SKIP_PROMPT + 1), min(total, MAX_DROP_STREAM - 1) + 1):
-            b = total - a
-            tail = n - i - a
-            # tail >= 1: the stream's end (its stop token) must realign, otherwise the
-            # "repair" would let the harness's copy of the turn in as observation
-            if tail < 1 or i + b + tail > m:
-                continue
-            if stream[i + a] != prompt[i + b]:  # cheap filter before the full compare
-                continue
-            if np.array_equal(stream[i + a:], prompt[i + b:i + b + tail]):
-                return i, a, b
-    return None
-
-
-def find_retokenized_span(stream_offsets: Sequence[int], stream_bytes: bytes,
-                          prompt_ids: Sequence[int], tokenizer) -> tuple[int, list[int]] | None:
-    """Text-space relation: where the stream's bytes end inside the prompt.
-
-    Returns ``(m, prompt_offsets)`` with ``prompt[:m]`` decoding to exactly the
-    stream's bytes (``m`` < len(prompt)), or ``None``.
-    """
-    total = stream_offsets[-1]
-    offsets, buf = [0], bytearray()
-    for q, tid in enumerate(prompt_ids):
-        if offsets[-1] == total:
-            return (q, offsets) if bytes(buf) == stream_bytes else None
-        if offsets[-1] > total:
-            return None
-        piece = token_bytes(tokenizer, tid)
-        buf += piece
-        offsets.append(offsets[-1] + len(piece))
-    return None
-
-
 # --- builder ------------------------------------------------------------------------
 class TitoBuilder:
     """Assembles one trajectory (possibly several chunks) from engine turns.
@@ -184,14 +133,25 @@ class TitoBuilder:
         self._offsets: list[int] = [0]   # generation-time byte-offset map
         self._bytes = bytearray()
         self._relations: list[str] = []
+        self._spans: list[list] = []     # [start, end, relation]: positions each turn added
+        self._span_from = 0              # first position not yet attributed to a turn
         self._repairs: list[dict] = []
         self._segments: list[tuple[np.ndarray, np.ndarray]] = []  # (stream positions, rows)
         self._last_gen_end = -1
+        # harness mode: the harness's own copy of the conversation (its last prompt, the sampled
+        # reply, observations since) and each position's stream index (-1: not in the stream);
+        # None while it equals the stream. Prompts are related to it, so an edit the harness
+        # makes once (and keeps) costs one repair, not one per later turn.
+        self._view: list[int] | None = None
+        self._view_map: list[int] = []
         self._append(prompt, mask=0, version=-1)
 
     def _append(self, ids: np.ndarray, *, mask: int, version: int | Sequence[int],
                 logprobs: Sequence[float] | None = None) -> None:
         ids_list = [int(x) for x in ids]
+        if self._view is not None:
+            self._view += ids_list
+            self._view_map += range(len(self._tok), len(self._tok) + len(ids_list))
         # one version for the turn, or one per token (a request that spanned a weight sync)
         versions = [int(version)] * len(ids_list) if isinstance(version, (int, np.integer)) \
             else [int(v) for v in version]
@@ -228,13 +188,19 @@ class TitoBuilder:
 
     # -- harness mode
     def add_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
-                 output_logprobs: Sequence[float], *, policy_version: int,
+                 output_logprobs: Sequence[float], *, policy_version: int | Sequence[int],
                  routing_rows: np.ndarray | None = None, routing_start: int = 0) -> str:
-        """Add a turn whose prompt the harness rendered; returns the relation that held."""
+        """Add a turn whose prompt the harness rendered; returns the relation that held.
+
+        After a truncated turn (no stop token) nothing may follow in the same
+        chunk, so the turn splits. Each chunk's ``meta["turn_spans"]`` lists
+        ``[start, end, relation]``: the positions each turn added (the audit's shares).
+        """
         prompt = np.asarray(prompt_ids, dtype=np.int64)
-        if self.num_turns > 0:
-            self._check_last_turn_stopped()
-        relation, prompt_map, obs_from = self._relate(prompt)
+        if self._last_turn_truncated():  # nothing may follow a truncated turn in its chunk
+            relation, prompt_map, obs_from = "split", None, prompt.shape[0]
+        else:
+            relation, prompt_map, obs_from = self._relate(prompt)
         if relation == "split":
             self.chunks.append(self._finish_chunk())
             self._new_chunk(prompt)
@@ -243,55 +209,77 @@ class TitoBuilder:
             base = len(self._tok)
             self._append(prompt[obs_from:], mask=0, version=-1)
             prompt_map[obs_from:] = base + np.arange(prompt.shape[0] - obs_from)
+        gen_start = len(self._tok)
         self._record_generation(relation, prompt_map, prompt.shape[0], output_ids,
                                 output_logprobs, policy_version, routing_rows, routing_start)
+        self._view = prompt.tolist() + [int(x) for x in output_ids]
+        self._view_map = prompt_map.tolist() + list(range(gen_start, len(self._tok)))
         return relation
+
+    def _reference(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sequence a harness prompt should extend, and its stream positions (see ``_view``)."""
+        if self._view is None:
+            return np.asarray(self._tok, dtype=np.int64), np.arange(len(self._tok), dtype=np.int64)
+        return np.asarray(self._view, dtype=np.int64), np.asarray(self._view_map, dtype=np.int64)
+
+    def _reference_bytes(self, ref: np.ndarray) -> tuple[list[int], bytes]:
+        if self._view is None:
+            return self._offsets, bytes(self._bytes)
+        offsets, buf = [0], bytearray()
+        for t in ref.tolist():
+            piece = token_bytes(self.tokenizer, t)
+            buf += piece
+            offsets.append(offsets[-1] + len(piece))
+        return offsets, bytes(buf)
 
     def _relate(self, prompt: np.ndarray) -> tuple[str, np.ndarray, int]:
         """Relation, map prompt position -> stream position (-1: none), first observation index."""
-        stream = np.asarray(self._tok, dtype=np.int64)
-        n, m = stream.shape[0], prompt.shape[0]
+        ref, rmap = self._reference()
+        n, m = ref.shape[0], prompt.shape[0]
         pmap = np.full(m, -1, dtype=np.int64)
-        if m >= n and np.array_equal(stream, prompt[:n]):
-            pmap[:n] = np.arange(n)
+        if m >= n and np.array_equal(ref, prompt[:n]):
+            pmap[:n] = rmap
             return "strict", pmap, n
-        repair = find_normalized_repair(stream, prompt)
+        repair = find_normalized_repair(ref, prompt)
         if repair is not None:
             i, a, b = repair
-            pmap[:i] = np.arange(i)
-            pmap[i + b:i + b + n - i - a] = np.arange(i + a, n)
-            self._mark_retokenized(range(i, i + a))
+            pmap[:i] = rmap[:i]
+            pmap[i + b:i + b + n - i - a] = rmap[i + a:n]
+            self._mark_retokenized(j for j in rmap[i:i + a].tolist() if j >= 0)
             rec = {"turn": self.num_turns, "at": i, "drop_stream": a, "skip_prompt": b}
             self._repairs.append(rec)
             log.info("sample %s: normalized repair %s", self.sample_id, rec)
             return "normalized", pmap, i + b + n - i - a
         if self.tokenizer is not None:
-            found = find_retokenized_span(self._offsets, bytes(self._bytes), prompt.tolist(),
-                                          self.tokenizer)
+            offsets, data = self._reference_bytes(ref)
+            found = find_retokenized_span(offsets, data, prompt.tolist(), self.tokenizer)
             if found is not None:
                 q_end, p_off = found
-                self._map_by_offsets(prompt, q_end, p_off, pmap)
+                self._map_by_offsets(ref, rmap, offsets, prompt, q_end, p_off, pmap)
                 return "retokenized", pmap, q_end
         return "split", pmap, m
 
-    def _map_by_offsets(self, prompt: np.ndarray, q_end: int, p_off: list[int],
-                        pmap: np.ndarray) -> None:
-        """Align tokens with the same byte span and id; the rest of the stream is retokenized."""
-        start_to_j = {self._offsets[j]: j for j in range(len(self._tok))}
+    def _map_by_offsets(self, ref: np.ndarray, rmap: np.ndarray, offsets: list[int], prompt: np.ndarray,
+                        q_end: int, p_off: list[int], pmap: np.ndarray) -> None:
+        """Align tokens with the same byte span and id; the rest of the reference is retokenized."""
+        start_to_j = {offsets[j]: j for j in range(ref.shape[0])}
         matched = set()
         for q in range(q_end):
             j = start_to_j.get(p_off[q])
-            if j is not None and self._tok[j] == prompt[q] and self._offsets[j + 1] == p_off[q + 1]:
-                pmap[q] = j
+            if j is not None and ref[j] == prompt[q] and offsets[j + 1] == p_off[q + 1]:
+                pmap[q] = rmap[j]
                 matched.add(j)
-        self._mark_retokenized(j for j in range(len(self._tok)) if j not in matched)
+        self._mark_retokenized(int(rmap[j]) for j in range(ref.shape[0]) if j not in matched and rmap[j] >= 0)
 
     def _mark_retokenized(self, positions) -> None:
         for j in positions:
             self._origin[j] = max(self._origin[j], RETOKENIZED)
 
+    def _last_turn_truncated(self) -> bool:
+        return self._last_gen_end >= 0 and self._tok[self._last_gen_end - 1] not in self.stop_ids
+
     def _check_last_turn_stopped(self) -> None:
-        if self._last_gen_end >= 0 and self._tok[self._last_gen_end - 1] not in self.stop_ids:
+        if self._last_turn_truncated():
             raise TitoError(
                 f"sample {self.sample_id} turn {self.num_turns - 1}: generation ended with id "
                 f"{self._tok[self._last_gen_end - 1]}, not a stop token {sorted(self.stop_ids)}; a "
@@ -315,6 +303,8 @@ class TitoBuilder:
         self._add_routing(prompt_map, gen_start, prompt_len + len(output_ids), routing_rows,
                           routing_start)
         self._relations.append(relation)
+        self._spans.append([self._span_from, len(self._tok), relation])
+        self._span_from = len(self._tok)
         self._last_gen_end = len(self._tok)
         self.num_turns += 1
 
@@ -374,7 +364,7 @@ class TitoBuilder:
             policy_version=np.asarray(self._ver, dtype=np.int32), routing=routing,
             meta={"sample_id": self.sample_id, "group_id": self.group_id, "prompt_id": self.prompt_id,
                   "chunk_id": len(self.chunks), "relations": list(self._relations),
-                  "repairs": list(self._repairs)})
+                  "turn_spans": [list(x) for x in self._spans], "repairs": list(self._repairs)})
         traj.check_invariants()
         return traj
 

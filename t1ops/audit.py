@@ -45,6 +45,9 @@ import numpy as np
 
 from rl.errors import ParseError
 from rl.tito import RELATIONS, Trajectory
+from t1ops.audit_shares import add as add_counts
+from t1ops.audit_shares import counts as class_counts
+from t1ops.audit_shares import shares
 
 ARRAY_KEYS = ("tokens", "loss_mask", "rollout_logprobs", "engine_tokens", "origin",
               "policy_version", "routing")
@@ -149,6 +152,8 @@ class AuditReport:
     drift_in_loss: int = 0
     all_strict_samples: int = 0
     relations: dict[str, int] = field(default_factory=dict)
+    token_classes: dict[str, int] = field(default_factory=dict)       # t1ops.audit_shares.CLASSES, whole run
+    per_trial: dict[str, dict[str, int]] = field(default_factory=dict)  # the same per sample id
 
     def pct(self, count: int, of: int | None = None) -> float:
         denom = self.positions if of is None else of
@@ -159,7 +164,9 @@ class AuditReport:
         d.update(aligned_pct=self.pct(self.aligned), retokenized_pct=self.pct(self.retokenized),
                  placeholder_pct=self.pct(self.placeholder),
                  drift_in_loss_pct=self.pct(self.drift_in_loss, self.loss_positions),
-                 all_strict_share=self.all_strict_samples / self.samples if self.samples else 0.0)
+                 all_strict_share=self.all_strict_samples / self.samples if self.samples else 0.0,
+                 shares=shares(self.token_classes),
+                 per_trial_shares={k: {**v, **shares(v)} for k, v in self.per_trial.items()})
         return d
 
 
@@ -184,6 +191,9 @@ def audit_dump(dump_dir: Path) -> AuditReport:
         rels = traj.meta.get("relations", [])
         relations.update(rels)
         sid = str(traj.meta.get("sample_id", path.stem))
+        classes = class_counts(traj)
+        add_counts(rep.token_classes, classes)
+        add_counts(rep.per_trial.setdefault(sid, {}), classes)
         # trajectory-level flag: a conjunction over every turn of every chunk being strict
         strict_by_sample[sid] = strict_by_sample.get(sid, True) and all(r == "strict" for r in rels)
     rep.samples = len(strict_by_sample)

@@ -64,6 +64,13 @@ class EngineConfig(Section):
     generate_timeout_s: float = Field(600.0, gt=0, description="Timeout of one /generate call.")
     retry_backoff_s: float = Field(0.5, ge=0, le=60, description="Base of the exponential backoff between control-plane attempts.")
     max_resubmits: int = Field(3, ge=0, le=100, description="Times a request is resubmitted after its engine died before it fails loudly.")
+    compact_vocab: bool = Field(True, description="Embedded tiny model only: trainer and engines work over the pool's ids (rl.vocab; a 2-core CPU cannot afford 248,320 logits per position); false = the tokenizer's full vocabulary (required with kind = 'sglang').")
+    weight_sync: Literal["disk", "distributed"] = Field("disk", description="How the barrier moves weights: 'disk' = Hugging Face export + /update_weights_from_disk; 'distributed' = /init_weights_update_group + /update_weights_from_distributed (docs/weights.md).")
+    weight_sync_backend: Literal["gloo", "nccl"] | None = Field(None, description="torch.distributed backend of distributed sync (None: gloo for embedded engines, nccl for SGLang servers).")
+    weight_sync_master_address: str = Field("127.0.0.1", description="Address the engines reach the trainer at (rank 0 of the weight-update group).")
+    weight_sync_bucket_mb: float = Field(512.0, gt=0, description="Bytes per /update_weights_from_distributed request (MiB), never splitting a tensor's conversion unit.")
+    weight_sync_timeout_s: float = Field(600.0, gt=0, description="Timeout of the weight-update group (forming it, each broadcast).")
+    batching: bool = Field(True, description="Embedded engine: K/V cache, continuous batching and prefix reuse (docs/engine.md); false recomputes the whole sequence per token, one request at a time (the old path, for benchmarks).")
 
 
 class ParallelConfig(Section):
@@ -131,6 +138,46 @@ class RolloutConfig(Section):
     reward_scale: float = Field(20.0, gt=0, description="CTRF reward = passed tests / scale (report: S = 20).")
     num_workers: int = Field(1, ge=1, description="Rollout workers (one per node).")
     num_train_tasks: int | None = Field(None, ge=1, description="Train on a fixed, seeded subset of this many tasks (None: the whole pool).")
+    agent: Literal["builtin", "command"] = Field("builtin", description="'builtin': t1ops's token-in agent loop; 'command': the [harness] program runs as the agent in the sandbox against the OpenAI endpoint (docs/harness.md).")
+
+
+class HarnessConfig(Section):
+    """The program ``rollout.agent = "command"`` runs as each trial's agent (docs/harness.md)."""
+
+    argv: list[str] = Field(default_factory=lambda: ["{python}", "{harness}/openai_bash_agent.py"], min_length=1, description="Command line of the harness; {python}: an interpreter the sandbox uid can run, {harness}: program_dir as the trial sees it (nothing else of the repository exists in a trial).")
+    program_dir: str = Field("examples/harness", description="Directory holding the harness program (relative to the repository); read-only to the trial.")
+    max_corrections: int = Field(2, ge=0, le=10, description="Corrective observations per request when a reply's tool call does not parse; then the request fails.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the harness (no secrets: use the task's declared env).")
+
+
+class McpServerConfig(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="Server name; its tools are offered as '<name>_<tool>'.")
+    argv: list[str] = Field(min_length=1, description="Command line of the stdio server, started inside the trial's sandbox; placeholders as in harness.argv.")
+
+
+class McpConfig(Section):
+    """Tools from stdio MCP servers, offered to both agents (docs/harness.md)."""
+
+    servers: list[McpServerConfig] = Field(default_factory=list, description="MCP servers started per trial inside its sandbox (empty: none).")
+
+
+class EvalConfig(Section):
+    """Held-out evaluation during training (docs/campaign.md, "Evaluation")."""
+
+    every_steps: int = Field(0, ge=0, description="Evaluate held-out tasks every N RL steps, plus the warm-started weights (step 0) and the last step; 0: no evaluation.")
+    tasks_dir: str | None = Field(None, description="A separate pool of evaluation tasks; None: the training pool's tasks left out of the training set (rollout.num_train_tasks).")
+    tasks: list[str] | None = Field(None, description="A declared evaluation split (task names in the eval pool); None: every held-out task. Never overlaps the training set (checked before launch).")
+    samples_per_task: int = Field(2, ge=1, le=64, description="Trials per evaluation task.")
+    greedy: bool = Field(False, description="Greedy decoding (temperature 0) for evaluation; false samples at eval.temperature.")
+    temperature: float = Field(1.0, gt=0, le=4, description="Sampling temperature of evaluation trials when greedy = false.")
+    timeout_s: float = Field(1800.0, gt=0, description="An evaluation still running this long after its submission is an error.")
+
+
+class CheckpointsConfig(Section):
+    """Checkpoint retention (docs/campaign.md, "Checkpoint retention"); how often: trainer.save_every."""
+
+    keep_last: int | None = Field(4, ge=2, description="Keep the newest N steps of each role (None: keep all); the step a resume needs is always kept.")
+    keep_every: int = Field(0, ge=0, description="Also keep every K-th step (0: none besides the last N).")
 
 
 class GuardsConfig(Section):
@@ -190,7 +237,11 @@ class CampaignConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Inference engines.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Learning.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig, description="Checkpoint retention.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
+    harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The command agent (rollout.agent = 'command').")
+    mcp: McpConfig = Field(default_factory=McpConfig, description="MCP tool servers for both agents.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
     fully_async: FullyAsyncConfig = Field(default_factory=FullyAsyncConfig, description="Fully async pipeline (run.mode = 'fully_async').")
@@ -203,6 +254,10 @@ class CampaignConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":
         r, m = self.rollout, self.model
+        if self.pipeline_mode == "fully_async" and self.trainer.parallel.world_size > 1:
+            raise ValueError("run.mode = 'fully_async' needs a single-rank trainer for now: the multi-rank trainer "
+                             "(rl/trainer/ranks.py) does not take per-token rollout log-probs as the behaviour yet; "
+                             "set trainer.parallel to one rank or run.mode = 'one_step'")
         if r.batch_size % r.n_samples_per_prompt:
             raise ValueError(f"rollout.batch_size ({r.batch_size}) must be a multiple of "
                              f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a partial group would "
@@ -213,6 +268,9 @@ class CampaignConfig(Section):
         if m.num_attention_heads % m.num_query_groups:
             raise ValueError(f"model.num_attention_heads ({m.num_attention_heads}) must be a multiple of "
                              f"model.num_query_groups ({m.num_query_groups}) (grouped-query attention)")
+        if self.engine.kind == "sglang" and self.engine.compact_vocab:
+            raise ValueError("engine.kind = 'sglang' serves the tokenizer's full vocabulary: set "
+                             "engine.compact_vocab = false (the compact vocabulary is the embedded tiny model's option)")
         if self.engine.kind == "sglang" and len(self.engine.urls) != self.engine.num_engines:
             raise ValueError(f"engine.kind = 'sglang' needs one URL per engine: {len(self.engine.urls)} urls "
                              f"for engine.num_engines = {self.engine.num_engines}")

@@ -143,9 +143,33 @@ def recent_events(name: str | None = None) -> list[dict]:
     return [e for e in list(_events) if name is None or e["name"] == name]
 
 
-def span(name: str, **attrs: Any):
-    """A tracing span context manager: ``with span("step", step=3): ...``."""
-    return _tracer().start_as_current_span(name, attributes=_clean(attrs))
+def span(name: str, *, parent: dict | None = None, **attrs: Any):
+    """A tracing span context manager: ``with span("step", step=3): ...``.
+
+    ``parent`` is a carrier from :func:`trace_carrier` in another process (a
+    Ray call's argument): the span continues that trace (see docs/tracing.md).
+    """
+    context = None
+    if parent:
+        from opentelemetry.propagate import extract
+
+        context = extract(parent)
+    return _tracer().start_as_current_span(name, context=context, attributes=_clean(attrs))
+
+
+def trace_carrier() -> dict:
+    """The current span's W3C trace context as a dict to pass to another process."""
+    from opentelemetry.propagate import inject
+
+    carrier: dict = {}
+    inject(carrier)
+    return carrier
+
+
+def tracer():
+    """This process's OpenTelemetry tracer (a no-op tracer before :func:`setup`), for code in
+    ``rl`` that takes a tracer argument (``rl.agent.loop.run_episode``)."""
+    return _tracer()
 
 
 def _clean(attrs: dict) -> dict:

@@ -23,12 +23,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from opentelemetry import trace
 
 from rl.agent.budget import fit_generation
 from rl.chat import IM_END_ID, STOP_IDS, ChatRenderer, parse_assistant
 from rl.engines.protocol import GenerateRequest, SamplingParams
 from rl.errors import BudgetError
 from rl.tito import TitoBuilder, Trajectory
+
+_NO_TRACER = trace.NoOpTracer()
 
 SYSTEM_PROMPT = ("You are a terminal agent. Solve the task by running shell commands with the bash "
                  "tool, one command per turn. Reply without a tool call when you are done.")
@@ -105,64 +108,119 @@ def observation_text(stdout: str, stderr: str, exit_code: int | None, reason: st
 
 def run_episode(instruction: str, execute: Callable[[str], Any], generate: Callable[[GenerateRequest], Any],
                 renderer: ChatRenderer, settings: AgentSettings, *, sample_id: str, group_id: str,
-                prompt_id: str, clock: Callable[[], float] | None = None) -> Episode:
+                prompt_id: str, clock: Callable[[], float] | None = None, tracer: Any = None,
+                tools: Any = None) -> Episode:
     """Run one episode. ``execute(cmd)`` returns an object with stdout/stderr/exit_code/reason
     (``rl.agent.sandbox.Trial.exec``); ``generate(request)`` returns a
     ``GenerateResponse`` (an engine client or pool). Raises MissingRoutingError if
-    routing is required and absent: the caller aborts the rollout, never drops it."""
+    routing is required and absent: the caller aborts the rollout, never drops it.
+    ``tracer`` (an OpenTelemetry tracer) records one ``agent.turn`` span per turn,
+    parent of the spans ``generate`` and ``execute`` open. ``tools`` (e.g. an
+    ``rl.harness.mcp_tools.McpToolbox``: ``openai_tools`` and ``call(name, args) -> str``)
+    adds tools next to bash: the prompt then carries the Qwen3 tools section and a call
+    to one of them is dispatched to ``tools.call`` (docs/harness.md)."""
     import time
 
     clock = clock or time.monotonic
-    builder = TitoBuilder(renderer.render_prompt(initial_messages(instruction)), sample_id=sample_id,
+    if tools is not None:
+        from rl.harness.template import render
+
+        first = renderer.encode(render(initial_messages(instruction), [BASH_TOOL, *tools.openai_tools]))
+    else:
+        first = renderer.render_prompt(initial_messages(instruction))
+    builder = TitoBuilder(first, sample_id=sample_id,
                           group_id=group_id, prompt_id=prompt_id, tokenizer=renderer.tokenizer,
                           num_layers=settings.num_layers, topk=settings.topk)
     ep = Episode(chunks=[], num_turns=0, end_reason="max_turns")
     routed_upto = 0  # positions [0, routed_upto) already have routing rows
     for turn in range(settings.max_turns):
-        prompt = builder.tokens
-        try:
-            budget = fit_generation(len(prompt), settings.max_new_tokens, settings.context_window,
-                                    settings.min_new_tokens, where=f"{sample_id} turn {turn}")
-        except BudgetError:
-            ep.end_reason = "context_exhausted"
+        turn_span = (tracer or _NO_TRACER).start_as_current_span("agent.turn", attributes={"turn": turn})
+        with turn_span:
+            routed_upto, stop = _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id,
+                                      routed_upto, clock, tools)
+        if stop:
             break
-        ep.budget_clamps += budget.clamped
-        req = GenerateRequest(
-            input_ids=tuple(prompt), rid=f"{sample_id}-t{turn}",
-            sampling_params=SamplingParams(max_new_tokens=budget.max_new_tokens, temperature=settings.temperature,
-                                           stop_token_ids=tuple(sorted(STOP_IDS))),
-            return_logprob=True, return_routed_experts=settings.num_layers is not None,
-            routed_experts_start_len=routed_upto)
-        t0 = clock()
-        resp = generate(req)
-        ep.generate_s += clock() - t0
-        builder.add_generation(resp.output_ids, resp.output_token_logprobs or (), policy_version=_version(resp),
-                               routing_rows=resp.routed_experts_RLK, routing_start=routed_upto)
-        routed_upto = len(builder.tokens) - 1
-        ep.num_turns += 1
-        last = int(resp.output_ids[-1])
-        if last not in STOP_IDS:
-            ep.end_reason = "truncated"
-            break
-        command, problem = parse_command(renderer.decode(resp.output_ids))
-        if command is None and problem is None:
-            ep.end_reason = "done"
-            break
-        if problem is not None:
-            ep.parse_failures += 1
-            obs = f"[parse error] {problem}"
-        else:
-            ep.commands.append(command)
-            res = execute(command)
-            obs = observation_text(res.stdout, res.stderr, res.exit_code, res.reason)
-            if res.reason == "budget_exhausted":
-                ep.end_reason = "budget_exhausted"
-                break
-        if turn + 1 < settings.max_turns:
-            builder.add_observation(renderer.observation_ids([{"role": "tool", "content": obs}], last,
-                                                             sample=sample_id, turn=turn))
     ep.chunks = builder.finish()
     return ep
+
+
+def _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id, routed_upto, clock, tools=None):
+    """One agent turn; returns (routed_upto, whether the episode ends)."""
+    prompt = builder.tokens
+    try:
+        budget = fit_generation(len(prompt), settings.max_new_tokens, settings.context_window,
+                                settings.min_new_tokens, where=f"{sample_id} turn {turn}")
+    except BudgetError:
+        ep.end_reason = "context_exhausted"
+        return routed_upto, True
+    ep.budget_clamps += budget.clamped
+    req = GenerateRequest(
+        input_ids=tuple(prompt), rid=f"{sample_id}-t{turn}",
+        sampling_params=SamplingParams(max_new_tokens=budget.max_new_tokens, temperature=settings.temperature,
+                                       stop_token_ids=tuple(sorted(STOP_IDS))),
+        return_logprob=True, return_routed_experts=settings.num_layers is not None,
+        routed_experts_start_len=routed_upto)
+    t0 = clock()
+    resp = generate(req)
+    ep.generate_s += clock() - t0
+    builder.add_generation(resp.output_ids, resp.output_token_logprobs or (), policy_version=_version(resp),
+                           routing_rows=resp.routed_experts_RLK, routing_start=routed_upto)
+    routed_upto = len(builder.tokens) - 1
+    ep.num_turns += 1
+    last = int(resp.output_ids[-1])
+    if last not in STOP_IDS:
+        ep.end_reason = "truncated"
+        return routed_upto, True
+    tool_obs = None
+    if tools is None:
+        command, problem = parse_command(renderer.decode(resp.output_ids))
+    else:
+        command, problem, tool_obs = _dispatch_tools(renderer.decode(resp.output_ids[:-1]), tools, ep)
+    if command is None and problem is None and tool_obs is None:
+        ep.end_reason = "done"
+        return routed_upto, True
+    if problem is not None:
+        ep.parse_failures += 1
+        obs = f"[parse error] {problem}"
+    elif tool_obs is not None:
+        obs = tool_obs[:MAX_OBSERVATION_CHARS]
+    else:
+        ep.commands.append(command)
+        res = execute(command)
+        obs = observation_text(res.stdout, res.stderr, res.exit_code, res.reason)
+        if res.reason == "budget_exhausted":
+            ep.end_reason = "budget_exhausted"
+            return routed_upto, True
+    if turn + 1 < settings.max_turns:
+        builder.add_observation(renderer.observation_ids([{"role": "tool", "content": obs}], last,
+                                                         sample=sample_id, turn=turn))
+    return routed_upto, False
+
+
+BASH_TOOL = {"type": "function", "function": {
+    "name": TOOL_NAME, "description": "Run one shell command in the workspace and return its output.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+
+
+def _dispatch_tools(text: str, tools: Any, ep: Episode) -> tuple[str | None, str | None, str | None]:
+    """(bash command, problem, other tool's result) for a reply when extra tools are offered."""
+    import json
+
+    from rl.harness.toolcalls import parse_reply
+
+    reply = parse_reply(text, offered={TOOL_NAME, *(t["function"]["name"] for t in tools.openai_tools)})
+    if reply.problem is not None:
+        return None, reply.problem, None
+    if not reply.tool_calls:
+        return None, None, None
+    fn = reply.tool_calls[0]["function"]
+    args = json.loads(fn["arguments"])
+    if fn["name"] == TOOL_NAME:
+        if not isinstance(args.get("command"), str):
+            return None, 'call bash with {"command": "..."}', None
+        return args["command"], None, None
+    ep.commands.append(f"[{fn['name']}] {fn['arguments'][:200]}")
+    return None, None, tools.call(fn["name"], args)
 
 
 def _version(resp) -> int | list[int]:

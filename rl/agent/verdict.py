@@ -13,7 +13,9 @@ Order (docs/tasks.md):
 The report's rule still holds: a task whose own verdict says solved never scores 0. A
 CTRF report of zero passes next to a positive Harbor reward takes the Harbor reward.
 Files must have been written during this verifier run (mtime inside the run); a file
-older than the run is somebody else's verdict and is not read.
+older than the run is somebody else's verdict and is not read. A reward file that no file
+of the task's tests/ names was not written by the task's verifier: the verifier records
+it as a tamper event (``foreign-verdict``), which voids the trial.
 """
 from __future__ import annotations
 
@@ -116,6 +118,17 @@ def decide(ctrf_doc: dict[str, Any] | None, ctrf_problem: str | None, vdir: Path
     detail = "; ".join(p for p in (ctrf_problem or "no CTRF report", harbor_problem) if p)
     return RewardResult(0.0, SOURCE_NO_VERDICT, None, None,
                         f"no verdict ({detail}); an exit code alone is never a reward")
+
+
+REWARD_FILES = ("reward.json", "reward.txt")
+
+
+def foreign_reward_files(vdir: Path, tests_snapshot: dict[str, bytes]) -> list[str]:
+    """Reward files in ``vdir`` that no file of the task's tests/ names. The task's own
+    verifier writes only the files its scripts name; one nobody names was written by other
+    code running during verification (the agent's), and is a forgery, not a verdict."""
+    named = {f for f in REWARD_FILES if any(f.encode() in data for data in tests_snapshot.values())}
+    return [f for f in REWARD_FILES if f not in named and ((vdir / f).exists() or (vdir / f).is_symlink())]
 
 
 def no_verdict(detail: str) -> RewardResult:

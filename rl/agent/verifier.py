@@ -17,7 +17,7 @@ Here it is enforced:
    the agent wrote, and a clean environment whose pytest is pinned
    (``PYTEST_ADDOPTS``: ``-c`` of the task's own ini or an empty one,
    ``--rootdir``/``--confcutdir`` at ``/tests``, ``-p no:cacheprovider``;
-   ``PYTHONSAFEPATH``; no plugin autoload but the CTRF one);
+   no plugin autoload but the CTRF one);
 4. the CTRF report is accepted only if it was written during this verifier
    run (its summary start/stop lie inside the run) and the run tag still
    matches; ``result.json`` records the reward with the tag.
@@ -45,7 +45,7 @@ from rl.agent.ctrf import read_ctrf
 from rl.agent.sandbox import PINNED_PYTEST_INI, VERIFIER_LIMITS, ExecResult, Limits, Trial
 from rl.agent.tamper import TamperEvent, scan_trial_dir, scan_tree
 from rl.agent.tasks import hash_tree
-from rl.agent.verdict import SOURCE_NO_VERDICT, decide, no_verdict
+from rl.agent.verdict import SOURCE_NO_VERDICT, decide, foreign_reward_files, no_verdict
 from rl.errors import ParseError, TaskError, TrialDirError
 from rl.rewards import RewardResult, ctrf_reward
 
@@ -133,10 +133,10 @@ def _pinned_ini(trial: Trial) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
-    return {**trial.task.verifier_env,
+    # the image's ENV and [environment.env] first, as in Harbor's container, then [verifier.env]
+    return {**trial.env, **trial.task.verifier_env,
             "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONSAFEPATH": "1",
-            "PYTHONNOUSERSITE": "1",
+            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
             # only the CTRF plugin: no entry-point plugin an agent (or a stray package) provides
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "ctrf.main",
             "PYTEST_ADDOPTS": f"-c {ini} --rootdir=/tests --confcutdir=/tests -p no:cacheprovider",
@@ -231,6 +231,12 @@ def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out:
         return None, "tamper"
     except ParseError as e:
         problem = str(e) if (vdir / "ctrf.json").exists() else "no CTRF report"
+    foreign = foreign_reward_files(vdir, trial.task.tests_snapshot)
+    if foreign:
+        events.append(TamperEvent(trial.trial_id, "foreign-verdict", str(vdir),
+                                  f"{', '.join(foreign)} written, but no file of the task's tests/ "
+                                  "names it: not the task's verifier"))
+        return None, "tamper"
     reward = decide(doc, problem, vdir, since_s=t0_ms / 1000, scale=scale)
     if out.limit_hit:
         return reward, out.reason

@@ -16,10 +16,12 @@ Semantics (the parts a caller relies on):
 
 - ids on the wire are tokenizer ids; the model works on compact ids
   (:class:`rl.vocab.CompactVocab`, identity by default).
-- Generation recomputes the whole sequence per token (no KV cache; tiny
-  models) and applies the LM head to the last position only. Routing rows
-  follow SGLang: prompt rows from the first forward, then each sampled
-  token's row from the forward that feeds it; the last token has none.
+- Generation runs on a K/V cache with continuous batching and prefix reuse
+  across a trajectory's turns (:mod:`rl.engines.batching`, docs/engine.md);
+  ``--recompute`` keeps the old path (the whole sequence per token, one
+  request at a time) for benchmarks. Routing rows follow SGLang on both:
+  prompt rows from the first forward, then each sampled token's row from the
+  forward that feeds it; the last token has none.
 - ``output_token_logprobs`` are exact log-probs of the engine's own model:
   log-softmax of the logits divided by the temperature (1 when greedy), over
   the real compact ids (UNK excluded), before top-k/top-p truncation.
@@ -57,13 +59,20 @@ import numpy as np
 import torch
 
 from rl.engines import protocol as P
+from rl.engines import weight_updates
+from rl.engines.weight_updates import update_from_hf_dir
+from rl.hf.checkpoint import is_hf_dir
 from rl.errors import BudgetError, CheckpointError, CheckpointRoleError, EngineError, InputError, ParseError, T1OpsError
+from rl.engines.batching import BatchScheduler, Sequence, SlotPool
+from rl.engines.kvcache import CachedForward, KVCache
+from rl.engines.sampling import Generation, finish_reason, sample_token
 from rl.model import ModelSpec, WEIGHTS_FILE, build_policy, last_logits, load_weights, record_routing
 from rl.vocab import CompactVocab
 
 MANIFEST_FILE = "manifest.json"
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 _PAUSE_POLL_S = 0.05  # how often a waiting request re-checks for an abort while paused
+KV_CACHE_BUDGET_BYTES = 1 << 30  # K/V slots are capped to fit this (a larger model gets fewer slots)
 
 
 # --- weights -----------------------------------------------------------------
@@ -113,20 +122,12 @@ class _Running:
     abort_message: str = "Aborted"
 
 
-@dataclass
-class _Generation:
-    output_compact: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    rows: list[np.ndarray] = field(default_factory=list)  # one [L, K] row per fed position
-    versions: list[str] = field(default_factory=list)     # one per output token
-    finish: P.FinishReason | None = None
-
-
 class EmbeddedEngine:
     """The model, its version, and the pause/abort state; thread-safe."""
 
     def __init__(self, spec: ModelSpec, vocab: CompactVocab, dtype: torch.dtype, seed: int,
-                 checkpoint: str | None = None, weight_version: str = "default") -> None:
+                 checkpoint: str | None = None, weight_version: str = "default", *, batching: bool = True,
+                 kv_slots: int = 128, max_batch: int = 64) -> None:
         if vocab.size != spec.vocab_size:
             raise InputError(f"vocab has {vocab.size} compact ids but spec.vocab_size is {spec.vocab_size}",
                              vocab_size=vocab.size, spec_vocab_size=spec.vocab_size)
@@ -141,6 +142,18 @@ class EmbeddedEngine:
         self._running_event.set()
         self._requests: dict[str, _Running] = {}
         self._sampler = torch.Generator().manual_seed(seed)
+        self.weights_generation = 0  # bumped by every weight load: cached K/V of older weights is stale
+        self.model_lock, self.running_event = self._model_lock, self._running_event  # for the scheduler
+        self.scheduler: BatchScheduler | None = None
+        if batching:  # KV cache + continuous batching (docs/engine.md); else recompute per token
+            per_slot = KVCache.bytes_per_slot(self.model, spec.max_seq_len)
+            num_slots = max(1, min(kv_slots, KV_CACHE_BUDGET_BYTES // per_slot))
+            if num_slots < kv_slots:
+                print(f"embedded engine: {num_slots} K/V slots of {per_slot / 2**20:.1f} MiB fit the "
+                      f"{KV_CACHE_BUDGET_BYTES >> 20} MiB cache budget ({kv_slots} asked)", flush=True)
+            cache = KVCache(self.model, num_slots, spec.max_seq_len)
+            self.scheduler = BatchScheduler(self, CachedForward(self.model, cache),
+                                            SlotPool(cache, spec.num_layers, spec.moe_router_topk), max_batch=max_batch)
         if checkpoint is not None:
             self.update_weights(P.UpdateWeightsFromDiskRequest(model_path=checkpoint, weight_version=None))
 
@@ -174,11 +187,14 @@ class EmbeddedEngine:
             return len(self._requests)
 
     def update_weights(self, request: P.UpdateWeightsFromDiskRequest) -> None:
+        if is_hf_dir(request.model_path):  # a Hugging Face export (what SGLang loads): rl.engines.weight_updates
+            return update_from_hf_dir(self, request)
         manifest = check_actor_checkpoint(request.model_path)
         if request.abort_all_requests:
             self.abort("", abort_all=True)
         with self._model_lock:
             load_weights(self.model, request.model_path)
+            self.weights_generation += 1
             self.weight_version = request.weight_version or str(manifest.get("step", self.weight_version))
             self.model_path = str(request.model_path)
 
@@ -202,16 +218,22 @@ class EmbeddedEngine:
         with self._state_lock:
             self._requests[running.rid] = running
         try:
-            gen = self._generate_loop(prompt_compact, params, running)
+            if self.scheduler is not None:
+                gen = self.scheduler.run(Sequence(running, params, self._generator(params), list(prompt_compact)))
+            else:
+                gen = self._generate_loop(prompt_compact, params, running)
         finally:
             with self._state_lock:
                 self._requests.pop(running.rid, None)
         return self._response(request, running.rid, gen)
 
-    def _generate_loop(self, prompt_compact: list[int], params: P.SamplingParams, running: _Running) -> _Generation:
-        gen = _Generation()
-        generator = self._sampler if params.sampling_seed is None else torch.Generator().manual_seed(params.sampling_seed)
-        stop_ids = set(params.stop_token_ids)
+    def _generator(self, params: P.SamplingParams) -> torch.Generator:
+        return self._sampler if params.sampling_seed is None else torch.Generator().manual_seed(params.sampling_seed)
+
+    def _generate_loop(self, prompt_compact: list[int], params: P.SamplingParams, running: _Running) -> Generation:
+        """The recompute path (``batching=False``): the whole sequence per token, one request at a time."""
+        gen = Generation()
+        generator = self._generator(params)
         while gen.finish is None:
             if running.aborted:
                 gen.finish = P.FinishReason(type="abort", message=running.abort_message, status_code=503)
@@ -222,15 +244,11 @@ class EmbeddedEngine:
                 if self.paused or running.aborted:
                     continue
                 self._step(prompt_compact, params, generator, gen)
-            full_id = self.vocab.decode(gen.output_compact[-1:])[0]
-            if full_id in stop_ids:  # SGLang's ignore_eos skips EOS only, never stop_token_ids
-                gen.finish = P.FinishReason(type="stop", matched=full_id)
-            elif len(gen.output_compact) >= params.max_new_tokens:
-                gen.finish = P.FinishReason(type="length", length=params.max_new_tokens)
+            gen.finish = finish_reason(self.vocab.decode(gen.output_compact[-1:])[0], len(gen.output_compact), params)
         return gen
 
     def _step(self, prompt_compact: list[int], params: P.SamplingParams, generator: torch.Generator,
-              gen: _Generation) -> None:
+              gen: Generation) -> None:
         """One token: forward (last position only), record routing, sample; caller holds the model lock."""
         ids_1T = torch.tensor([prompt_compact + gen.output_compact], dtype=torch.long)
         with torch.no_grad(), record_routing(self.model) as record:
@@ -242,12 +260,13 @@ class EmbeddedEngine:
         gen.logprobs.append(logprob)
         gen.versions.append(self.weight_version)
 
-    def _response(self, request: P.GenerateRequest, rid: str, gen: _Generation) -> P.GenerateResponse:
+    def _response(self, request: P.GenerateRequest, rid: str, gen: Generation) -> P.GenerateResponse:
         output_ids = tuple(self.vocab.decode(gen.output_compact))
         routing = None
-        if request.return_routed_experts and gen.rows:
+        if request.return_routed_experts and len(gen.rows):
             end = len(request.input_ids) + len(output_ids) - 1
-            routing = np.stack(gen.rows[request.routed_experts_start_len:end]).astype(np.int32)
+            rows = gen.rows[request.routed_experts_start_len:end]  # an array (batched) or a list of rows
+            routing = (rows if isinstance(rows, np.ndarray) else np.stack(rows)).astype(np.int32, copy=False)
         return P.GenerateResponse(
             output_ids=output_ids, finish_reason=gen.finish, weight_version=self.weight_version,
             prompt_tokens=len(request.input_ids), completion_tokens=len(output_ids), rid=rid,
@@ -258,30 +277,6 @@ class EmbeddedEngine:
         """One forward of one token under the model lock (does not wait for a pause)."""
         with self._model_lock, torch.no_grad():
             last_logits(self.model, torch.zeros(1, 1, dtype=torch.long))
-
-
-def sample_token(logits_V: torch.Tensor, params: P.SamplingParams, generator: torch.Generator) -> tuple[int, float]:
-    """Sample one compact id; return it and its log-prob under the temperature-scaled distribution.
-
-    ``logits_V`` is fp32 with the UNK logit already -inf. Greedy when
-    temperature == 0 (log-prob of the unscaled distribution, as SGLang reports).
-    """
-    temperature = params.temperature if params.temperature > 0 else 1.0
-    logprobs_V = torch.log_softmax(logits_V / temperature, dim=-1)
-    if params.temperature == 0 or params.top_k == 1:
-        token = int(torch.argmax(logprobs_V))
-        return token, float(logprobs_V[token])
-    candidates_V = logprobs_V.clone()
-    if params.top_k > 1:
-        kth = torch.topk(candidates_V, min(params.top_k, candidates_V.numel())).values[-1]
-        candidates_V[candidates_V < kth] = float("-inf")
-    if params.top_p < 1.0:
-        sorted_V, order_V = torch.sort(candidates_V, descending=True)
-        cumulative_V = torch.cumsum(sorted_V.exp(), dim=-1)
-        drop_V = cumulative_V - sorted_V.exp() >= params.top_p  # keep the smallest prefix reaching top_p
-        candidates_V[order_V[drop_V]] = float("-inf")
-    token = int(torch.multinomial(torch.softmax(candidates_V, dim=-1), 1, generator=generator))
-    return token, float(logprobs_V[token])
 
 
 def _version_spans(versions: list[str]) -> tuple[P.WeightVersionSpan, ...]:
@@ -295,6 +290,20 @@ def _version_spans(versions: list[str]) -> tuple[P.WeightVersionSpan, ...]:
 
 
 # --- HTTP ----------------------------------------------------------------------
+#: Endpoints added by other modules: ``(method, path) -> fn(engine, read_body) -> (status, json)``;
+#: ``read_body()`` parses the request's JSON body. Register with :func:`route` at import time.
+EXTRA_ROUTES: dict[tuple[str, str], Callable[[Any, Callable[[], Any]], tuple[int, Any]]] = {}
+
+
+def route(method: str, path: str):
+    """Decorator adding an endpoint to every engine server, e.g.
+    ``@route("POST", "/update_weights_from_tensor") def _update(engine, read_body): ...``."""
+    def register(fn):
+        EXTRA_ROUTES[(method.upper(), path)] = fn
+        return fn
+    return register
+
+
 def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -337,8 +346,13 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
                 status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": repr(exc)}}
             self._send(status, body)
 
+        def _extra(self, method: str) -> dict[str, Callable[[], tuple[int, Any]]]:
+            return {path: (lambda fn=fn: fn(engine, self._body)) for (m, path), fn in EXTRA_ROUTES.items()
+                    if m == method}
+
         def do_GET(self) -> None:  # noqa: N802 (stdlib name)
             self._dispatch({
+                **self._extra("GET"),
                 P.HEALTH: lambda: (HTTPStatus.OK, {}),
                 P.HEALTH_GENERATE: lambda: _health_generate(engine),
                 P.MODEL_INFO: lambda: (HTTPStatus.OK, _model_info(engine)),
@@ -347,6 +361,7 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802 (stdlib name)
             self._dispatch({
+                **self._extra("POST"),
                 P.GENERATE: lambda: (HTTPStatus.OK, engine.generate(P.GenerateRequest.from_json(self._body())).to_json()),
                 P.PAUSE_GENERATION: lambda: _ok(engine.pause(P.PauseGenerationRequest.from_json(self._body()).mode)),
                 P.CONTINUE_GENERATION: lambda: _continue(engine, self._body()),
@@ -355,6 +370,7 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
                 P.UPDATE_WEIGHTS_FROM_DISK: lambda: _update_weights(engine, self._body()),
                 P.UPDATE_WEIGHT_VERSION: lambda: _update_version(engine, self._body()),
                 P.HEALTH_GENERATE: lambda: _health_generate(engine),
+                **weight_updates.routes(engine, self._body),  # /init_weights_update_group & co.
             })
 
     return Handler
@@ -387,9 +403,11 @@ def _abort(engine: EmbeddedEngine, request: P.AbortRequest) -> tuple[int, Any]:
 
 
 def _flush(engine: EmbeddedEngine) -> tuple[int, Any]:
-    # SGLang refuses to flush while requests run (HTTP 400); there is no cache to drop here.
+    # SGLang refuses to flush while requests run (HTTP 400); the retained prefixes are the cache.
     if engine.num_running():
         return HTTPStatus.BAD_REQUEST, {"message": "Cache not flushed: requests are running"}
+    if engine.scheduler is not None:
+        engine.scheduler.flush()
     return HTTPStatus.OK, {"message": "Cache flushed"}
 
 
@@ -418,13 +436,29 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec-json", default=None, help="ModelSpec fields as JSON (defaults: rl.model.ModelSpec).")
     parser.add_argument("--vocab", default=None, help="CompactVocab JSON file (default: identity over vocab_size).")
     parser.add_argument("--checkpoint", default=None, help="Actor checkpoint dir (weights.pt + manifest.json).")
+    parser.add_argument("--model-path", default=None, help="Hugging Face Qwen3-MoE dir (as SGLang's --model-path): "
+                        "shape from its config.json, full vocabulary, weights loaded; replaces --spec-json/--checkpoint.")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="Engine precision (trainer runs fp32).")
     parser.add_argument("--seed", type=int, default=0, help="Init seed (no checkpoint) and sampler seed.")
     parser.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads (CPU is shared).")
+    parser.add_argument("--recompute", action="store_true",
+                        help="Recompute the whole sequence per token, one request at a time (no K/V cache).")
+    parser.add_argument("--kv-slots", type=int, default=128,
+                        help="K/V cache slots: running requests plus finished ones kept for prefix reuse.")
 
 
 def build_engine(args: argparse.Namespace, spec: ModelSpec | None = None) -> EmbeddedEngine:
-    """An engine from parsed serve flags; ``spec`` overrides ``--spec-json``."""
+    """An engine from parsed serve flags; ``spec`` overrides ``--spec-json``; ``--model-path`` overrides both."""
+    if getattr(args, "model_path", None):
+        from rl.hf.checkpoint import read_config
+        from rl.hf.qwen3_moe import spec_from_config
+
+        spec = spec_from_config(read_config(args.model_path))
+        torch.set_num_threads(max(1, args.num_threads))
+        engine = EmbeddedEngine(spec, CompactVocab.identity(spec.vocab_size), DTYPES[args.dtype], args.seed,
+                                checkpoint=args.model_path)
+        engine.weight_version = "default"  # as SGLang started with --model-path (its --weight-version default)
+        return engine
     if spec is None:
         try:
             spec = ModelSpec(**json.loads(args.spec_json)) if args.spec_json else ModelSpec()
@@ -432,7 +466,8 @@ def build_engine(args: argparse.Namespace, spec: ModelSpec | None = None) -> Emb
             raise InputError(f"--spec-json is not a ModelSpec: {exc}", argument="--spec-json") from exc
     vocab = CompactVocab.load(args.vocab) if args.vocab else CompactVocab.identity(spec.vocab_size)
     torch.set_num_threads(max(1, args.num_threads))
-    return EmbeddedEngine(spec, vocab, DTYPES[args.dtype], args.seed, checkpoint=args.checkpoint)
+    return EmbeddedEngine(spec, vocab, DTYPES[args.dtype], args.seed, checkpoint=args.checkpoint,
+                          batching=not args.recompute, kv_slots=max(1, args.kv_slots))
 
 
 def serve(engine: EmbeddedEngine, host: str, port: int) -> None:
@@ -459,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def spawn(port: int, spec: ModelSpec, *, checkpoint: str | Path | None = None, vocab_path: str | Path | None = None,
           dtype: str = "bf16", seed: int = 0, host: str = "127.0.0.1", startup_timeout_s: float = 180.0,
-          log_path: str | Path | None = None) -> subprocess.Popen:
+          log_path: str | Path | None = None, batching: bool = True) -> subprocess.Popen:
     """Start an engine process and return it once ``GET /health`` answers 200.
 
     The process's base URL is set as ``proc.url``. Output goes to
@@ -472,6 +507,8 @@ def spawn(port: int, spec: ModelSpec, *, checkpoint: str | Path | None = None, v
         command += ["--checkpoint", str(checkpoint)]
     if vocab_path is not None:
         command += ["--vocab", str(vocab_path)]
+    if not batching:
+        command.append("--recompute")
     log = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,

@@ -15,9 +15,12 @@ from rl.agent.loop import AgentSettings, sft_example, solution_command
 from rl.agent.sandbox import require_isolation
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
+from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.engines import EngineRouter
+from t1ops.campaign.evaluation import Evaluator, eval_task_names
+from t1ops.campaign.resume import open_for_resume, resumed_summary
 from t1ops.campaign.guarding import CampaignGuards
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import Rollouts
@@ -25,8 +28,10 @@ from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.runner import Campaign, step_loop
 from t1ops.campaign.summary import Summary, plot
 from t1ops.campaign.trainer_host import TrainerHost
+from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
+from t1ops.errors import ConfigError
 from t1ops.guards.dist import timeout_for
 from t1ops.preflight import require_ok
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
@@ -36,9 +41,11 @@ _OBSERVATION_TEXTS = ("[exit code 0]", "[exit code 1]", "[exit code 2]", "[stopp
                       "[parse error] your tool call is not valid JSON")
 
 
-def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int) -> CompactVocab:
+def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int, multiple: int = 1) -> CompactVocab:
     """The compact vocabulary: every id the pool's prompts, warm-start examples and the chat
-    template produce. Anything else a sandbox prints maps to UNK (input only, never sampled)."""
+    template produce. Anything else a sandbox prints maps to UNK (input only, never sampled).
+    ``multiple`` (the trainer's tp) pads it with the lowest unused tokenizer ids to a size
+    tensor parallelism can split by rows (they are real tokens the policy learns not to emit)."""
     ids: set[int] = {IM_START_ID, IM_END_ID, ENDOFTEXT_ID}
     for t in tasks:
         command = solution_command(t.solution) if t.solution else "ls"
@@ -46,6 +53,9 @@ def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int) -> CompactV
         ids.update(tokens)
     for text in _OBSERVATION_TEXTS:
         ids.update(renderer.observation_ids([{"role": "tool", "content": text}], IM_END_ID))
+    spare = (i for i in range(full_vocab_size) if i not in ids)
+    while (len(ids) + 1) % multiple:  # + 1: the UNK row
+        ids.add(next(spare))
     return CompactVocab(ids, full_vocab_size, has_unk=True)
 
 
@@ -66,34 +76,61 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     tasks = load_pool(cfg.rollout.tasks_dir)
+    c.eval_tasks = held_out_tasks(cfg, tasks)  # refused before any role starts when not held out
     renderer = ChatRenderer.default()
-    vocab = build_vocab(tasks, renderer, cfg.model.vocab_size)
-    vocab.save(run.vocab)
-    spec = {**cfg.model.model_dump(), "vocab_size": vocab.size}
-    progress.log(f"run {run.run_id}: {len(tasks)} tasks, compact vocabulary {vocab.size} ids, dir {run.path}")
-    c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
-        spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
-        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
-        telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
-        temperature=cfg.rollout.temperature)
-    examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
-    c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
-    if c.warm_start_loss:
-        progress.log(f"warm start: {len(c.warm_start_loss)} supervised steps, loss "
-                     f"{c.warm_start_loss[0]:.2f} -> {c.warm_start_loss[-1]:.2f}")
-    ckpt0 = ray.get(c.trainer.publish.remote(0))
+    if c.resume_from is None:
+        vocab = build_vocab(tasks, renderer, cfg.model.vocab_size, multiple=cfg.trainer.parallel.tp) \
+            if cfg.engine.compact_vocab else CompactVocab.identity(cfg.model.vocab_size)  # a real server samples all
+        vocab.save(run.vocab)
+    else:  # the run's own ids: its checkpoints index them
+        vocab = CompactVocab.load(run.vocab)
+    spec = {**ModelSpec.from_config(cfg.model).to_dict(), "vocab_size": vocab.size}
+    progress.log(f"run {run.run_id}: {len(tasks)} tasks, {'compact' if cfg.engine.compact_vocab else 'full'} "
+                 f"vocabulary {vocab.size} ids, dir {run.path}")
+    rank_watch = None
+    if cfg.trainer.parallel.world_size > 1:  # one Ray actor per rank in a placement group
+        from t1ops.campaign.rank_actors import start_ranks
+
+        c.trainer, rank_watch = start_ranks(cfg, run, spec, resume=c.resume_from is not None)
+        progress.log(f"trainer: {cfg.trainer.parallel.world_size} ranks (dp {cfg.trainer.parallel.dp}, "
+                     f"tp {cfg.trainer.parallel.tp}, ep {cfg.trainer.parallel.ep})")
+    else:
+        c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
+            spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
+            ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
+            telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
+            temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+    if c.resume_from is None:
+        examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
+        c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
+        if c.warm_start_loss:
+            progress.log(f"warm start: {len(c.warm_start_loss)} supervised steps, loss "
+                         f"{c.warm_start_loss[0]:.2f} -> {c.warm_start_loss[-1]:.2f}")
+        ckpt0 = ray.get(c.trainer.publish.remote(0))
+    else:
+        loaded = ray.get(c.trainer.resume.remote(c.resume_from))
+        ckpt0 = loaded["actor"]
+        progress.log(f"resumed at step {c.resume_from}: actor {loaded['actor']} and critic {loaded['critic']} "
+                     f"loaded and verified, optimizer state, RNG and trainer step {loaded['trainer_step']} "
+                     f"restored; next step {loaded['next_step']}")
+        telemetry.event("campaign.resumed", **loaded)
+    sender = _configure_weight_sender(cfg, c.trainer, run)
     c.router = ray.remote(EngineRouter).options(num_cpus=0, max_concurrency=256).remote(
-        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0,
-        version="0", num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
+        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0, trainer=sender,
+        num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
         num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
+        version=str(c.resume_from or 0),
         telemetry_cfg=_telemetry_kw(cfg), pause_mode="in_place" if cfg.pipeline_mode == "fully_async" else "abort")
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
     c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()),
                               pids=lambda: [os.getpid(), *ray.get(c.router.engine_pids.remote()),
                                             *(c.rollouts.pids if c.rollouts else [])])
     progress.log("host memory: " + c.guards.project_host_memory(*ray.get(c.trainer.num_params.remote())))
-    pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
-    c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
+    if rank_watch is not None:
+        c.guards.attach_ranks(rank_watch)
+    else:
+        pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
+        c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
     settings = _worker_settings(cfg)
     for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
         c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
@@ -103,7 +140,35 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
             run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg)))
     ray.get([w.ping.remote() for w in c.workers])
     c.rollouts = Rollouts(cfg, c.workers, train_task_names(tasks, cfg), c.guards.stall)
+    if c.eval_tasks:
+        progress.log(f"held-out eval: {len(c.eval_tasks)} tasks x {cfg.eval.samples_per_task} every "
+                     f"{cfg.eval.every_steps} steps ({'greedy' if cfg.eval.greedy else f'T={cfg.eval.temperature}'})")
     return c
+
+
+def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
+    """The evaluation task names (empty when eval is off); ConfigError unless held out."""
+    if cfg.eval.every_steps == 0:
+        return []
+    eval_pool = load_pool(cfg.eval.tasks_dir) if cfg.eval.tasks_dir else None
+    return eval_task_names(cfg, tasks, train_task_names(tasks, cfg), eval_pool)
+
+
+def _configure_weight_sender(cfg: CampaignConfig, trainer, run: RunDir):
+    """The trainer's side of the weight sync (t1ops.guards.weight_sync); None: engines load step dirs."""
+    import ray
+
+    e = cfg.engine
+    if cfg.trainer.parallel.world_size > 1:  # rank actors have no WeightSender yet
+        if e.kind == "sglang" or e.weight_sync == "distributed":
+            raise ConfigError(f"engine.kind = {e.kind!r} / engine.weight_sync = {e.weight_sync!r} needs the "
+                              "single-rank trainer for now (trainer.parallel world size 1): the rank actors do not "
+                              "export or broadcast Hugging Face weights yet", key="engine.weight_sync")
+        return None
+    ray.get(trainer.configure_weight_sender.remote(
+        dtype=e.dtype, bucket_bytes=int(e.weight_sync_bucket_mb * (1 << 20)), master_address=e.weight_sync_master_address,
+        timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports")))
+    return trainer
 
 
 def warm_start_examples(tasks, noise: float, seed: int) -> list[tuple[str, str]]:
@@ -148,28 +213,41 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
     return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
                           skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
                           timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
-                          sandbox=cfg.sandbox.model_dump())
+                          sandbox=cfg.sandbox.model_dump(), harness=harness_settings(cfg))
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,
-                 on_step: list | None = None) -> Path:
+                 on_step: list | None = None, resume: str | Path | None = None) -> Path:
     """Run a whole campaign; returns the run directory (summary.json, report.png, dumps, ...).
 
-    ``on_step`` callables ``(campaign, step)`` run as each step starts (the chaos schedule's seam)."""
+    ``on_step`` callables ``(campaign, step)`` run as each step starts (the chaos schedule's seam).
+    ``resume``: continue that run directory from its newest verified step (``t1ops.campaign.resume``)."""
     require_isolation(cfg.sandbox.isolation)   # before anything starts: never weaker than asked
-    run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)
+    previous, point = None, None
+    if resume is None:
+        run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)
+    else:  # refused (config, checkpoints, steps) before anything starts
+        run, point, previous = open_for_resume(resume, cfg)
     (run.path / "config.json").write_text(cfg.model_dump_json(indent=2))
     telemetry.setup(run.path, **_telemetry_kw(cfg))
     raise_nofile_limit()
     progress = Progress(cfg.run.steps, enabled=show_progress)
-    c = Campaign(cfg=cfg, run=run)
+    c = Campaign(cfg=cfg, run=run, resume_from=point.step if point else None)
     try:
+        if point is not None:
+            progress.log(point.message)
+            telemetry.event("campaign.resume_point", step=point.step, message=point.message)
         if cfg.run.plan:  # refuse a plan that cannot work before any GPU-second is spent
             progress.log(f"preflight: {cfg.run.plan}: {require_ok(cfg.run.plan).verdict}")
         start_roles(c, progress)
         c.on_step = list(on_step or [])
         summary = Summary(run.path, run.run_id, cfg.model_dump(),
-                          extra={"warm_start_loss": c.warm_start_loss, "num_workers": len(c.workers)})
+                          extra={"warm_start_loss": c.warm_start_loss, "num_workers": len(c.workers),
+                                 "eval_tasks": c.eval_tasks})
+        if previous is not None:
+            resumed_summary(summary, previous, point)
+        if c.eval_tasks:
+            c.evaluator = Evaluator(cfg, c.workers, c.eval_tasks, summary.add_eval)
         with progress:
             step_loop(c, summary, progress)
         plot(summary.save())

@@ -7,6 +7,8 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
+from t1ops.campaign.trialtrace import split_text
+
 
 def _fmt(x, spec=".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
@@ -34,13 +36,24 @@ class Progress:
     def log(self, text: str) -> None:
         self.console.print(text) if self.enabled else print(text, file=sys.stderr)
 
+    @staticmethod
+    def eval_text(ev: dict | None) -> str:
+        """``eval@S reward R solved P% n N`` of the latest held-out evaluation (empty when none yet)."""
+        if not ev:
+            return ""
+        failed = f" ({ev['eval_failed']} failed)" if ev.get("eval_failed") else ""
+        return (f"eval@{ev['step']} reward {_fmt(ev['eval_reward_mean'])} solved "
+                f"{_fmt(100 * ev['eval_solved_share'], '.0f')}% n {ev['eval_num_trials']}/{ev['eval_expected']}{failed}")
+
     def update(self, *, step: int, phase: str, row: dict | None = None, in_flight: int | None = None,
-               engines: str | None = None) -> None:
+               engines: str | None = None, evaluation: dict | None = None) -> None:
         self.engines = engines or self.engines
         if row is not None:
+            ev = self.eval_text(evaluation)
             desc = (f"step {step} reward {_fmt(row['reward_mean'])} EV {_fmt(row['explained_variance'], '.2f')} "
                     f"gap {_fmt(row['logprob_gap'], '.4f')} turns {_fmt(row['turns_mean'], '.1f')} "
-                    f"{row['step_s']:.1f}s/step | engines {self.engines}" + _async_part(row))
+                    f"{row['step_s']:.1f}s/step (rollout {row['rollout_s']:.1f}s: {split_text(row)})"
+                    f"{' | ' + ev if ev else ''} | engines {self.engines}" + _async_part(row))
             self._bar.update(self._task, completed=step, description=desc)
             if not self.enabled or not sys.stderr.isatty():
                 print(desc, file=sys.stderr, flush=True)

@@ -54,9 +54,11 @@ class Rollouts:
                                      self.cfg.run.seed, r.skim_overprovision)
         shards = [groups[i::len(self.workers)] for i in range(len(self.workers))]
         refs = []
-        for w, shard, share in zip(self.workers, shards, _split(accept, [len(s) for s in shards])):
-            if shard:
-                refs.append(w.rollout.remote(step, shard, share))
+        with telemetry.span("rollout.submit", step=step, num_groups=len(groups)):  # the trials' root span
+            carrier = telemetry.trace_carrier()
+            for w, shard, share in zip(self.workers, shards, _split(accept, [len(s) for s in shards])):
+                if shard:
+                    refs.append(w.rollout.remote(step, shard, share, trace=carrier))
         n = sum(len(g) for g in groups)
         self.stall.on_submit(n)
         self.in_flight += n

@@ -27,6 +27,7 @@ from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.summary import Summary
+from t1ops.campaign.trialtrace import step_split
 from t1ops.config import CampaignConfig
 
 
@@ -42,6 +43,9 @@ class Campaign:
     rollouts: Rollouts | None = None
     guards: CampaignGuards | None = None
     warm_start_loss: list[float] = field(default_factory=list)
+    evaluator: object = None          # t1ops.campaign.evaluation.Evaluator when eval.every_steps > 0
+    eval_tasks: list = field(default_factory=list)  # held-out task names (empty: no evaluation)
+    resume_from: int | None = None    # the verified step a resumed run continues from (None: a new run)
     on_step: list = field(default_factory=list)   # callables (campaign, step) run as each step starts
 
 
@@ -96,8 +100,12 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
 
         return async_step_loop(c, summary, progress)
     steps, pipelined = c.cfg.run.steps, c.cfg.pipeline_mode == "one_step"
-    pending = c.rollouts.submit(1)
-    for step in range(1, steps + 1):
+    first = (c.resume_from or 0) + 1  # the data-sampler position: task order is a function of the step
+    ev = c.evaluator
+    if ev is not None and not any(e["step"] == first - 1 for e in summary.evals):
+        ev.maybe_submit(first - 1)  # the warm-started (or resumed) weights, evaluated while the step runs
+    pending = c.rollouts.submit(first)
+    for step in range(first, steps + 1):
         t_step = time.monotonic()
         for hook in c.on_step:  # e.g. a chaos fault schedule
             hook(c, step)
@@ -115,20 +123,31 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         telemetry.event("campaign.train_done", step=step)
         if pending is not None:
             c.rollouts.wait_done(pending)  # no request may span the weight sync
+        if ev is not None:
+            ev.collect()  # nor an eval request: each eval sees exactly the weights it evaluates
         t_sync = time.monotonic()
         ckpt = ray.get(c.trainer.publish.remote(step))
         telemetry.event("campaign.sync_barrier", step=step)
         sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
         sync_s = time.monotonic() - t_sync
         telemetry.event("campaign.sync_done", step=step)
+        if ev is not None:
+            ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
         dump_results(c.run, step, results)
         row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
+        row.update(ray.get(c.trainer.checkpoint_report.remote()))  # disk used, retention
         row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"],
-                   mode=c.cfg.pipeline_mode, version_lag_tokens=_lag_histogram(results, step))
+                   mode=c.cfg.pipeline_mode, version_lag_tokens=_lag_histogram(results, step),
+                   **step_split(results, rollout_s))
         c.guards.after_step(step)
         row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
+        if stats.get("ranks"):  # per-rank timing of a multi-rank trainer
+            row["ranks"] = stats["ranks"]
         summary.add_step(row)
         for key in ("reward_mean", "explained_variance", "logprob_gap", "step_s"):
             if not math.isnan(row[key]):  # NaN: not defined this step (e.g. EV with constant returns)
                 telemetry.gauge(f"campaign.{key}", row[key], step=step)
-        progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()))
+        progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()),
+                        evaluation=ev.latest if ev is not None else None)
+    if ev is not None and ev.collect() is not None:  # the last step's weights
+        progress.log(progress.eval_text(ev.latest))

@@ -22,13 +22,15 @@ from rl.trainer.optim import build_optimizer
 from rl.trainer.settings import TrainerSettings
 from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
+from rl.weights.sender import WeightSender
 from t1ops.guards.checkpoints import CheckpointManager
 
 
-class TrainerHost:
+class TrainerHost(WeightSender):
     def __init__(self, *, spec: dict, settings: dict, vocab_path: str, ckpt_base: str, seed: int,
                  num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
-                 gloo_timeout_s: float = 3600.0, temperature: float = 1.0) -> None:
+                 gloo_timeout_s: float = 3600.0, temperature: float = 1.0,
+                 retention: dict | None = None) -> None:
         torch.set_num_threads(num_threads)
         if run_dir is not None:
             from t1ops import telemetry
@@ -47,6 +49,11 @@ class TrainerHost:
         self.trainer = Trainer(self.spec, self.settings, seed=seed, unk_id=self.vocab.unk_id,
                                temperature=temperature)
         self.seed = seed
+        from t1ops.campaign.retention import Retention
+
+        self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.trainer.critic is not None,
+                                   **(retention or {"keep_last": None}))
+        self.last_report: dict = {}
         self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> actor weights (behaviour snapshots)
 
     # --- warm start ----------------------------------------------------------------
@@ -127,11 +134,56 @@ class TrainerHost:
         path = self.ckpt.save("actor", version, weights_state_dict(self.trainer.actor))
         if self.trainer.critic is not None and version % self.ckpt.save_every == 0:
             self.ckpt.save("critic", version, weights_state_dict(self.trainer.critic))
+        if version % self.ckpt.save_every == 0:  # what a resume needs besides the weights
+            from t1ops.campaign.resume import save_trainer_state
+
+            save_trainer_state(self.retention.base, version, self._trainer_state(version))
         self.published[version] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
                                    for k, v in self.trainer.actor_state().items()}
         for old in sorted(self.published)[:-2]:
             del self.published[old]
+        from t1ops.campaign.retention import disk_bytes
+
+        deleted = self.retention.apply()
+        self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base), "checkpoints_deleted": len(deleted),
+                            "resume_point": self.retention.resume_point()}
         return str(path)
+
+    def _published_weights(self, version: str):
+        """What the weight sync sends for ``version`` (rl.weights.sender): the snapshot publish() kept."""
+        state = self.published[int(version)]
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}, self.spec
+
+    def checkpoint_report(self) -> dict:
+        """Disk used by checkpoints after the last publish, steps deleted, and the resume point."""
+        return dict(self.last_report)
+
+    def _trainer_state(self, version: int) -> dict:
+        from t1ops.campaign.resume import rng_state
+
+        t = self.trainer
+        return {"step": t.step, "next_step": version + 1, "rng": rng_state(),
+                "actor_optimizer": t.actor_optimizer.state_dict(),
+                "critic_optimizer": None if t.critic_optimizer is None else t.critic_optimizer.state_dict()}
+
+    def resume(self, step: int) -> dict:
+        """Load weights, optimizer states, step count and RNG of ``step`` (verified); the actor
+        weights at ``step`` are the behaviour snapshot of the next batch. Returns what was loaded."""
+        from t1ops.campaign.resume import load_trainer_state, set_rng_state
+
+        actor = self.ckpt.load("actor", step)
+        critic = self.ckpt.load("critic", step) if self.trainer.critic is not None else None
+        state = load_trainer_state(self.retention.base, step)
+        self.trainer.load_weights(actor, critic, int(state["step"]))
+        self.trainer.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        if self.trainer.critic_optimizer is not None:
+            self.trainer.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        set_rng_state(state["rng"])
+        self.published = {step: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                                 for k, v in self.trainer.actor_state().items()}}
+        return {"step": step, "trainer_step": self.trainer.step, "next_step": int(state["next_step"]),
+                "actor": str(self.ckpt.actor_dir / f"step_{step:08d}"),
+                "critic": None if critic is None else str(self.ckpt.critic_dir / f"step_{step:08d}")}
 
     def checkpoint_dirs(self) -> dict:
         return {"actor": str(self.ckpt.actor_dir), "critic": str(self.ckpt.critic_dir)}

@@ -8,7 +8,8 @@ is booked in a :class:`TrialLedger` (completed, failed with its error, or
 cancelled with a reason: nothing vanishes), and skim over-sampling accepts the
 first groups to finish and cancels the tail, counted per family.
 
-Generation goes through the engine router (``t1ops.campaign.engines``): a
+Generation goes straight to the engines (``t1ops.guards.engine_direct``), with
+membership and health from the engine router (``t1ops.campaign.engines``): a
 request whose engine died is resubmitted to a live engine, never lost; when
 the pool runs out of engines the trial fails loudly and the ledger names it.
 """
@@ -18,6 +19,7 @@ import asyncio
 import concurrent.futures
 import math
 import threading
+import time
 from dataclasses import asdict, dataclass
 
 
@@ -27,8 +29,14 @@ from rl.agent.sandbox import make_sandbox
 from rl.agent.tasks import load_pool
 from rl.agent.verifier import verify
 from rl.chat import ChatRenderer
+from rl.engines.client import EngineClient
 from rl.errors import MissingRoutingError
+from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
+from t1ops.campaign.trialtrace import TrialClock
+from t1ops.config import EngineConfig
+from t1ops.guards.engine_direct import DirectEngines
+from t1ops.guards.http import BoundedHttp
 from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
 
 
@@ -53,6 +61,21 @@ class WorkerSettings:
     timeout_override_s: float | None = None
     allow_lower_timeouts: bool = False
     sandbox: dict | None = None      # SandboxConfig fields (isolation, allow_internet, limits)
+    harness: "HarnessSettings | None" = None  # rollout.agent = "command" (t1ops.campaign.harness)
+
+
+def direct_engines(router, max_concurrency: int) -> DirectEngines:
+    """Requests straight to the engines; the router actor only answers the view and failure reports."""
+    import ray
+
+    conf = ray.get(router.client_config.remote())
+    cfg = EngineConfig(**conf["engine_cfg"])
+    http = BoundedHttp.from_config(cfg)
+    view_timeout_s = cfg.request_timeout_s * cfg.request_attempts
+    return DirectEngines(lambda: ray.get(router.view.remote(), timeout=view_timeout_s),
+                         lambda *args, **kw: router.report_failure.remote(*args, **kw), cfg,
+                         make_client=lambda url: EngineClient(url, http, **conf["client_kw"]),
+                         max_concurrency=max(8, max_concurrency))
 
 
 class RolloutWorker:
@@ -67,14 +90,22 @@ class RolloutWorker:
             telemetry.setup(run_dir, role=f"worker-{index}", **(telemetry_cfg or {}))
         raise_nofile_limit()
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
+        self.engines = direct_engines(router, settings.max_concurrency) if router is not None else None
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
-        require_runnable(list(self.tasks.values()))   # fail before any trial, naming each line
+        # fail before any trial, naming each task and Dockerfile line the local backend cannot honour
+        require_runnable(list(self.tasks.values()),
+                         allow_internet=bool((settings.sandbox or {}).get("allow_internet", False)))
         self.renderer = ChatRenderer.default()
         self.sandbox = make_sandbox(trials_root, run_id, settings.sandbox or {},
                                     agent_timeout_override_s=settings.timeout_override_s,
                                     allow_lower_timeout=settings.allow_lower_timeouts)
         self.bucket = TokenBucket(settings.sandbox_rate_per_s, burst=max(1, settings.max_concurrency))
+        self.harness = None
+        if settings.harness is not None:
+            from t1ops.campaign.harness import HarnessHost
+
+            self.harness = HarnessHost(settings.harness, settings.agent, self.renderer, index)
 
     def ping(self) -> str:
         return self.node
@@ -88,13 +119,17 @@ class RolloutWorker:
         """Trials this worker has finished (any outcome) since it started: the stall detector's pulse."""
         return self.num_finished
 
-    async def rollout(self, step: int, groups: list[list[TrialSpec]], accept_groups: int | None = None) -> dict:
+    async def rollout(self, step: int, groups: list[list[TrialSpec]], accept_groups: int | None = None,
+                      trace: dict | None = None) -> dict:
         """Run ``groups`` of trials; accept the first ``accept_groups`` to finish (skim).
 
         Returns ``{"results": [...], "ledger": {...}, "skim": {...}, "node": ...}``.
         A MissingRoutingError in any trial is re-raised: the rollout aborts.
+        ``trace`` is the coordinator's span context (``telemetry.trace_carrier``):
+        the trials' spans join the step's trace.
         """
-        return await self._rollout(step, groups, accept_groups or len(groups))
+        with telemetry.span("rollout", parent=trace, step=step, node=self.node):
+            return await self._rollout(step, groups, accept_groups or len(groups))
 
     async def _rollout(self, step: int, groups, accept_groups: int) -> dict:
         # Trials run in threads; the default pool (min(32, cores + 4)) would cap concurrency below the config.
@@ -106,10 +141,12 @@ class RolloutWorker:
         sem = asyncio.Semaphore(self.settings.max_concurrency)
 
         async def one(spec: TrialSpec, idx: int) -> dict:
+            queued = time.monotonic()
             async with sem:
                 await self.bucket.acquire()
                 try:
-                    return await asyncio.to_thread(self._trial, spec, idx, cancel)
+                    return await asyncio.to_thread(self._trial, spec, idx, cancel, step,
+                                                   time.monotonic() - queued)
                 finally:
                     self.num_finished += 1
 
@@ -167,42 +204,91 @@ class RolloutWorker:
         skim.record(self.tasks[specs[0].task].family, accepted=accepted)
         return kept if accepted else []
 
-    def _trial(self, spec: TrialSpec, idx: int, cancel: threading.Event) -> dict:
-        task = self.tasks[spec.task]
-        trial = self.sandbox.create(task, idx)
-        sample_id = f"{spec.group_id}-s{spec.sample_idx}"
-        telemetry.event("trial.started", trial=sample_id)  # progress events (chaos schedules fire on them)
-        try:
-            return self._run_trial(task, trial, spec, sample_id, cancel)
-        finally:
-            telemetry.event("trial.finished", trial=sample_id)
+    async def evaluate(self, step: int, trials: list, temperature: float, tasks_dir: str | None = None) -> dict:
+        """Held-out eval trials on their own event loop, sharing this worker's token bucket
+        (``t1ops.campaign.evaluation``); returns results and the eval ledger's books."""
+        from t1ops.campaign.evaluation import eval_agent, run_on_own_loop
 
-    def _run_trial(self, task, trial, spec: TrialSpec, sample_id: str, cancel: threading.Event) -> dict:
+        if tasks_dir is not None and not hasattr(self, "_eval_tasks"):
+            self._eval_tasks = {t.name: t for t in load_pool(tasks_dir)}
+        tasks = self._eval_tasks if tasks_dir is not None else self.tasks
+        return await run_on_own_loop(self, step, trials, eval_agent(self.settings.agent, temperature), tasks)
+
+    def _trial(self, spec: TrialSpec, idx: int, cancel: threading.Event, step: int = 0,
+               queue_s: float = 0.0, *, task=None, agent: AgentSettings | None = None) -> dict:
+        task = task or self.tasks[spec.task]
+        sample_id = f"{spec.group_id}-s{spec.sample_idx}"
+        clock = TrialClock()
+        clock.add("queue_s", queue_s)
+        with telemetry.span("trial", step=step, task=task.name, sample_id=sample_id, group_id=spec.group_id,
+                            queue_s=round(queue_s, 4)) as trial_span:
+            with clock.phase("sandbox_s", "sandbox.create", task=task.name):
+                trial = self.sandbox.create(task, idx)
+            trial_span.set_attribute("trial_id", trial.trial_id)
+            telemetry.event("trial.started", trial=sample_id)  # progress events (chaos schedules fire on them)
+            try:
+                out = self._run_trial(task, trial, spec, sample_id, cancel, clock, agent or self.settings.agent)
+            finally:
+                telemetry.event("trial.finished", trial=sample_id)
+            trial_span.set_attribute("num_turns", out["num_turns"])
+            trial_span.set_attribute("end_reason", out["end_reason"])
+        return {**out, **clock.row()}
+
+    def _run_trial(self, task, trial, spec: TrialSpec, sample_id: str, cancel: threading.Event,
+                   clock: TrialClock, agent: AgentSettings) -> dict:
 
         def generate(req):
             if cancel.is_set():
                 raise Cancelled(sample_id)
-            import ray
+            with clock.phase("generate_s", "generate", prompt_tokens=len(req.input_ids),
+                             max_new_tokens=req.sampling_params.max_new_tokens) as sp:
+                resp = self.engines.generate(req)
+                sp.set_attribute("output_tokens", len(resp.output_ids))
+                sp.set_attribute("finish_reason", resp.finish_reason.type)
+                sp.set_attribute("weight_version", resp.weight_version)
+                return resp
 
-            return ray.get(self.router.generate.remote(req))
+        def execute(command):
+            with clock.phase("sandbox_s", "sandbox.exec", command=command[:200]) as sp:
+                res = trial.exec(command)
+                sp.set_attribute("exit_code", -1 if res.exit_code is None else res.exit_code)
+                sp.set_attribute("reason", res.reason)
+                return res
 
         try:
             try:
-                ep = run_episode(task.instruction, trial.exec, generate, self.renderer, self.settings.agent,
-                                 sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name)
+                if self.harness is not None and self.harness.settings.command:
+                    ep = self.harness.run(trial, task, generate, sample_id=sample_id, group_id=spec.group_id,
+                                          agent=agent)
+                    if cancel.is_set():
+                        raise Cancelled(sample_id)
+                else:
+                    tools = self.harness.toolbox(trial) if self.harness is not None else None
+                    try:
+                        ep = run_episode(task.instruction, execute, generate, self.renderer, agent,
+                                         sample_id=sample_id, group_id=spec.group_id, prompt_id=task.name,
+                                         tracer=telemetry.tracer(), tools=tools)
+                    finally:
+                        if tools is not None:
+                            tools.close()
             finally:
-                trial.finish()
-            verdict = verify(trial, scale=self.settings.reward_scale)
+                with clock.phase("sandbox_s", "sandbox.finish"):
+                    trial.finish()
+            with clock.phase("verify_s", "verify") as sp:
+                verdict = verify(trial, scale=self.settings.reward_scale)
+                sp.set_attribute("tamper_events", len(verdict.tamper_events))
         finally:
             trial.close()   # the trial's tmpfs and cgroup go; verifier/result.json stays
-        for ev in verdict.tamper_events:
-            telemetry.event("verifier.tamper", severity="error", trial=ev.trial_id, kind=ev.kind, path=ev.path)
+        with telemetry.span("reward", reward=verdict.reward.value, source=verdict.reward.source,
+                            passed=verdict.reward.passed, total=verdict.reward.total):
+            for ev in verdict.tamper_events:
+                telemetry.event("verifier.tamper", severity="error", trial=ev.trial_id, kind=ev.kind, path=ev.path)
         return {"trial_id": trial.trial_id, "task": task.name, "family": task.family, "group_id": spec.group_id,
                 "sample_id": sample_id, "reward": verdict.reward.value, "reward_source": verdict.reward.source,
                 "passed": verdict.reward.passed, "total": verdict.reward.total, "num_turns": ep.num_turns,
-                "end_reason": ep.end_reason, "commands": ep.commands, "parse_failures": ep.parse_failures,
-                "generate_s": ep.generate_s, "tamper": [asdict(e) for e in verdict.tamper_events],
-                "chunks": ep.chunks}
+                "end_reason": ep.end_reason, "commands": getattr(ep, "commands", []),
+                "parse_failures": ep.parse_failures, "harness": getattr(ep, "stats", None),
+                "tamper": [asdict(e) for e in verdict.tamper_events], "chunks": ep.chunks}
 
 
 def plan_groups(task_names: list[str], step: int, batch_size: int, n_samples: int, seed: int,

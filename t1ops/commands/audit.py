@@ -11,7 +11,10 @@ DESCRIPTION = """\
 Read a directory of trajectory dumps (*.npz, format in t1ops/audit.py) and print
 the T1 report's accounting: samples, routing rows, positions aligned /
 retokenized / placeholder (%), drift inside the loss region (%, must be 0),
-the trajectory-level all-strict share and per-relation counts.
+the trajectory-level all-strict share and per-relation counts, and the share of
+tokens by how they entered the stream (aligned / normalized / retokenized / split /
+placeholder, from the recorded turn relations; t1ops/audit_shares.py), per run and
+with --per-trial per trial.
 
 Exit code 1 when any loss-bearing position holds an id the engine never sampled.
 """
@@ -20,6 +23,23 @@ Exit code 1 when any loss-bearing position holds an id the engine never sampled.
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dump", type=Path, help="directory of <sample_id>.c<chunk>.npz files")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--per-trial", action="store_true",
+                   help="also print one row per trial: token shares by relation and loss-region drift")
+
+
+SHARE_COLUMNS = ("aligned", "normalized", "retokenized", "split", "placeholder")
+
+
+def _per_trial_table(per_trial: dict):
+    from rich.table import Table
+
+    t = Table(title="per trial: token shares by how each position entered the stream (t1ops/audit_shares.py)")
+    t.add_column("trial")
+    for name in SHARE_COLUMNS + ("drift in loss",):
+        t.add_column(name, justify="right")
+    for sid, row in sorted(per_trial.items()):
+        t.add_row(sid, *[f"{row[k + '_pct']:.1f}%" for k in SHARE_COLUMNS], f"{row['drift_in_loss']}")
+    return t
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,9 +63,12 @@ def run(args: argparse.Namespace) -> int:
             ("placeholder", f"{d['placeholder_pct']:.2f}%"),
             ("drift inside loss region", f"{d['drift_in_loss_pct']:.4f}%"),
             ("all-strict trajectories", f"{100 * d['all_strict_share']:.1f}%"),
-        ] + [(f"relation {k}", f"{v:,}") for k, v in rep.relations.items()]
+        ] + [(f"relation {k}", f"{v:,}") for k, v in rep.relations.items()] + [
+            (f"tokens {k}", f"{d['shares'][k + '_pct']:.2f}%") for k in SHARE_COLUMNS]
         for name, value in rows:
             colour = "red" if name.startswith("drift") and rep.drift_in_loss else ""
             t.add_row(name, f"[{colour}]{value}[/]" if colour else value)
         Console().print(t)
+        if args.per_trial:
+            Console().print(_per_trial_table(d["per_trial_shares"]))
     return 1 if rep.drift_in_loss else 0

@@ -24,10 +24,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--spec-json", default=None, help="ModelSpec fields as JSON (overrides --config)")
     s.add_argument("--vocab", default=None, help="CompactVocab JSON (default: identity over vocab_size)")
     s.add_argument("--checkpoint", default=None, help="actor checkpoint dir holding weights.pt + manifest.json")
+    s.add_argument("--model-path", default=None, help="Hugging Face Qwen3-MoE directory (t1ops export, or what "
+                   "SGLang's --model-path loads): model shape from its config.json, full vocabulary")
     s.add_argument("--dtype", choices=["bf16", "bfloat16", "fp32", "float32"], default="bf16",
                    help="engine precision (the trainer runs fp32)")
     s.add_argument("--seed", type=int, default=0, help="init seed (without --checkpoint) and sampler seed")
     s.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads")
+    s.add_argument("--openai", action="store_true",
+                   help="serve the OpenAI-compatible /v1/chat/completions on --port instead (one session per "
+                        "path prefix /s/<name>/v1 or 'user' field; docs/harness.md)")
+    s.add_argument("--dump", default=None, help="with --openai: rewrite each session's trajectory here after "
+                   "every turn (t1ops audit reads it)")
+    s.add_argument("--max-new-tokens", type=int, default=256, help="with --openai: cap on one reply's tokens")
+    s.add_argument("--context-window", type=int, default=None,
+                   help="with --openai: prompt + reply cap (default: the model's max_seq_len)")
+    s.add_argument("--recompute", action="store_true",
+                   help="recompute the whole sequence per token, one request at a time (no K/V cache)")
+    s.add_argument("--kv-slots", type=int, default=128,
+                   help="K/V cache slots: running requests plus finished ones kept for prefix reuse")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,5 +54,14 @@ def run(args: argparse.Namespace) -> int:
         spec = ModelSpec.from_config(load_toml(args.config).model)
     elif args.spec_json is not None:
         spec = ModelSpec(**json.loads(args.spec_json))
-    serve(build_engine(args, spec=spec), args.host, args.port)
+    engine = build_engine(args, spec=spec)
+    if args.openai:
+        from rl.harness.session import SessionLimits
+        from rl.harness.standalone import serve_openai
+
+        window = args.context_window or engine.spec.max_seq_len
+        limits = SessionLimits(max_new_tokens=min(args.max_new_tokens, window - 1), context_window=window)
+        serve_openai(engine, args.host, args.port, limits=limits, dump_dir=args.dump)
+        return 0
+    serve(engine, args.host, args.port)
     return 0

@@ -16,7 +16,12 @@ against the bundled terminal tasks in a few minutes:
 
 The run directory holds summary.json (per-step reward, explained variance,
 log-prob gap, timings), report.png, telemetry/*.jsonl, trajectory dumps
-(`t1ops audit RUN/dumps`), and actor/critic checkpoints.
+(`t1ops audit RUN/dumps`), and actor/critic checkpoints. With [eval] it also
+evaluates held-out tasks during training (summary.json "eval", the step line).
+
+After a crash, continue the same run directory from its newest verified step:
+
+  t1ops run examples/tiny/campaign.toml --resume runs/tiny-20260101-120000-abcd
 """
 
 
@@ -26,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="override run.steps")
     p.add_argument("--ray-address", help="join an existing Ray cluster (default: start a local one)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a live display")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                   help="continue RUN_DIR from the newest step at which actor, critic and trainer state all "
+                        "exist and verify, appending to it (docs/campaign.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     data["run"].update({k: v for k, v in overrides.items() if v is not None})
     cfg = parse_config(data, source=f"{args.config} with command-line overrides")
     run_dir = run_campaign(cfg, out_dir=str(args.out) if args.out else None,
-                           show_progress=not args.no_progress and sys.stderr.isatty())
+                           show_progress=not args.no_progress and sys.stderr.isatty(), resume=args.resume)
     print(f"run complete: {run_dir}\n  summary: {run_dir / 'summary.json'}\n  report:  {run_dir / 'report.png'}\n"
           f"  audit:   t1ops audit {run_dir / 'dumps'}")
     return 0

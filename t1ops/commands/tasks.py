@@ -26,8 +26,10 @@ SkyRL/Harbor dataset shape); in JSON lines task_binary is base64. Parquet needs 
   t1ops tasks import dataset.jsonl --into pool/
   t1ops tasks check pool/            (every problem of every task; ignored keys;
                                       runs locally / needs a container runtime)
+  t1ops tasks run pool/ --oracle --json   (reference solution, then the verifier)
 
-Both exit non-zero on any refusal or layout error.
+import and check exit non-zero on any refusal or layout error; run exits non-zero
+when a task could not be run (it needs a container runtime, network, ...).
 """
 
 
@@ -51,6 +53,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     chk.add_argument("--json", action="store_true", help="print the report as JSON")
     chk.add_argument("--allow-internet", action="store_true",
                      help="tasks declaring allow_internet = true count as runnable")
+    run = sub.add_parser("run", help="run tasks with their reference solution (or no agent action) "
+                                     "and the verifier; print reward, source, passed/total, reason")
+    run.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                     help="a task directory or a pool directory (every task in it)")
+    run.add_argument("--oracle", action="store_true",
+                     help="run solution/solve.sh first (else the agent does nothing)")
+    run.add_argument("--json", action="store_true", help="print a JSON list, one object per task")
+    run.add_argument("--allow-internet", action="store_true",
+                     help="give the network to tasks that declare allow_internet = true")
+    run.add_argument("--trials-root", type=Path, default=None,
+                     help="where trial directories go (default: a temporary directory)")
 
 
 def _print_report(report: Report, *, checked: bool) -> None:
@@ -74,7 +87,18 @@ def _print_report(report: Report, *, checked: bool) -> None:
     print(f"{len(report.ok)} ok{split}, {len(report.refused)} refused", file=sys.stderr)
 
 
+def _run_tasks(args: argparse.Namespace) -> int:
+    from t1ops.task_runs import print_rows, run_paths
+
+    rows = run_paths(args.paths, oracle=args.oracle, allow_internet=args.allow_internet,
+                     trials_root=args.trials_root)
+    print_rows(rows, as_json=args.json)
+    return 1 if any(r["reward"] is None for r in rows) else 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.action == "run":
+        return _run_tasks(args)
     if args.action == "import":
         limits = ArchiveLimits(max_members=args.max_members,
                                max_total_bytes=int(args.max_total_mb * 2**20),

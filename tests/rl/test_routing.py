@@ -12,7 +12,7 @@ from rl.errors import InputError, MissingRoutingError, RoutingError
 from rl.routing import (
     assert_row_count, cp_zigzag_slice, cp_zigzag_unslice, decode_routed_experts,
     encode_routed_experts, expected_num_rows, fill_missing_rows, pad_to_multiple, shard_for_rank,
-    sp_gather, sp_split, stitch_rows, unpad, unshard, zigzag_chunks,
+    sp_gather, sp_split, stitch_rows, stitch_zigzag, unpad, unshard, zigzag_chunks,
 )
 
 
@@ -134,3 +134,28 @@ def test_pad_and_sp():
 def test_row_count_assertion():
     with pytest.raises(RoutingError, match="sample s3 at cp: 4 routing rows for 5 tokens"):
         assert_row_count(5, np.zeros((4, 2, 2), np.int32), sample="s3", stage="cp")
+
+
+@given(st.integers(1, 60), st.integers(1, 4), st.integers(1, 3), st.integers(0, 2**31 - 1))
+@settings(max_examples=60)
+def test_one_copy_zigzag_stitch_equals_stitch_pad_slice(num_tokens, cp_size, multiple, seed):
+    """stitch_zigzag gives every rank exactly what stitch_rows + pad_to_multiple + cp_zigzag_slice give,
+    with overlapping segments (earlier wins) and uncovered positions (zero rows, has False)."""
+    rng = np.random.default_rng(seed)
+    segments = []
+    for _ in range(rng.integers(1, 5)):
+        start = int(rng.integers(0, num_tokens))
+        length = int(rng.integers(0, num_tokens - start + 1))
+        segments.append((start, rng.integers(0, 64, (length, 2, 3), dtype=np.int32)))
+    rows, has = stitch_rows(segments, num_tokens)
+    padded = pad_to_multiple(rows, 2 * cp_size * multiple)
+    out = stitch_zigzag(segments, num_tokens, cp_size, multiple=multiple)
+    assert np.array_equal(out.has_row_N, has)
+    for r, part in enumerate(out.parts):
+        assert np.array_equal(part, cp_zigzag_slice(padded, cp_size, r))
+    missing = np.flatnonzero(~has)
+    if has.any() and missing.size:
+        fill_missing_rows(rows, has, np.zeros(num_tokens, dtype=bool))
+        out.fill_from_previous(missing)
+        padded = pad_to_multiple(rows, 2 * cp_size * multiple)
+        assert all(np.array_equal(p, cp_zigzag_slice(padded, cp_size, r)) for r, p in enumerate(out.parts))

@@ -140,3 +140,17 @@ def test_every_solution_passes_all_its_tests(tmp_path):
            if ran != "ok" or v.reason != "ok" or v.reward.passed != v.reward.total]
     assert not bad
     assert all(v.reward.source == "ctrf" and v.reward.total >= 3 for _, _, v in results)
+
+
+def test_environment_env_templates_resolve_from_the_host_and_become_required_secrets(tmp_path,
+                                                                                     monkeypatch):
+    d = _copy(tmp_path)
+    (d / "task.toml").write_text('[environment.env]\nAPI = "${T1_TEST_KEY}"\n'
+                                 'MODE = "${T1_TEST_MODE:-fast}"\nPLAIN = "x"\n')
+    t = load_task(d)
+    assert t.required_env_keys == ("T1_TEST_KEY",)       # redacted like any declared secret
+    monkeypatch.setenv("T1_TEST_KEY", "sk-secret-value")
+    monkeypatch.delenv("T1_TEST_MODE", raising=False)
+    assert t.agent_env == {"API": "sk-secret-value", "MODE": "fast", "PLAIN": "x"}
+    monkeypatch.setenv("T1_TEST_MODE", "slow")
+    assert t.agent_env["MODE"] == "slow"

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from t1ops.audit import audit_dump
+from t1ops.campaign.trialtrace import read_trial_spans
 from t1ops.config import load_toml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,6 +35,7 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
     cfg.rollout.batch_size = 4
     cfg.rollout.tasks_dir = str(REPO / "examples" / "tasks")
     cfg.trainer.warm_start_steps = 2
+    cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.samples_per_task = 1, ["files-hello", "math-add"], 2
     run_dir = run_campaign(cfg, out_dir=str(tmp_path), show_progress=False)
 
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -44,12 +46,24 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
                     "rollout_s", "train_s", "step_s"):
             assert key in row
         assert row["num_trajectories"] == 4 and row["ledger"]["missing"] == 0
+    assert [e["step"] for e in summary["eval"]] == [0, 1, 2]  # warm start, every step, last
+    for e in summary["eval"]:  # both workers' eval loops booked every trial
+        assert e["eval_expected"] == 4 and e["eval_num_trials"] + e["eval_failed"] == 4
+        assert 0 <= e["eval_reward_mean"] and 0 <= e["eval_solved_share"] <= 1
+    assert summary["steps"][1]["eval_reward_mean"] == summary["eval"][2]["eval_reward_mean"]
     assert (run_dir / "report.png").stat().st_size > 1000
     assert list((run_dir / "checkpoints" / "actor").glob("step_*"))
     assert list((run_dir / "checkpoints" / "critic").glob("step_*"))
     report = audit_dump(run_dir / "dumps")
     assert report.samples >= 8 and report.loss_positions > 0 and report.drift_in_loss == 0
     assert (run_dir / "telemetry" / "events.jsonl").exists()
+    for row in summary["steps"]:  # the trial-time split (docs/tracing.md)
+        assert row["generate_s"] > 0 and row["verify_s"] > 0 and 0 < row["generate_share"] <= 1
+    spans = read_trial_spans(run_dir)  # every trial traced, under its step's rollout.submit span
+    assert len(spans) == sum(r["num_trajectories"] for r in summary["steps"])
+    for trial in spans.values():
+        assert {"sandbox.create", "agent.turn", "generate", "verify", "reward"} <= set(trial["names"])
+        assert trial["root"] == "rollout.submit" and trial["root_step"] == trial["step"]
 
 
 def test_refused_plan_stops_the_launch_before_any_role_starts(tmp_path):

@@ -1,0 +1,198 @@
+"""coordinator-crash: the `t1ops run` process is SIGKILLed mid-step; the campaign resumes.
+
+Fault (real): a short campaign runs as its own `t1ops run` process (its own
+process session, Ray and engines included). Once step 3 is recorded and step 4
+has been handed to the trainer, the coordinator process gets SIGKILL, exactly
+as a node loss or an OOM kill of the head takes it. ``trainer.save_every = 2``,
+so the crashed run holds actor checkpoints up to step 3 but critic and trainer
+state only up to step 2: the roles disagree.
+
+Unguarded: a plain restart (no ``--resume``) starts a new run directory from
+step 1 with a fresh warm start: the steps already paid for are lost (the report:
+"a crash means restart").
+
+Guarded (``t1ops run CONFIG --resume RUN_DIR``, ``t1ops.campaign.resume``): the
+newest step at which actor, critic and trainer state all verify is step 2, and
+the resume says the roles disagree; both roles and the optimizer state load;
+step 3's partial outputs move to ``superseded/``; steps 3-4 run once more, so
+summary.json holds steps 1..4, each exactly once, rows 1-2 unchanged.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from chaos.harness import Guarded, Outcome, register
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, KILL_AT_STEP, SAVE_EVERY = 4, 4, 2
+RUN_TIMEOUT_S = 900
+CONFIG = """\
+[run]
+name = "crash"
+steps = {steps}
+seed = 0
+num_cpus = 2
+[model]
+max_seq_len = 1024
+[trainer]
+save_every = {save_every}
+warm_start_steps = 20
+ppo_epochs = 1
+critic_lr_multiplier = 1.5
+[rollout]
+tasks_dir = "{tasks}"
+num_train_tasks = 8
+batch_size = 4
+n_samples_per_prompt = 2
+max_turns = 1
+max_new_tokens = 24
+reward_scale = 5.0
+[checkpoints]
+keep_last = 3
+"""
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "t1ops.cli", "run", *args, "--no-progress"], cwd=REPO,
+                            env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _end_session(proc: subprocess.Popen) -> int:
+    """Kill what is left of the process session this scenario started (Ray, engines), by pid."""
+    killed = 0
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and os.getsid(p.pid) == proc.pid:
+                p.kill()
+                killed += 1
+        except (ProcessLookupError, psutil.Error, PermissionError):
+            continue
+    return killed
+
+
+def _run_to_end(args: list[str], log: Path) -> int:
+    proc = _start(args, log)
+    try:
+        return proc.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return -999
+    finally:
+        _end_session(proc)
+
+
+def _summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {"steps": []}
+
+
+def _submitted(run_dir: Path, step: int) -> bool:
+    """The coordinator handed ``step`` to the trainer (its ``campaign.train_submitted`` event)."""
+    events = run_dir / "telemetry" / "events.jsonl"
+    if not events.is_file():
+        return False
+    for line in events.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line being written
+            continue
+        if rec.get("name") == "campaign.train_submitted" and rec.get("step") == step:
+            return True
+    return False
+
+
+def _crash_mid_step(out: Path, cfg: Path, log: Path) -> tuple[Path | None, int | None, dict]:
+    """Start the campaign; SIGKILL its coordinator once step KILL_AT_STEP is training."""
+    proc = _start([str(cfg), "--out", str(out)], log)
+    run_dir, deadline = None, time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            dirs = [d for d in out.iterdir() if d.is_dir()] if out.is_dir() else []
+            run_dir = dirs[0] if dirs else None
+            if run_dir and len(_summary(run_dir)["steps"]) == KILL_AT_STEP - 1 and _submitted(run_dir, KILL_AT_STEP):
+                before = _summary(run_dir)
+                os.kill(proc.pid, signal.SIGKILL)
+                return run_dir, proc.wait(timeout=60), before
+            time.sleep(0.2)
+        return run_dir, proc.poll(), _summary(run_dir) if run_dir else {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _end_session(proc)
+
+
+@register("coordinator-crash", "the coordinator is SIGKILLed mid-step; resume continues the same run")
+def run(tmp: Path) -> Outcome:
+    cfg = tmp / "campaign.toml"
+    cfg.write_text(CONFIG.format(steps=STEPS, save_every=SAVE_EVERY, tasks=REPO / "examples" / "tasks"))
+    run_dir, rc, before = _crash_mid_step(tmp / "runs", cfg, tmp / "crash.log")
+    steps_before = [r["step"] for r in before.get("steps", [])]
+    fault_fired = rc == -signal.SIGKILL and steps_before == list(range(1, KILL_AT_STEP))
+    details: dict = {"crash_rc": rc, "steps_before_crash": steps_before, "crash_log_tail": _tail(tmp / "crash.log")}
+    if not fault_fired or run_dir is None:
+        return Outcome(fault_fired=False, unguarded="", guarded=Guarded(caught=False, error="no crash"),
+                       details=details)
+
+    # Unguarded: a plain restart starts a new run from step 1; the crashed run's steps are not continued.
+    rc_plain = _run_to_end([str(cfg), "--out", str(tmp / "restart"), "--steps", "1"], tmp / "restart.log")
+    plain_dirs = list((tmp / "restart").iterdir()) if (tmp / "restart").is_dir() else []
+    plain = _summary(plain_dirs[0]) if plain_dirs else {"steps": []}
+    plain_steps = [r["step"] for r in plain["steps"]]
+    lost = rc_plain == 0 and plain_steps == [1] and plain_dirs[0] != run_dir and bool(plain.get("warm_start_loss"))
+
+    # Guarded: resume the crashed run.
+    t0 = time.monotonic()
+    rc_resume = _run_to_end([str(cfg), "--resume", str(run_dir)], tmp / "resume.log")
+    detection_s = time.monotonic() - t0
+    after = _summary(run_dir)
+    log = (tmp / "resume.log").read_text()
+    steps_after = [r["step"] for r in after["steps"]]
+    resumes = after.get("resumes", [])
+    same_prefix = [r["reward_mean"] for r in after["steps"][:SAVE_EVERY]] == \
+        [r["reward_mean"] for r in before["steps"][:SAVE_EVERY]]
+    actor = sorted(p.name for p in (run_dir / "checkpoints" / "actor").glob("step_*"))
+    invariants = {
+        "unguarded_restart_loses_the_steps": lost,
+        "resume_exit_0": rc_resume == 0,
+        "no_step_lost_or_repeated": steps_after == list(range(1, STEPS + 1)),
+        "rows_before_resume_point_unchanged": same_prefix,
+        "picked_common_step_and_said_so": bool(resumes) and resumes[-1]["from_step"] == SAVE_EVERY
+        and "roles disagree" in resumes[-1]["message"] and "roles disagree" in log,
+        "both_roles_loaded": "actor" in log and "and critic" in log and "loaded and verified" in log,
+        "step_run_again_superseded": bool(resumes) and resumes[-1]["steps_run_again"] == [KILL_AT_STEP - 1]
+        and (Path(resumes[-1]["superseded"]) / "checkpoints" / "actor" / f"step_{KILL_AT_STEP - 1:08d}").is_dir(),
+        "reward_curve_continues": all(r.get("num_trajectories", 0) > 0 for r in after["steps"]),
+        "final_checkpoint_written": f"step_{STEPS:08d}" in actor,
+    }
+    details.update(steps_after_resume=steps_after, resume=resumes[-1] if resumes else None,
+                   plain_restart_steps=plain_steps, resume_log_tail=_tail(tmp / "resume.log"),
+                   actor_checkpoints=actor)
+    caught = rc_resume == 0 and invariants["no_step_lost_or_repeated"]
+    return Outcome(
+        fault_fired=True,
+        unguarded=f"coordinator SIGKILLed during step {KILL_AT_STEP} after {len(steps_before)} steps; a plain "
+                  f"restart began a new run at step 1 (steps {plain_steps}, a fresh warm start): the "
+                  f"{len(steps_before)} completed steps were lost",
+        guarded=Guarded(caught=caught, detection_s=detection_s,
+                        error=(resumes[-1]["message"] if resumes else "no resume recorded")
+                        + f"; summary steps after resume {steps_after}"),
+        invariants=invariants, details=details)
+
+
+def _tail(path: Path, n: int = 12) -> list[str]:
+    try:
+        return path.read_text().splitlines()[-n:]
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,245 @@
+"""Resume a campaign after the coordinator died (`t1ops run CONFIG --resume RUN_DIR`).
+
+What a resume needs at step S, all verified before any role starts
+(docs/campaign.md, "Resume"):
+
+- the actor's and (PPO) the critic's weights at S (``checkpoints/{actor,critic}/step_S``,
+  checksummed manifests, ``t1ops.guards.checkpoints``);
+- the trainer state at S (``checkpoints/trainer_state/step_S/state.pt``): both
+  optimizers' state, the trainer's step count and RNG states, and the
+  data-sampler position (the next step; task order is a pure function of seed
+  and step, ``t1ops.campaign.worker.plan_groups``), written atomically with a
+  sha256 manifest next to the critic every ``trainer.save_every`` steps;
+- the behaviour snapshot of the next batch: the actor weights published as
+  version S, which are the actor checkpoint at S itself;
+- summary.json's rows up to S (rows after S describe steps that are run again).
+
+S is the newest step at which all of them exist and verify. A run whose
+actor reaches step 7 while its critic reaches step 4 resumes from 4 and says
+so. Everything a crashed run wrote after S (checkpoints, trajectory dumps,
+summary rows) is moved to ``superseded/<timestamp>/``, never deleted, so the
+steps after S are run once more and no step appears twice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from t1ops.errors import CheckpointError, ConfigError
+from t1ops.guards.checkpoints import (_fsync_dir, _write_synced, file_sha256, list_steps, load_checkpoint,
+                                      step_dir_name)
+
+STATE_ROLE = "trainer_state"
+STATE_FILE = "state.pt"
+MANIFEST = "manifest.json"
+# config keys a resume may change; any other difference is refused
+RESUMABLE_KEYS = {"run.steps", "run.out_dir", "run.ray_address", "run.num_cpus", "telemetry", "guards", "eval",
+                  "checkpoints"}
+
+
+def save_trainer_state(base: str | Path, step: int, state: dict) -> Path:
+    """Atomically write ``<base>/trainer_state/step_S/{state.pt, manifest.json}``."""
+    role_dir = Path(base) / STATE_ROLE
+    role_dir.mkdir(parents=True, exist_ok=True)
+    final = role_dir / step_dir_name(step)
+    if final.exists():
+        raise CheckpointError(f"trainer state {final} already exists and is never overwritten", path=str(final))
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=role_dir))
+    try:
+        _write_synced(tmp / STATE_FILE, lambda f: torch.save(state, f))
+        manifest = {"role": STATE_ROLE, "step": step, "file_sha256": file_sha256(tmp / STATE_FILE)}
+        _write_synced(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest).encode()))
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(role_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def load_trainer_state(base: str | Path, step: int) -> dict:
+    """The verified trainer state at ``step``; CheckpointError (files left as they are) otherwise."""
+    d = Path(base) / STATE_ROLE / step_dir_name(step)
+    try:
+        manifest = json.loads((d / MANIFEST).read_text())
+        ok = manifest.get("step") == step and file_sha256(d / STATE_FILE) == manifest.get("file_sha256")
+    except (OSError, ValueError, AttributeError) as err:
+        raise CheckpointError(f"trainer state {d} is missing or unreadable ({type(err).__name__}: {err})",
+                              path=str(d)) from None
+    if not ok:
+        raise CheckpointError(f"trainer state {d}/{STATE_FILE} differs from its manifest (truncated or "
+                              "corrupt); it was left as is", path=str(d))
+    # weights_only: tensors, dicts, lists and numbers only (RNG states are stored as tensors / lists)
+    return torch.load(d / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+@dataclass
+class ResumePoint:
+    step: int
+    actor_steps: list[int]
+    critic_steps: list[int]
+    state_steps: list[int]
+    skipped: dict[int, str] = field(default_factory=dict)  # newer common steps that failed verification
+
+    @property
+    def message(self) -> str:
+        top = {"actor": max(self.actor_steps, default=None), "critic": max(self.critic_steps, default=None),
+               "trainer state": max(self.state_steps, default=None)}
+        text = (f"resuming from step {self.step}: the newest step at which actor, critic and trainer state "
+                f"all exist and verify (newest saved: " + ", ".join(f"{k} {v}" for k, v in top.items()
+                                                                     if v is not None) + ")")
+        if len({v for v in top.values() if v is not None}) > 1:
+            text += f"; the roles disagree, so the common step {self.step} is used"
+        if self.skipped:
+            text += "; skipped " + "; ".join(f"step {s}: {why}" for s, why in sorted(self.skipped.items()))
+        return text
+
+
+def plan_resume(ckpt_base: str | Path, needs_critic: bool) -> ResumePoint:
+    """The newest step whose actor, critic (when ``needs_critic``) and trainer state all verify."""
+    base = Path(ckpt_base)
+    actor, critic, state = (list_steps(base / r) for r in ("actor", "critic", STATE_ROLE))
+    common = set(actor) & set(state) & (set(critic) if needs_critic else set(actor))
+    point = ResumePoint(-1, actor, critic, state)
+    for step in sorted(common, reverse=True):
+        try:
+            load_checkpoint(base / "actor" / step_dir_name(step), "actor")
+            if needs_critic:
+                load_checkpoint(base / "critic" / step_dir_name(step), "critic")
+            load_trainer_state(base, step)
+        except CheckpointError as err:
+            point.skipped[step] = str(err).split(";")[0]
+            continue
+        point.step = step
+        return point
+    raise CheckpointError(f"nothing to resume in {base}: no step at which actor (steps {actor[-5:]}), "
+                          + (f"critic (steps {critic[-5:]}) " if needs_critic else "")
+                          + f"and trainer state (steps {state[-5:]}) all exist and verify"
+                          + (f" (failed: {point.skipped})" if point.skipped else "")
+                          + "; start a new run instead", path=str(base))
+
+
+def check_same_campaign(stored: dict, cfg: dict) -> None:
+    """Refuse a resume whose config differs from the run's own beyond RESUMABLE_KEYS."""
+    diffs = sorted(k for k in _flat(stored).keys() | _flat(cfg).keys()
+                   if _flat(stored).get(k) != _flat(cfg).get(k) and not _resumable(k))
+    if diffs:
+        flat_s, flat_c = _flat(stored), _flat(cfg)
+        shown = "; ".join(f"{k}: run has {flat_s.get(k)!r}, config has {flat_c.get(k)!r}" for k in diffs[:6])
+        raise ConfigError(f"the config differs from the run's own config.json in {len(diffs)} key(s) that a "
+                          f"resume cannot change ({shown}). Resume with the run's config (its config.json), "
+                          "or start a new run.", keys=diffs)
+
+
+def _resumable(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+_DUMP_STEP = re.compile(r"^st(\d+)-")
+
+
+def supersede_after(run_path: Path, step: int) -> Path | None:
+    """Move what a crashed run wrote after ``step`` into ``superseded/<timestamp>/``; return it (None if nothing)."""
+    dest = run_path / "superseded" / time.strftime("%Y%m%d-%H%M%S")
+    moved = 0
+    for role in ("actor", "critic", STATE_ROLE):
+        role_dir = run_path / "checkpoints" / role
+        for s in list_steps(role_dir):
+            if s > step:
+                _move(role_dir / step_dir_name(s), dest / "checkpoints" / role)
+                moved += 1
+    dumps = run_path / "dumps"
+    for f in sorted(dumps.glob("st*")) if dumps.is_dir() else []:
+        m = _DUMP_STEP.match(f.name)
+        if m and int(m.group(1)) > step:
+            _move(f, dest / "dumps")
+            moved += 1
+    return dest if moved else None
+
+
+def _move(src: Path, dest_dir: Path) -> None:
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    os.rename(src, dest_dir / src.name)
+
+
+def rng_state() -> dict:
+    """Python, numpy and torch RNG states of this process, as torch-loadable values."""
+    import random
+
+    import numpy as np
+
+    py = random.getstate()
+    np_state = np.random.get_state()
+    return {"python": [py[0], list(py[1]), py[2]], "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()),
+                                                            *np_state[2:]],
+            "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    import random
+
+    import numpy as np
+
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n[0], n[1].numpy(), *n[2:]))
+    torch.set_rng_state(state["torch"])
+
+
+def open_for_resume(run_dir: str | Path, cfg) -> tuple:
+    """(RunDir, ResumePoint, the previous summary.json) for ``--resume``; refuses before anything starts."""
+    from t1ops.campaign.rundir import RunDir
+
+    path = Path(run_dir).resolve()
+    stored = path / "config.json"
+    if not stored.is_file():
+        raise ConfigError(f"--resume {run_dir}: {stored} does not exist; point --resume at a run directory "
+                          "that `t1ops run` created (it holds config.json, summary.json, checkpoints/)",
+                          path=str(path))
+    check_same_campaign(json.loads(stored.read_text()), json.loads(cfg.model_dump_json()))
+    point = plan_resume(path / "checkpoints", needs_critic=cfg.trainer.mode == "ppo")
+    if point.step >= cfg.run.steps:
+        raise ConfigError(f"--resume {run_dir}: the run already holds step {point.step} and run.steps is "
+                          f"{cfg.run.steps}; pass --steps N (N > {point.step}) to continue it", key="run.steps")
+    summary_path = path / "summary.json"
+    previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {"steps": []}
+    moved = supersede_after(path, point.step)
+    late = [r for r in previous.get("steps", []) if r["step"] > point.step]
+    if late:  # the rows of steps that run again are kept beside the superseded checkpoints
+        moved = moved or path / "superseded" / time.strftime("%Y%m%d-%H%M%S")
+        moved.mkdir(parents=True, exist_ok=True)
+        (moved / "summary-steps.json").write_text(json.dumps(late, indent=1, default=str))
+    previous["_superseded"] = str(moved) if moved else None
+    return RunDir(path.name, path), point, previous
+
+
+def resumed_summary(summary, previous: dict, point: ResumePoint) -> None:
+    """Carry the previous summary's rows up to the resume step into ``summary``; record the resume."""
+    summary.steps[:] = [r for r in previous.get("steps", []) if r["step"] <= point.step]
+    summary.evals[:] = [e for e in previous.get("eval", []) if e["step"] <= point.step]
+    summary.extra["warm_start_loss"] = previous.get("warm_start_loss", summary.extra.get("warm_start_loss"))
+    rerun = sorted(r["step"] for r in previous.get("steps", []) if r["step"] > point.step)
+    summary.extra["resumes"] = previous.get("resumes", []) + [
+        {"from_step": point.step, "message": point.message, "steps_run_again": rerun,
+         "superseded": previous.get("_superseded"), "at": time.strftime("%Y-%m-%dT%H:%M:%S")}]
+    summary.save()

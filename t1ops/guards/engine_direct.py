@@ -1,0 +1,205 @@
+"""Rollout workers call engines directly; the router only hands out membership and health.
+
+Before, every ``/generate`` of every worker went through one router actor (a
+Ray call that re-sent the whole ``input_ids`` per turn): one actor on the
+per-token path. Now a worker holds a :class:`DirectEngines`: it reads the
+pool's *view* (engine addresses, live/dead, weight version, the sync gate,
+the number of barriers begun) from the router every ``refresh_s`` (one small
+control-plane call per worker, never per request) and sends each request
+straight to an engine over the guarded HTTP client (:class:`BoundedHttp`).
+
+The guard contract is :class:`~t1ops.guards.engines.EnginePool`'s, unchanged
+(docs/engine.md): requests wait while the gate is closed or no engine is live
+(up to ``generate_timeout_s``); the least-loaded live engine takes a request;
+a request whose engine the view shows dead (pings, exited process) is
+abandoned at once and resubmitted, up to ``max_resubmits`` engine failures,
+then :class:`EngineDeadError`; an abort that a barrier begun since admission
+explains is resubmitted, any other abort raises; a response under an
+unpublished version, or spanning two, takes its engine out of rotation and is
+resubmitted. A trajectory's next turn goes to the engine that served its
+previous turn (its K/V prefix is there) unless that engine carries more than
+``AFFINITY_SLACK`` more of this worker's requests than the least loaded one.
+Failures are reported to the pool (``report_failure``), which
+owns the processes: it declares an exited process or a wrong-version engine
+dead, kills it, and recreates it at the next weight sync.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rl.engines import protocol as P
+from rl.engines.client import EngineClient
+from t1ops import telemetry
+from t1ops.config import EngineConfig
+from t1ops.errors import EngineDeadError, EngineError
+from t1ops.guards.engines import ENGINE_FAILURES, RUNBOOK
+
+AFFINITY_ENTRIES = 4096   # trajectories whose last engine is remembered (LRU)
+AFFINITY_SLACK = 2        # a trajectory stays on its engine while it has at most this many more requests
+ViewFn = Callable[[], dict]                  # EnginePool.view() through the router
+ReportFn = Callable[..., Any]               # EnginePool.report_failure(index, url, reason, wrong_version=)
+
+
+@dataclass
+class _Ticket:
+    slot: int
+    url: str
+    version: str
+    num_syncs: int
+    wake: threading.Event = field(default_factory=threading.Event)
+
+
+class DirectEngines:
+    """``generate(request)`` straight to the engines, guarded as the module docstring says."""
+
+    def __init__(self, fetch_view: ViewFn, report: ReportFn, cfg: EngineConfig, *,
+                 make_client: Callable[[str], EngineClient], refresh_s: float = 0.25,
+                 max_concurrency: int = 64) -> None:
+        self.fetch_view, self.report, self.cfg = fetch_view, report, cfg
+        self.make_client, self.refresh_s = make_client, refresh_s
+        self._clients: dict[str, EngineClient] = {}
+        self._cond = threading.Condition()
+        self._view = fetch_view()
+        self._tickets: dict[int, _Ticket] = {}
+        self._affinity: collections.OrderedDict[str, tuple[int, str]] = collections.OrderedDict()
+        self._ids = itertools.count()
+        self._pool = cf.ThreadPoolExecutor(max_concurrency, thread_name_prefix="direct-gen")
+        self._stop = threading.Event()
+        self._refresher = threading.Thread(target=self._refresh_loop, name="engine-view", daemon=True)
+        self._refresher.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- membership -------------------------------------------------------------------
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            try:
+                self.refresh()
+            except Exception as err:  # the router is busy or gone: keep the last view, say so
+                telemetry.event("engine.view_refresh_failed", severity="warning", error=repr(err)[:200])
+
+    def refresh(self) -> None:
+        """Fetch the pool's view; wake requests whose engine left rotation."""
+        view = self.fetch_view()
+        live = {(i, url) for i, url, status in view["engines"] if status == "live"}
+        with self._cond:
+            self._view = view
+            for t in self._tickets.values():
+                if (t.slot, t.url) not in live:
+                    t.wake.set()  # abandon and resubmit, as the pool does for a dead engine
+            self._cond.notify_all()
+
+    def _live(self) -> list[tuple[int, str]]:
+        return [(i, url) for i, url, status in self._view["engines"] if status == "live"]
+
+    def _client(self, url: str) -> EngineClient:
+        if url not in self._clients:
+            self._clients[url] = self.make_client(url)
+        return self._clients[url]
+
+    # --- generation -------------------------------------------------------------------
+    def generate(self, request: P.GenerateRequest) -> P.GenerateResponse:
+        num_failures, avoid = 0, set()
+        key = _trajectory_key(request.rid)
+        while True:
+            ticket_id, t = self._admit(avoid, self._affinity.get(key))
+            outcome = self._run(ticket_id, t, request)
+            if isinstance(outcome, P.GenerateResponse):
+                if not outcome.finish_reason.is_abort:
+                    self._remember(key, (t.slot, t.url))
+                    return outcome
+                self.refresh()
+                if self._view["num_syncs"] == t.num_syncs:  # no barrier explains it: the engine refused it
+                    telemetry.count("engine.request_failed", reason="aborted_by_engine")
+                    raise EngineError(f"engine {t.slot} aborted request {request.rid!r} outside a weight sync: "
+                                      f"{outcome.finish_reason.message} (status {outcome.finish_reason.status_code})"
+                                      "; not resubmitted", rid=request.rid, slot=t.slot)
+                telemetry.count("engine.request_resubmitted", reason="aborted_by_pause")
+                continue
+            num_failures += 1
+            avoid = {t.slot}
+            if num_failures > self.cfg.max_resubmits:
+                telemetry.count("engine.request_failed")
+                raise EngineDeadError(f"request {request.rid!r} failed on {num_failures} engines (max_resubmits "
+                                      f"{self.cfg.max_resubmits}); last: engine {t.slot}: {outcome}; engines: "
+                                      f"{self._view['engines']}. See {RUNBOOK}", rid=request.rid,
+                                      num_failures=num_failures)
+            telemetry.count("engine.request_resubmitted", reason="engine_failed")
+            telemetry.event("engine.request_resubmitted", severity="warning", slot=t.slot, rid=request.rid,
+                            reason=str(outcome)[:200], attempt=num_failures)
+
+    def _remember(self, key: str | None, engine: tuple[int, str]) -> None:
+        if key is None:
+            return
+        with self._cond:
+            self._affinity[key] = engine
+            self._affinity.move_to_end(key)
+            while len(self._affinity) > AFFINITY_ENTRIES:
+                self._affinity.popitem(last=False)
+
+    def _admit(self, avoid: set[int], previous: tuple[int, str] | None = None) -> tuple[int, _Ticket]:
+        """Wait for an open gate and a live engine; pick the least loaded (from this worker's view),
+        or the engine of the trajectory's previous turn (its K/V prefix) while it is not much busier."""
+        deadline = time.monotonic() + self.cfg.generate_timeout_s
+        with self._cond:
+            while not (self._view["gate_open"] and self._live()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineDeadError(f"no live engine for {self.cfg.generate_timeout_s:g} s (gate "
+                                          f"{'open' if self._view['gate_open'] else 'closed'}): "
+                                          f"{self._view['engines']}; dead engines are recreated at the next "
+                                          f"weight sync. See {RUNBOOK}")
+                self._cond.wait(timeout=min(left, self.refresh_s))
+            live = self._live()
+            preferred = [e for e in live if e[0] not in avoid] or live
+            load = {e: sum(1 for t in self._tickets.values() if (t.slot, t.url) == e) for e in preferred}
+            slot, url = min(preferred, key=lambda e: load[e])
+            if previous in load and load[previous] <= load[(slot, url)] + AFFINITY_SLACK:
+                slot, url = previous
+            ticket_id = next(self._ids)
+            t = _Ticket(slot, url, self._view["version"], self._view["num_syncs"])
+            self._tickets[ticket_id] = t
+            return ticket_id, t
+
+    def _run(self, ticket_id: int, t: _Ticket, request: P.GenerateRequest) -> P.GenerateResponse | str:
+        client = self._client(t.url)
+        fut = self._pool.submit(client.generate, request)
+        fut.add_done_callback(lambda _f: t.wake.set())
+        try:
+            t.wake.wait()
+            if not fut.done():
+                return f"engine {t.slot} left rotation with the request in flight"
+            try:
+                resp = fut.result()
+            except ENGINE_FAILURES as e:
+                self.report(t.slot, t.url, f"{type(e).__name__}: {e}"[:300])  # an exited process: dead now
+                return f"{type(e).__name__}: {e}"
+            published = (t.version, self._view["version"])
+            if not resp.finish_reason.is_abort and (resp.weight_version not in published or resp.spans_versions):
+                self.refresh()
+                if resp.weight_version not in (t.version, self._view["version"]) or resp.spans_versions:
+                    reason = (f"answered with weight version {resp.weight_version!r} (spans "
+                              f"{[v.version for v in resp.weight_versions]}) for a request admitted under "
+                              f"{t.version!r} (pool now {self._view['version']!r}): it missed a weight sync")
+                    self.report(t.slot, t.url, reason, wrong_version=True)
+                    return f"version mismatch on engine {t.slot}"
+            return resp
+        finally:
+            with self._cond:
+                self._tickets.pop(ticket_id, None)
+
+
+def _trajectory_key(rid: str | None) -> str | None:
+    """``sample-t3`` -> ``sample``: the agent loop names a trajectory's turns ``<sample_id>-t<turn>``."""
+    if not rid or "-t" not in rid:
+        return None
+    head, _, turn = rid.rpartition("-t")
+    return head if turn.isdigit() else None

@@ -1,0 +1,118 @@
+"""`t1ops tasks run`: each task with its reference solution (or no agent action), then its verifier.
+
+For every task dir given (or every task in a pool dir) the local environment backend
+is checked first (rl/agent/environment.py); a task it cannot run is reported with the
+reason and not started. Otherwise a trial is created in the sandbox, ``--oracle`` runs
+``bash /solution/solve.sh`` with ``[solution.env]`` (as Harbor's oracle agent does),
+and the verifier decides the reward (rl/agent/verdict.py). Progress goes to stderr,
+results to stdout (a table, or ``--json``: one object per task). docs/tasks.md.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from rl.agent.environment import LOCAL
+from rl.agent.tasks import Task, inspect_task
+from rl.agent.verdict import is_solved
+from rl.errors import T1OpsError
+from t1ops.task_import import task_dirs
+
+ORACLE_SCRIPT = "/solution/solve.sh"
+
+
+def _row(task: str, **kw) -> dict:
+    return {"task": task, "reward": None, "source": "not-run", "passed": None, "total": None,
+            "solved": False, "duration_s": 0.0, "reason": "", **kw}
+
+
+def oracle_command(task: Task) -> str:
+    """``env K=V ... bash /solution/solve.sh`` with the task's ``[solution.env]``."""
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(task.solution_env.items()))
+    return f"env {exports} bash {ORACLE_SCRIPT}" if exports else f"bash {ORACLE_SCRIPT}"
+
+
+def run_one(task: Task, sandbox, idx: int, *, oracle: bool) -> dict:
+    """Run ``task`` once in ``sandbox`` (see module doc); never raises for what the task does."""
+    from rl.agent.verifier import verify
+
+    t0 = time.monotonic()
+    if oracle and task.solution is None:
+        return _row(task.name, reason="no solution/solve.sh: nothing to run with --oracle")
+    trial = sandbox.create(task, idx, oracle=oracle)
+    try:
+        ran = trial.exec(oracle_command(task), timeout_s=task.agent_timeout_s) if oracle else None
+        trial.finish()
+        verdict = verify(trial)
+    finally:
+        close = getattr(trial, "close", None)
+        if close is not None:
+            close()
+    r = verdict.reward
+    reasons = []
+    if ran is not None and ran.reason != "ok":
+        reasons.append(f"solution {ran.reason} (exit {ran.exit_code})")
+    if verdict.reason != "ok":
+        reasons.append(f"verifier {verdict.reason}" + (f": {r.detail}" if r.detail else ""))
+    return _row(task.name, reward=r.value, source=r.source, passed=r.passed, total=r.total,
+                solved=is_solved(r), duration_s=round(time.monotonic() - t0, 2),
+                reason="; ".join(reasons) or "ok", trial=trial.trial_id)
+
+
+def run_paths(paths: list[Path], *, oracle: bool, allow_internet: bool = False,
+              trials_root: Path | None = None) -> list[dict]:
+    """One result row per task found under ``paths`` (module doc)."""
+    from rl.agent.sandbox import Sandbox
+
+    dirs = [d for p in paths for d in (task_dirs(p) or [p])]
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="t1ops-tasks-run-") as tmp:
+        root = (trials_root or Path(tmp)).resolve()
+        sandbox = Sandbox(root, f"tasks-run-{uuid.uuid4().hex[:8]}", allow_internet=allow_internet)
+        for i, d in enumerate(dirs, 1):
+            print(f"[{i}/{len(dirs)}] {d.name} ...", file=sys.stderr, flush=True)
+            rows.append(_run_dir(d, sandbox, i, oracle=oracle, allow_internet=allow_internet))
+            row = rows[-1]
+            print(f"[{i}/{len(dirs)}] {d.name}: reward {row['reward']} ({row['source']}) "
+                  f"{row['reason']}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _run_dir(d: Path, sandbox, idx: int, *, oracle: bool, allow_internet: bool) -> dict:
+    check = inspect_task(d)
+    if check.task is None:
+        return _row(d.name, reason="; ".join(check.problems))
+    env = LOCAL.check(check.task, allow_internet=allow_internet)
+    if not env.runs_locally:
+        return _row(d.name, reason="; ".join(env.needs))
+    try:
+        return run_one(check.task, sandbox, idx, oracle=oracle)
+    except T1OpsError as e:
+        return _row(d.name, reason=f"{type(e).__name__}: {e}")
+
+
+def print_rows(rows: list[dict], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_table(rows)
+    solved = sum(r["solved"] for r in rows)
+    no_verdict = sum(r["source"] == "no-verdict" for r in rows)
+    not_run = sum(r["reward"] is None for r in rows)
+    sys.stdout.flush()
+    print(f"{len(rows)} tasks: {solved} solved, {no_verdict} no-verdict, {not_run} not run",
+          file=sys.stderr)
+
+
+def _print_table(rows: list[dict]) -> None:
+    print(f"{'task':<28} {'reward':>7} {'source':<14} {'passed':>7} {'secs':>6}  reason")
+    for r in rows:
+        reward = "-" if r["reward"] is None else f"{r['reward']:.3f}"
+        passed = "-" if r["total"] is None else f"{r['passed']}/{r['total']}"
+        print(f"{r['task']:<28} {reward:>7} {r['source']:<14} {passed:>7} {r['duration_s']:>6.1f}  "
+              f"{r['reason']}")
