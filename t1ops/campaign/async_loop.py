@@ -137,8 +137,6 @@ class AsyncDriver:
 
 def async_step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
     """Run ``cfg.run.steps`` steps in fully async mode (module docstring)."""
-    import ray
-
     first = (c.resume_from or 0) + 1
     d, ev = AsyncDriver(c, first), c.evaluator
     if ev is not None and not any(e["step"] == first - 1 for e in summary.evals):
