@@ -239,6 +239,7 @@ class EnginePool:
         version, barriers begun, the gate, and ``(slot, url, status)`` of every started engine."""
         with self._cond:
             return {"version": self.version, "num_syncs": self._num_syncs, "gate_open": self._gate_open,
+                    "history": list(self._history), "pause_mode": self.pause_mode,  # for response_versions_ok
                     "engines": [(s.index, s.handle.url, s.status) for s in self._slots if s.handle is not None]}
 
     def report_failure(self, index: int, url: str, reason: str, *, wrong_version: bool = False) -> None:

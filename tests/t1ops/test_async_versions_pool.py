@@ -29,3 +29,14 @@ def test_in_place_takes_versions_published_since_admission_in_order():
     assert not response_versions_ok(resp(("2", 0, 2), ("1", 2, 4)), "1", HISTORY, "in_place")  # out of order
     assert not response_versions_ok(resp(("1", 0, 2), ("9", 2, 4)), "1", HISTORY, "in_place")  # never published
     assert not response_versions_ok(resp(("1", 0, 4)), "7", HISTORY, "in_place")               # unknown admission
+
+
+def test_direct_callers_apply_the_pools_rule_from_its_view():
+    from t1ops.guards.engine_direct import _versions_ok_in
+
+    spanning = resp(("1", 0, 2), ("2", 2, 4))
+    in_place = {"version": "2", "history": ["0", "1", "2"], "pause_mode": "in_place"}
+    assert _versions_ok_in(in_place, "1", spanning)
+    assert not _versions_ok_in({**in_place, "pause_mode": "abort"}, "1", spanning)
+    assert not _versions_ok_in({"version": "2"}, "1", spanning)  # an older view: abort rules
+    assert _versions_ok_in({"version": "2"}, "1", resp(("1", 0, 4)))
