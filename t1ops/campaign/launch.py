@@ -30,6 +30,7 @@ from t1ops.campaign.trainer_host import TrainerHost
 from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
+from t1ops.errors import ConfigError
 from t1ops.guards.dist import timeout_for
 from t1ops.preflight import require_ok
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
@@ -129,6 +130,10 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
     """The evaluation task names (empty when eval is off); ConfigError unless held out."""
     if cfg.eval.every_steps == 0:
         return []
+    if cfg.pipeline_mode == "fully_async":
+        raise ConfigError("eval.every_steps > 0 is not supported with run.mode = 'fully_async' yet (its loop has "
+                          "no weight-sync point per step to evaluate at); set eval.every_steps = 0 or use "
+                          "run.mode = 'one_step'", key="eval.every_steps")
     eval_pool = load_pool(cfg.eval.tasks_dir) if cfg.eval.tasks_dir else None
     return eval_task_names(cfg, tasks, train_task_names(tasks, cfg), eval_pool)
 
