@@ -80,6 +80,16 @@ def _cpu_tracker_fork(self, name="model-parallel-rng"):
         torch.set_rng_state(outer_state)
 
 
+def _apply_no_te_shim() -> None:
+    """moe_utils binds ``te_general_gemm`` only when Transformer Engine imports; without TE (CPU,
+    or a GPU host without it) the router's gating linear hits a NameError. None selects its
+    torch.mm fallback."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def apply_cpu_shims() -> bool:
     """Patch megatron-core's four CUDA assumptions when CUDA is absent.
 
@@ -87,13 +97,13 @@ def apply_cpu_shims() -> bool:
     available and nothing was patched. Safe to call any number of times.
     """
     global _APPLIED
+    _apply_no_te_shim()
     if torch.cuda.is_available():
         return False
     if _APPLIED:
         return True
     from megatron.core import utils as mcore_utils
     from megatron.core.tensor_parallel import random as mcore_random
-    from megatron.core.transformer.moe import moe_utils
 
     # 1. Router.gating moves a CPU weight to torch.cuda.current_device(), and the
     #    rotary embedding and the GPT model place buffers there. Without CUDA that
@@ -108,11 +118,7 @@ def apply_cpu_shims() -> bool:
     #    the CPU generator instead.
     mcore_random.CudaRNGStatesTracker.add = _cpu_tracker_add
     mcore_random.CudaRNGStatesTracker.fork = _cpu_tracker_fork
-    # 4. moe_utils binds te_general_gemm only when Transformer Engine imports;
-    #    without TE the router's gating linear hits a NameError. None selects
-    #    its torch.mm fallback.
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
+    # 4. (Transformer Engine absent, CUDA or not) is _apply_no_te_shim().
     _APPLIED = True
     return True
 

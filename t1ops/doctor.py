@@ -127,6 +127,21 @@ def sandbox_isolation() -> Check:
 
 
 @check
+def sandbox_leftovers() -> Check:
+    """Trial tmpfs mounts and cgroups that exist now (a killed campaign cannot close its trials)."""
+    from rl.agent.sandbox.isolation import trial_resources
+
+    mounts, cgroups = trial_resources()
+    facts = {"mounts": mounts, "cgroups": cgroups}
+    if not mounts and not cgroups:
+        return Check("sandbox_leftovers", "ok", "no trial tmpfs or cgroup on this host", facts)
+    return Check("sandbox_leftovers", "warn",
+                 f"{len(mounts)} trial tmpfs mounts and {len(cgroups)} trial cgroups exist: trials of a "
+                 "running campaign, or leftovers of a killed one (then: umount -l <mount>; rmdir "
+                 "<cgroup>; docs/sandbox.md)", facts)
+
+
+@check
 def ray_importable() -> Check:
     try:
         import ray

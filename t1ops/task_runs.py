@@ -99,15 +99,20 @@ def _run_dir(d: Path, sandbox, idx: int, *, oracle: bool, allow_internet: bool) 
 def print_rows(rows: list[dict], *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(rows, indent=2))
-        return
+    else:
+        _print_table(rows)
+    solved = sum(r["solved"] for r in rows)
+    no_verdict = sum(r["source"] == "no-verdict" for r in rows)
+    not_run = sum(r["reward"] is None for r in rows)
+    sys.stdout.flush()
+    print(f"{len(rows)} tasks: {solved} solved, {no_verdict} no-verdict, {not_run} not run",
+          file=sys.stderr)
+
+
+def _print_table(rows: list[dict]) -> None:
     print(f"{'task':<28} {'reward':>7} {'source':<14} {'passed':>7} {'secs':>6}  reason")
     for r in rows:
         reward = "-" if r["reward"] is None else f"{r['reward']:.3f}"
         passed = "-" if r["total"] is None else f"{r['passed']}/{r['total']}"
         print(f"{r['task']:<28} {reward:>7} {r['source']:<14} {passed:>7} {r['duration_s']:>6.1f}  "
               f"{r['reason']}")
-    solved = sum(r["solved"] for r in rows)
-    no_verdict = sum(r["source"] == "no-verdict" for r in rows)
-    not_run = sum(r["reward"] is None for r in rows)
-    print(f"{len(rows)} tasks: {solved} solved, {no_verdict} no-verdict, {not_run} not run",
-          file=sys.stderr)

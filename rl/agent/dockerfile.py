@@ -30,6 +30,9 @@ from pathlib import Path
 
 _NOTED = {"USER", "LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "MAINTAINER", "STOPSIGNAL"}
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+# what $PATH means in an ENV line before any ENV set it: Docker's default for Linux images
+IMAGE_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_SHELL_NOOPS = {"set", "true", ":"}
 _APT_NOOPS = (("apt-get", "update"), ("apt", "update"), ("apt-get", "clean"), ("apt", "clean"))
 
 
@@ -103,7 +106,7 @@ def _kv_pairs(args: str) -> dict[str, str]:
 
 def image_settings(text: str) -> tuple[str | None, dict[str, str]]:
     """(WORKDIR, ENV) of a Dockerfile, without judging its other lines (cheap: task load)."""
-    workdir, env, scope = None, {}, {}
+    workdir, env, scope = None, {}, {"PATH": IMAGE_DEFAULT_PATH}
     for line in parse(text):
         args = _subst(line.args, scope)
         if line.keyword == "WORKDIR":
@@ -119,7 +122,7 @@ def image_settings(text: str) -> tuple[str | None, dict[str, str]]:
 def plan(text: str, context: Path) -> Plan:
     """Read a Dockerfile whose build context is ``context`` (the task's environment/)."""
     out = Plan()
-    scope: dict[str, str] = {}
+    scope: dict[str, str] = {"PATH": IMAGE_DEFAULT_PATH}
     froms = 0
     for line in parse(text):
         args = _subst(line.args, scope)
@@ -212,7 +215,7 @@ def _run_one(cmd: str, out: Plan) -> str | None:
     except ValueError as e:
         return f"cannot parse '{cmd[:60]}' ({e})"
     words = [w for w in words if w not in ("sudo",)]
-    if not words:
+    if not words or words[0] in _SHELL_NOOPS:
         return None
     if tuple(words[:2]) in _APT_NOOPS or words[:2] == ["rm", "-rf"] and all(
             w.startswith("/var/lib/apt/lists") or w.startswith("/var/cache/apt") for w in words[2:]):

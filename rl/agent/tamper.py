@@ -3,9 +3,10 @@
 Iterative (no recursion limit: a 1,100-deep tree is just a long walk), links are never
 followed, and it covers every path the pinned pytest could read from the agent's side:
 the workspace (the verifier's cwd). The verifier's pytest runs with an explicit config
-(``-c``), ``--rootdir``/``--confcutdir`` at ``/tests``, ``PYTHONSAFEPATH`` and no plugin
-autoload, inside a root that holds nothing else the agent wrote; so a planted file is
-inert, and finding one voids the trial anyway. A file the task's own ``environment/``
+(``-c``), ``--rootdir``/``--confcutdir`` at ``/tests`` and no plugin autoload, inside a
+root that holds nothing else the agent wrote; so a planted config is inert, and finding
+one voids the trial anyway. A module that would shadow pytest's own under
+``python -m pytest`` (the cwd leads ``sys.path``) is voided the same way. A file the task's own ``environment/``
 shipped with the same bytes is not a forgery. If the scan itself fails (an unreadable
 entry, a path too long, too many entries) that is a ``scan-failed`` event: a recorded
 verdict with reward 0, never a crash.
@@ -20,6 +21,9 @@ from pathlib import Path
 PYTEST_CONFIGS = {"conftest.py": "conftest", "pytest.ini": "pytest-config",
                   "sitecustomize.py": "pytest-config", "usercustomize.py": "pytest-config"}
 SHADOW_NAMES = {"pytest", "py.test", "python", "python3", "bash"}
+# modules the verifier's pytest imports: `python -m pytest` run from a workspace directory
+# would import a planted copy first (the cwd leads sys.path)
+SHADOW_MODULES = {"pytest", "_pytest", "pluggy", "ctrf", "py", "iniconfig"}
 MAX_ENTRIES = 200_000
 
 
@@ -86,6 +90,11 @@ def _judge(tid: str, name: str, path: str, st: os.stat_result, rel: str,
     if (name in SHADOW_NAMES and stat.S_ISREG(st.st_mode) and st.st_mode & 0o111
             and not _shipped_same(rel, path, env_dir)):
         return TamperEvent(tid, "shadow-exec", path, f"executable named {name!r} could shadow the verifier's tools")
+    module = name[:-3] if name.endswith(".py") and stat.S_ISREG(st.st_mode) else (
+        name if stat.S_ISDIR(st.st_mode) else None)
+    if module in SHADOW_MODULES and not _shipped_same(rel, path, env_dir):
+        return TamperEvent(tid, "shadow-module", path,
+                           f"{name!r} would shadow the verifier's {module!r} under `python -m pytest`")
     return None
 
 

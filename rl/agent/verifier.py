@@ -17,7 +17,7 @@ Here it is enforced:
    the agent wrote, and a clean environment whose pytest is pinned
    (``PYTEST_ADDOPTS``: ``-c`` of the task's own ini or an empty one,
    ``--rootdir``/``--confcutdir`` at ``/tests``, ``-p no:cacheprovider``;
-   ``PYTHONSAFEPATH``; no plugin autoload but the CTRF one);
+   no plugin autoload but the CTRF one);
 4. the CTRF report is accepted only if it was written during this verifier
    run (its summary start/stop lie inside the run) and the run tag still
    matches; ``result.json`` records the reward with the tag.
@@ -136,8 +136,7 @@ def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
     # the image's ENV and [environment.env] first, as in Harbor's container, then [verifier.env]
     return {**trial.env, **trial.task.verifier_env,
             "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONSAFEPATH": "1",
-            "PYTHONNOUSERSITE": "1",
+            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
             # only the CTRF plugin: no entry-point plugin an agent (or a stray package) provides
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "ctrf.main",
             "PYTEST_ADDOPTS": f"-c {ini} --rootdir=/tests --confcutdir=/tests -p no:cacheprovider",

@@ -59,6 +59,9 @@ import numpy as np
 import torch
 
 from rl.engines import protocol as P
+from rl.engines import weight_updates
+from rl.engines.weight_updates import update_from_hf_dir
+from rl.hf.checkpoint import is_hf_dir
 from rl.errors import BudgetError, CheckpointError, CheckpointRoleError, EngineError, InputError, ParseError, T1OpsError
 from rl.engines.batching import BatchScheduler, Sequence, SlotPool
 from rl.engines.kvcache import CachedForward, KVCache
@@ -184,6 +187,8 @@ class EmbeddedEngine:
             return len(self._requests)
 
     def update_weights(self, request: P.UpdateWeightsFromDiskRequest) -> None:
+        if is_hf_dir(request.model_path):  # a Hugging Face export (what SGLang loads): rl.engines.weight_updates
+            return update_from_hf_dir(self, request)
         manifest = check_actor_checkpoint(request.model_path)
         if request.abort_all_requests:
             self.abort("", abort_all=True)
@@ -285,6 +290,20 @@ def _version_spans(versions: list[str]) -> tuple[P.WeightVersionSpan, ...]:
 
 
 # --- HTTP ----------------------------------------------------------------------
+#: Endpoints added by other modules: ``(method, path) -> fn(engine, read_body) -> (status, json)``;
+#: ``read_body()`` parses the request's JSON body. Register with :func:`route` at import time.
+EXTRA_ROUTES: dict[tuple[str, str], Callable[[Any, Callable[[], Any]], tuple[int, Any]]] = {}
+
+
+def route(method: str, path: str):
+    """Decorator adding an endpoint to every engine server, e.g.
+    ``@route("POST", "/update_weights_from_tensor") def _update(engine, read_body): ...``."""
+    def register(fn):
+        EXTRA_ROUTES[(method.upper(), path)] = fn
+        return fn
+    return register
+
+
 def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -327,8 +346,13 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
                 status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": repr(exc)}}
             self._send(status, body)
 
+        def _extra(self, method: str) -> dict[str, Callable[[], tuple[int, Any]]]:
+            return {path: (lambda fn=fn: fn(engine, self._body)) for (m, path), fn in EXTRA_ROUTES.items()
+                    if m == method}
+
         def do_GET(self) -> None:  # noqa: N802 (stdlib name)
             self._dispatch({
+                **self._extra("GET"),
                 P.HEALTH: lambda: (HTTPStatus.OK, {}),
                 P.HEALTH_GENERATE: lambda: _health_generate(engine),
                 P.MODEL_INFO: lambda: (HTTPStatus.OK, _model_info(engine)),
@@ -337,6 +361,7 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802 (stdlib name)
             self._dispatch({
+                **self._extra("POST"),
                 P.GENERATE: lambda: (HTTPStatus.OK, engine.generate(P.GenerateRequest.from_json(self._body())).to_json()),
                 P.PAUSE_GENERATION: lambda: _ok(engine.pause(P.PauseGenerationRequest.from_json(self._body()).mode)),
                 P.CONTINUE_GENERATION: lambda: _continue(engine, self._body()),
@@ -345,6 +370,7 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
                 P.UPDATE_WEIGHTS_FROM_DISK: lambda: _update_weights(engine, self._body()),
                 P.UPDATE_WEIGHT_VERSION: lambda: _update_version(engine, self._body()),
                 P.HEALTH_GENERATE: lambda: _health_generate(engine),
+                **weight_updates.routes(engine, self._body),  # /init_weights_update_group & co.
             })
 
     return Handler
@@ -410,6 +436,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec-json", default=None, help="ModelSpec fields as JSON (defaults: rl.model.ModelSpec).")
     parser.add_argument("--vocab", default=None, help="CompactVocab JSON file (default: identity over vocab_size).")
     parser.add_argument("--checkpoint", default=None, help="Actor checkpoint dir (weights.pt + manifest.json).")
+    parser.add_argument("--model-path", default=None, help="Hugging Face Qwen3-MoE dir (as SGLang's --model-path): "
+                        "shape from its config.json, full vocabulary, weights loaded; replaces --spec-json/--checkpoint.")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="Engine precision (trainer runs fp32).")
     parser.add_argument("--seed", type=int, default=0, help="Init seed (no checkpoint) and sampler seed.")
     parser.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads (CPU is shared).")
@@ -420,7 +448,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_engine(args: argparse.Namespace, spec: ModelSpec | None = None) -> EmbeddedEngine:
-    """An engine from parsed serve flags; ``spec`` overrides ``--spec-json``."""
+    """An engine from parsed serve flags; ``spec`` overrides ``--spec-json``; ``--model-path`` overrides both."""
+    if getattr(args, "model_path", None):
+        from rl.hf.checkpoint import read_config
+        from rl.hf.qwen3_moe import spec_from_config
+
+        spec = spec_from_config(read_config(args.model_path))
+        torch.set_num_threads(max(1, args.num_threads))
+        engine = EmbeddedEngine(spec, CompactVocab.identity(spec.vocab_size), DTYPES[args.dtype], args.seed,
+                                checkpoint=args.model_path)
+        engine.weight_version = "default"  # as SGLang started with --model-path (its --weight-version default)
+        return engine
     if spec is None:
         try:
             spec = ModelSpec(**json.loads(args.spec_json)) if args.spec_json else ModelSpec()

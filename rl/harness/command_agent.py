@@ -17,12 +17,14 @@ harness finds everything in its environment:
 ``PYTHONPATH``              where ``openai``/``mcp`` live, when ``{python}`` is not this interpreter
 ==========================  ==========================================================
 
-Why a unix socket: a trial runs in a private network namespace (no loopback
-route to the host), but a path socket is reachable from any network
-namespace; the socket file is 0666 in a 0711 directory and a session is only
-reachable by its unguessable name. ``argv`` placeholders: ``{python}`` (an
+Why a unix socket: a trial runs in fresh namespaces without network (no route
+to any host port), but a path socket is reachable from any network namespace
+once its directory is bound into the trial's private root (at
+:data:`JAIL_SOCKET_DIR`); the socket file is 0666 in a 0711 directory and a
+session is only reachable by its unguessable name. ``argv`` placeholders: ``{python}`` (an
 interpreter the sandbox uid can execute, see :func:`harness_python`),
-``{harness}`` (the harness program directory), ``{repo}``.
+``{harness}`` (the harness program directory as the trial sees it; nothing else of the
+repository exists in a trial).
 """
 from __future__ import annotations
 
@@ -104,7 +106,7 @@ def harness_python() -> tuple[str, str | None]:
 def expand_argv(argv: tuple[str, ...], *, python: str, harness: str) -> list[str]:
     if not argv:
         raise InputError("harness.argv is empty: set the program the command agent runs", argument="harness.argv")
-    return [a.replace("{python}", python).replace("{harness}", harness).replace("{repo}", str(REPO)) for a in argv]
+    return [a.replace("{python}", python).replace("{harness}", harness) for a in argv]
 
 
 def harness_env(*, session_url: str, session_id: str, socket_path: str, instruction: str, workspace: str,
@@ -120,8 +122,11 @@ def harness_env(*, session_url: str, session_id: str, socket_path: str, instruct
 
 
 def outcome(session, res: Any) -> HarnessOutcome:
-    """Close ``session`` and judge the run: no model call at all is an error, never an empty trial."""
+    """Close ``session`` and judge the run: an error the session kept (missing routing, a dead
+    engine pool, cancellation) is re-raised; no model call at all is an error, never an empty trial."""
     session.close()
+    if session.fatal is not None:  # e.g. MissingRoutingError: the rollout aborts, never a quiet episode end
+        raise session.fatal
     chunks = session.finish()
     stats = session.stats()
     if not chunks:

@@ -75,12 +75,25 @@ class HarnessSession:
         self.generate_s = 0.0
         self.temperature_overrides = 0
         self.last_relation = ""
+        self.fatal: BaseException | None = None
         self._routed_upto = 0
         self._lock = threading.Lock()
         self.closed = False
 
     # -- the request path
     def complete(self, req: ChatRequest) -> Completion:
+        """Serve one request (see module docstring). An error that is not the request's fault
+        (missing routing, a dead engine pool, a cancelled trial) is kept in ``self.fatal``: the
+        harness gets a 500, and the trial re-raises it afterwards instead of ending quietly."""
+        try:
+            return self._complete(req)
+        except ApiError:
+            raise
+        except BaseException as exc:
+            self.fatal = self.fatal or exc
+            raise
+
+    def _complete(self, req: ChatRequest) -> Completion:
         with self._lock:
             if self.closed:
                 raise ApiError(409, f"session {self.session_id} is closed (its trial finished)",

@@ -70,7 +70,7 @@ def _device(model) -> torch.device:
 
 
 def actor_logprobs(actor, batch: TrainBatch, mb: MicroBatch, *, replay: bool, sp_size: int = 1,
-                   sp_rank: int = 0) -> torch.Tensor:
+                   sp_rank: int = 0, temperature: float = 1.0) -> torch.Tensor:
     """fp32 token-aligned ``[rows, positions]`` log-probs of the micro-batch (differentiable under grad).
 
     The forward runs on the model's device; the result comes back to the CPU, where the batch lives."""
@@ -78,9 +78,9 @@ def actor_logprobs(actor, batch: TrainBatch, mb: MicroBatch, *, replay: bool, sp
     ids, targets = tokens[:, :-1], tokens[:, 1:]
     dev = _device(actor)
     if not replay:
-        return shift_to_tokens(rmodel.token_logprobs(actor, ids.to(dev), targets.to(dev)).cpu())
+        return shift_to_tokens(rmodel.token_logprobs(actor, ids.to(dev), targets.to(dev), temperature).cpu())
     with rmodel.replay_routing(actor, sp_rows(batch, mb, ids, sp_size, sp_rank), sp_size=sp_size):
-        return shift_to_tokens(rmodel.token_logprobs(actor, ids.to(dev), targets.to(dev)).cpu())
+        return shift_to_tokens(rmodel.token_logprobs(actor, ids.to(dev), targets.to(dev), temperature).cpu())
 
 
 def critic_values(critic, batch: TrainBatch, mb: MicroBatch) -> torch.Tensor:

@@ -23,6 +23,7 @@ gradients accumulated, reduced and clipped by the global norm
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -31,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from rl import model as rmodel
-from rl.advantages import compute_gae
+from rl.advantages import compute_gae, whiten_advantages
 from rl.errors import InputError
 from rl.losses import dppo_loss, ppo_clip_loss, reduction_weights, tis_weights, value_loss
 from rl.metrics import explained_variance, logprob_gap
@@ -105,13 +106,16 @@ class RankTrainer:
 
     def __init__(self, spec, settings: TrainerSettings, layout: Layout, *, full_actor: Mapping[str, torch.Tensor],
                  full_critic: Mapping[str, torch.Tensor] | None, unk_id: int | None, seed: int = 0,
-                 on_micro_batch: Callable[[int], None] | None = None) -> None:
+                 temperature: float = 1.0, on_micro_batch: Callable[[int], None] | None = None,
+                 watch: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
         from megatron.core import parallel_state as ps
 
         if dist.get_world_size() != layout.world_size:
             raise InputError(f"layout needs {layout.world_size} ranks (dp*tp*pp), the process group has "
                              f"{dist.get_world_size()}", world_size=dist.get_world_size())
         self.spec, self.settings, self.layout = spec, settings, layout
+        # greedy sampling (0) reports log-probs of the unscaled distribution, as SGLang does
+        self.temperature = temperature if temperature > 0 else 1.0
         self.tp_rank, self.dp_rank = ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()
         self.ep_rank = ps.get_expert_model_parallel_rank()
         self.dp_group = ps.get_data_parallel_group()
@@ -130,6 +134,7 @@ class RankTrainer:
         self.micro_batches_done = 0
         self._behaviour: dict[str, torch.Tensor] | None = None  # this rank's shard of the behaviour policy
         self._on_micro_batch = on_micro_batch
+        self._watch = watch or (lambda name: contextlib.nullcontext())
 
     # --- weights -------------------------------------------------------------------------
     def _placements(self, model):
@@ -144,8 +149,16 @@ class RankTrainer:
         model = self.actor if role == "actor" else self.critic
         piece = (self._placements(model), rmodel.weights_state_dict(model))
         pieces = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(piece, pieces, dst=0)
+        with self._watch(f"weight-update gather ({role})"):
+            dist.gather_object(piece, pieces, dst=0)
         return assemble(pieces) if pieces is not None else None
+
+    def shard(self, role: str):
+        """(placements, tensors) of this rank's part of ``role``: what a sharded checkpoint stores."""
+        model = self.actor if role == "actor" else self.critic
+        if model is None:
+            raise InputError(f"this trainer has no {role} (GRPO mode has no critic)", argument="role")
+        return self._placements(model), rmodel.weights_state_dict(model)
 
     def load_full(self, *, actor: Mapping[str, torch.Tensor] | None = None,
                   critic: Mapping[str, torch.Tensor] | None = None, step: int | None = None) -> None:
@@ -181,9 +194,10 @@ class RankTrainer:
         if self._on_micro_batch is not None:
             self._on_micro_batch(self.micro_batches_done)
 
-    def _actor_lp(self, batch, mb, replay):
+    def _actor_lp(self, batch, mb, replay, temperature: float | None = None):
         return rf.actor_logprobs(self.actor, batch, mb, replay=replay, sp_size=self.layout.sp_size,
-                                 sp_rank=self.tp_rank)
+                                 sp_rank=self.tp_rank,
+                                 temperature=self.temperature if temperature is None else temperature)
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch, plan: list[MicroBatch] | None = None, *, replay: bool | None = None,
@@ -195,18 +209,22 @@ class RankTrainer:
         self.actor.eval()
         with _weights(self.actor, self._behaviour if behaviour else None):
             for mb in plan:
-                rf.collect(mb, self._actor_lp(batch, mb, replay), parts)
+                with self._watch("micro-batch forward"):
+                    rf.collect(mb, self._actor_lp(batch, mb, replay), parts)
                 self._tick()
-        return rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
+        with self._watch("data-parallel gather"):
+            return rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
 
     @torch.no_grad()
     def _values(self, batch: TrainBatch, plan: list[MicroBatch]) -> torch.Tensor:
         parts: dict[int, torch.Tensor] = {}
         self.critic.eval()
         for mb in plan:
-            rf.collect(mb, rf.critic_values(self.critic, batch, mb), parts)
+            with self._watch("micro-batch forward"):
+                rf.collect(mb, rf.critic_values(self.critic, batch, mb), parts)
             self._tick()
-        return rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
+        with self._watch("data-parallel gather"):
+            return rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
 
     # --- the step -----------------------------------------------------------------------------
     def _weighted(self, loss_bT: torch.Tensor, w_bT: torch.Tensor) -> torch.Tensor:
@@ -219,36 +237,46 @@ class RankTrainer:
             tally = _Tally()
             for mb in plan:
                 mask = rf.slice_rows(mask_BT, mb, fill=False)
-                values = rf.critic_values(self.critic, batch, mb)
-                loss_bT, stats = value_loss(values, rf.slice_rows(old_BT, mb), rf.slice_rows(returns_BT, mb),
-                                            mask, clip=s.value_clip)
-                loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
-                loss.backward()
+                with self._watch("micro-batch forward/backward"):
+                    values = rf.critic_values(self.critic, batch, mb)
+                    loss_bT, stats = value_loss(values, rf.slice_rows(old_BT, mb), rf.slice_rows(returns_BT, mb),
+                                                mask, clip=s.value_clip)
+                    loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
+                    loss.backward()
                 tally.add(stats, ("clip_fraction",), float(loss.detach()))
                 self._tick()
-            norm = reduce_clip_step(self.critic, self.critic_optimizer, s.grad_clip)
+            with self._watch("gradient all-reduce (critic)"):
+                norm = reduce_clip_step(self.critic, self.critic_optimizer, s.grad_clip)
         return tally.total(self.dp_group), norm
 
-    def _actor_update(self, batch, plan, weights_BT, advantages, old_BT) -> tuple[dict, float]:
+    def _actor_update(self, batch, plan, weights_BT, advantages, old_BT, tis_BT) -> tuple[dict, float]:
         s, mask_BT = self.settings, batch.loss_mask_BT
         adv_BT = advantages if advantages.dim() == 2 else advantages[:, None].expand(mask_BT.shape).contiguous()
         key = "clip_fraction" if s.mode == "ppo" else "tv_masked_fraction"
+        extra = ("dual_clip_fraction",) if s.mode == "ppo" else ()
         self.actor.train()
         for _ in range(s.ppo_epochs):
             tally = _Tally()
             for mb in plan:
-                mask, lp = rf.slice_rows(mask_BT, mb, fill=False), self._actor_lp(batch, mb, s.r3)
+                mask = rf.slice_rows(mask_BT, mb, fill=False)
+                with self._watch("micro-batch forward"):
+                    lp = self._actor_lp(batch, mb, s.r3)
                 adv = rf.slice_rows(adv_BT, mb)
                 if s.mode == "ppo":
-                    loss_bT, stats = ppo_clip_loss(lp, rf.slice_rows(old_BT, mb), adv, mask, s.clip_low, s.clip_high)
+                    loss_bT, stats = ppo_clip_loss(lp, rf.slice_rows(old_BT, mb), adv, mask, s.clip_low, s.clip_high,
+                                                   s.clip_ratio_c)
                 else:
                     loss_bT, stats = dppo_loss(lp, rf.slice_rows(batch.rollout_logprobs_BT, mb), adv, mask,
                                                s.dppo_delta, s.dppo_delta)
+                if tis_BT is not None:
+                    loss_bT = loss_bT * rf.slice_rows(tis_BT, mb)
                 loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
-                loss.backward()
-                tally.add(stats, (key, "ratio_mean"), float(loss.detach()))
+                with self._watch("micro-batch backward"):
+                    loss.backward()
+                tally.add(stats, (key, "ratio_mean") + extra, float(loss.detach()))
                 self._tick()
-            norm = reduce_clip_step(self.actor, self.actor_optimizer, s.grad_clip)
+            with self._watch("gradient all-reduce (actor)"):
+                norm = reduce_clip_step(self.actor, self.actor_optimizer, s.grad_clip)
         return tally.total(self.dp_group), norm
 
     def train_step(self, batch: TrainBatch) -> StepStats:
@@ -264,14 +292,20 @@ class RankTrainer:
             old_values_BT = self._values(batch, plan)
             advantages, returns_BT = compute_gae(batch.rewards_B, old_values_BT, mask_BT, s.gamma, s.lam)
             ev = explained_variance(old_values_BT, returns_BT, mask_BT)
+            if s.advantage_whitening:  # the returns (critic targets) stay raw
+                advantages = whiten_advantages(advantages, mask_BT)
             critic = (ev, *self._critic_update(batch, plan, weights_BT, old_values_BT, returns_BT))
         else:
-            advantages = grpo_token_advantages(batch)
-        old_BT = self.logprobs(batch, plan, behaviour=True)
-        _, tis = tis_weights(old_BT, batch.rollout_logprobs_BT, mask_BT)
+            advantages = grpo_token_advantages(batch, s.grpo_norm_by_std)
+        recompute = s.mode == "ppo" or s.tis_mode != "off"
+        # GRPO without TIS: the 1-rank trainer measures on its first epoch's forward (current weights)
+        old_BT = self.logprobs(batch, plan, behaviour=recompute)
+        tis_BT, tis = tis_weights(old_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
+                                  "token" if s.tis_mode == "off" else s.tis_mode)
         gap = logprob_gap(old_BT, batch.rollout_logprobs_BT, mask_BT)
-        actor_updated = self.step >= s.critic_warmup_steps
-        actor = self._actor_update(batch, plan, weights_BT, advantages, old_BT) if actor_updated else None
+        actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
+        actor = self._actor_update(batch, plan, weights_BT, advantages, old_BT,
+                                   None if s.tis_mode == "off" else tis_BT) if actor_updated else None
         self.step += 1
         adv_BT = advantages if advantages.dim() == 2 else advantages[:, None].expand(mask_BT.shape)
         nan = math.nan
@@ -285,7 +319,8 @@ class RankTrainer:
             value_loss=critic[1]["loss"] if critic else nan, actor_grad_norm=actor[1] if actor else nan,
             critic_grad_norm=critic[2] if critic else nan, tis_mean=tis["tis_mean"],
             tis_max_raw=tis["tis_max_raw"], tis_clip_fraction=tis["tis_clip_fraction"],
-            advantage_mean=float(adv_BT[mask_BT].mean()))
+            advantage_mean=float(adv_BT[mask_BT].mean()), dual_clip_fraction=a.get("dual_clip_fraction", nan),
+            tis_mode=s.tis_mode, behaviour_recomputed=recompute)
 
     def sft_step(self, tokens, loss_mask) -> SftStats:
         """Supervised step (token-mean NLL, free routing), data-parallel over the same packer."""
@@ -300,10 +335,12 @@ class RankTrainer:
         self.actor.train()
         total = torch.zeros(1, dtype=torch.float64, device=comm_device())
         for mb in plan:
-            loss = -self._weighted(self._actor_lp(batch, mb, False), rf.slice_rows(weights_BT, mb))
-            loss.backward()
+            loss = -self._weighted(self._actor_lp(batch, mb, False, temperature=1.0), rf.slice_rows(weights_BT, mb))
+            with self._watch("micro-batch backward"):
+                loss.backward()
             total += float(loss.detach())
             self._tick()
-        norm = reduce_clip_step(self.actor, self.actor_optimizer, self.settings.grad_clip)
+        with self._watch("gradient all-reduce (actor)"):
+            norm = reduce_clip_step(self.actor, self.actor_optimizer, self.settings.grad_clip)
         dist.all_reduce(total, group=self.dp_group)
         return SftStats(float(total.item()), batch.num_loss_tokens, norm)

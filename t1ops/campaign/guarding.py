@@ -42,6 +42,7 @@ class CampaignGuards:
         self.run_dir = run_dir
         self.watchdog: Watchdog | None = None
         self.trainer_pid: int | None = None
+        self.rank_watch = None  # t1ops.guards.rank_watch.RankWatch when the trainer has several ranks
         self._busy_s = 0.0      # seconds the coordinator spent inside guard checks
         self._busy_taken = 0.0  # ... of which already reported
 
@@ -51,6 +52,10 @@ class CampaignGuards:
         self.watchdog = Watchdog.from_config(self.cfg.guards, [TRAINER_RANK],
                                              dump_stacks=signal_stack_dumper({TRAINER_RANK: pid},
                                                                              {TRAINER_RANK: stack_path}))
+
+    def attach_ranks(self, rank_watch) -> None:
+        """Watch every trainer rank (beacons per micro-batch; all ranks' stacks on a hang)."""
+        self.rank_watch = rank_watch
 
     def wait(self, ref, what: str):
         """``ray.get`` that polls the watchdog (trainer) instead of blocking forever."""
@@ -64,10 +69,10 @@ class CampaignGuards:
                 except ray.exceptions.ActorDiedError as err:
                     self._explain_death(err, what)
                     raise
-            if self.watchdog is not None and what == "train":
+            if (self.watchdog is not None or self.rank_watch is not None) and what == "train":
                 t0 = time.perf_counter()
                 try:
-                    self.watchdog.check()
+                    self.rank_watch.poll() if self.rank_watch is not None else self.watchdog.check()
                 except HangError:
                     telemetry.event("campaign.trainer_hung", severity="error")
                     raise
@@ -76,6 +81,8 @@ class CampaignGuards:
 
     def train_submitted(self, step: int) -> None:
         """The trainer's silence is timed from here: sync and rollout time are not its silence."""
+        if self.rank_watch is not None:
+            self.rank_watch.expect_work()
         if self.watchdog is not None:
             self.watchdog.report(TRAINER_RANK, 2 * step - 1)
 

@@ -15,6 +15,7 @@ from rl.agent.loop import AgentSettings, sft_example, solution_command
 from rl.agent.sandbox import require_isolation
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
+from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.engines import EngineRouter
@@ -40,9 +41,11 @@ _OBSERVATION_TEXTS = ("[exit code 0]", "[exit code 1]", "[exit code 2]", "[stopp
                       "[parse error] your tool call is not valid JSON")
 
 
-def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int) -> CompactVocab:
+def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int, multiple: int = 1) -> CompactVocab:
     """The compact vocabulary: every id the pool's prompts, warm-start examples and the chat
-    template produce. Anything else a sandbox prints maps to UNK (input only, never sampled)."""
+    template produce. Anything else a sandbox prints maps to UNK (input only, never sampled).
+    ``multiple`` (the trainer's tp) pads it with the lowest unused tokenizer ids to a size
+    tensor parallelism can split by rows (they are real tokens the policy learns not to emit)."""
     ids: set[int] = {IM_START_ID, IM_END_ID, ENDOFTEXT_ID}
     for t in tasks:
         command = solution_command(t.solution) if t.solution else "ls"
@@ -50,6 +53,9 @@ def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int) -> CompactV
         ids.update(tokens)
     for text in _OBSERVATION_TEXTS:
         ids.update(renderer.observation_ids([{"role": "tool", "content": text}], IM_END_ID))
+    spare = (i for i in range(full_vocab_size) if i not in ids)
+    while (len(ids) + 1) % multiple:  # + 1: the UNK row
+        ids.add(next(spare))
     return CompactVocab(ids, full_vocab_size, has_unk=True)
 
 
@@ -73,17 +79,27 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     c.eval_tasks = held_out_tasks(cfg, tasks)  # refused before any role starts when not held out
     renderer = ChatRenderer.default()
     if c.resume_from is None:
-        vocab = build_vocab(tasks, renderer, cfg.model.vocab_size)
+        vocab = build_vocab(tasks, renderer, cfg.model.vocab_size, multiple=cfg.trainer.parallel.tp) \
+            if cfg.engine.compact_vocab else CompactVocab.identity(cfg.model.vocab_size)  # a real server samples all
         vocab.save(run.vocab)
     else:  # the run's own ids: its checkpoints index them
         vocab = CompactVocab.load(run.vocab)
-    spec = {**cfg.model.model_dump(), "vocab_size": vocab.size}
-    progress.log(f"run {run.run_id}: {len(tasks)} tasks, compact vocabulary {vocab.size} ids, dir {run.path}")
-    c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
-        spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
-        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
-        telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
-        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+    spec = {**ModelSpec.from_config(cfg.model).to_dict(), "vocab_size": vocab.size}
+    progress.log(f"run {run.run_id}: {len(tasks)} tasks, {'compact' if cfg.engine.compact_vocab else 'full'} "
+                 f"vocabulary {vocab.size} ids, dir {run.path}")
+    rank_watch = None
+    if cfg.trainer.parallel.world_size > 1:  # one Ray actor per rank in a placement group
+        from t1ops.campaign.rank_actors import start_ranks
+
+        c.trainer, rank_watch = start_ranks(cfg, run, spec, resume=c.resume_from is not None)
+        progress.log(f"trainer: {cfg.trainer.parallel.world_size} ranks (dp {cfg.trainer.parallel.dp}, "
+                     f"tp {cfg.trainer.parallel.tp}, ep {cfg.trainer.parallel.ep})")
+    else:
+        c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
+            spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
+            ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
+            telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
+            temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
     if c.resume_from is None:
         examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
         c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
@@ -98,8 +114,9 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
                      f"loaded and verified, optimizer state, RNG and trainer step {loaded['trainer_step']} "
                      f"restored; next step {loaded['next_step']}")
         telemetry.event("campaign.resumed", **loaded)
+    sender = _configure_weight_sender(cfg, c.trainer, run)
     c.router = ray.remote(EngineRouter).options(num_cpus=0, max_concurrency=256).remote(
-        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0,
+        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0, trainer=sender,
         num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
         num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
         version=str(c.resume_from or 0),
@@ -109,8 +126,11 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
                               pids=lambda: [os.getpid(), *ray.get(c.router.engine_pids.remote()),
                                             *(c.rollouts.pids if c.rollouts else [])])
     progress.log("host memory: " + c.guards.project_host_memory(*ray.get(c.trainer.num_params.remote())))
-    pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
-    c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
+    if rank_watch is not None:
+        c.guards.attach_ranks(rank_watch)
+    else:
+        pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
+        c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
     settings = _worker_settings(cfg)
     for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
         c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
@@ -136,6 +156,23 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
                           "run.mode = 'one_step'", key="eval.every_steps")
     eval_pool = load_pool(cfg.eval.tasks_dir) if cfg.eval.tasks_dir else None
     return eval_task_names(cfg, tasks, train_task_names(tasks, cfg), eval_pool)
+
+
+def _configure_weight_sender(cfg: CampaignConfig, trainer, run: RunDir):
+    """The trainer's side of the weight sync (t1ops.guards.weight_sync); None: engines load step dirs."""
+    import ray
+
+    e = cfg.engine
+    if cfg.trainer.parallel.world_size > 1:  # rank actors have no WeightSender yet
+        if e.kind == "sglang" or e.weight_sync == "distributed":
+            raise ConfigError(f"engine.kind = {e.kind!r} / engine.weight_sync = {e.weight_sync!r} needs the "
+                              "single-rank trainer for now (trainer.parallel world size 1): the rank actors do not "
+                              "export or broadcast Hugging Face weights yet", key="engine.weight_sync")
+        return None
+    ray.get(trainer.configure_weight_sender.remote(
+        dtype=e.dtype, bucket_bytes=int(e.weight_sync_bucket_mb * (1 << 20)), master_address=e.weight_sync_master_address,
+        timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports")))
+    return trainer
 
 
 def warm_start_examples(tasks, noise: float, seed: int) -> list[tuple[str, str]]:

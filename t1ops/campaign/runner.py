@@ -141,6 +141,8 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
                    **step_split(results, rollout_s))
         c.guards.after_step(step)
         row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
+        if stats.get("ranks"):  # per-rank timing of a multi-rank trainer
+            row["ranks"] = stats["ranks"]
         summary.add_step(row)
         for key in ("reward_mean", "explained_variance", "logprob_gap", "step_s"):
             if not math.isnan(row[key]):  # NaN: not defined this step (e.g. EV with constant returns)

@@ -64,7 +64,7 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
     join_world(rank, world, init_method, layout, guards=GuardsConfig(), seed=job["seed"])
     try:
         rt = RankTrainer(job["spec"], job["settings"], layout, full_actor=actor, full_critic=critic,
-                         unk_id=job["unk_id"], seed=job["seed"])
+                         unk_id=job["unk_id"], seed=job["seed"], temperature=job["temperature"])
         logprobs = rt.logprobs(job["batch"])
         times = []
         for _ in range(job["steps"]):
@@ -72,6 +72,10 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
             stats = rt.train_step(job["batch"])
             times.append(time.perf_counter() - t0)
         full = rt.full_state("actor")
+        if job.get("shards_to"):
+            from t1ops.guards.sharded_checkpoints import save_sharded
+
+            save_sharded(job["shards_to"], "actor", job["steps"], rt)
         if rank == 0:  # a file, not a queue: shared-memory tensors die with this process
             torch.save({"logprobs": logprobs, "stats": stats.as_dict(), "step_s": times, "actor": full,
                      "micro_batches": len(rt.plan(job["batch"]))}, out)
@@ -80,11 +84,13 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
 
 
 def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk_id: int | None = None,
-                    steps: int = 1, timeout_s: float = 600.0) -> dict:
+                    steps: int = 1, temperature: float = 1.0, timeout_s: float = 600.0,
+                    shards_to: str | None = None) -> dict:
     """Spawn ``layout.world_size`` local ranks, take ``steps`` steps on ``batch``; rank 0's results.
 
     Returns ``logprobs`` (full ``[B, T]`` before the step), ``stats`` (StepStats of the last step),
-    ``step_s`` (seconds per step) and ``actor`` (the full actor state after the steps)."""
+    ``step_s`` (seconds per step) and ``actor`` (the full actor state after the steps). With
+    ``shards_to`` the ranks also save the actor sharded there (step = ``steps``)."""
     import tempfile
 
     import torch.multiprocessing as mp
@@ -94,7 +100,7 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
     ctx = mp.get_context("spawn")
     out = os.path.join(tempfile.mkdtemp(prefix="t1ops-ranks-"), "rank0.pt")
     job = {"layout": asdict(layout), "batch": batch, "spec": spec, "settings": settings, "seed": seed,
-           "unk_id": unk_id, "steps": steps}
+           "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to}
     init_method = f"tcp://127.0.0.1:{free_port()}"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     procs = [ctx.Process(target=_one_step, args=(r, layout.world_size, init_method, job, out), daemon=True)

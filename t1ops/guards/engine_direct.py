@@ -16,12 +16,16 @@ abandoned at once and resubmitted, up to ``max_resubmits`` engine failures,
 then :class:`EngineDeadError`; an abort that a barrier begun since admission
 explains is resubmitted, any other abort raises; a response under an
 unpublished version, or spanning two, takes its engine out of rotation and is
-resubmitted. Failures are reported to the pool (``report_failure``), which
+resubmitted. A trajectory's next turn goes to the engine that served its
+previous turn (its K/V prefix is there) unless that engine carries more than
+``AFFINITY_SLACK`` more of this worker's requests than the least loaded one.
+Failures are reported to the pool (``report_failure``), which
 owns the processes: it declares an exited process or a wrong-version engine
 dead, kills it, and recreates it at the next weight sync.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import itertools
 import threading
@@ -34,8 +38,10 @@ from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, EngineError
-from t1ops.guards.engines import ENGINE_FAILURES, RUNBOOK
+from t1ops.guards.engines import ENGINE_FAILURES, RUNBOOK, response_versions_ok
 
+AFFINITY_ENTRIES = 4096   # trajectories whose last engine is remembered (LRU)
+AFFINITY_SLACK = 2        # a trajectory stays on its engine while it has at most this many more requests
 ViewFn = Callable[[], dict]                  # EnginePool.view() through the router
 ReportFn = Callable[..., Any]               # EnginePool.report_failure(index, url, reason, wrong_version=)
 
@@ -61,6 +67,7 @@ class DirectEngines:
         self._cond = threading.Condition()
         self._view = fetch_view()
         self._tickets: dict[int, _Ticket] = {}
+        self._affinity: collections.OrderedDict[str, tuple[int, str]] = collections.OrderedDict()
         self._ids = itertools.count()
         self._pool = cf.ThreadPoolExecutor(max_concurrency, thread_name_prefix="direct-gen")
         self._stop = threading.Event()
@@ -101,11 +108,13 @@ class DirectEngines:
     # --- generation -------------------------------------------------------------------
     def generate(self, request: P.GenerateRequest) -> P.GenerateResponse:
         num_failures, avoid = 0, set()
+        key = _trajectory_key(request.rid)
         while True:
-            ticket_id, t = self._admit(avoid)
+            ticket_id, t = self._admit(avoid, self._affinity.get(key))
             outcome = self._run(ticket_id, t, request)
             if isinstance(outcome, P.GenerateResponse):
                 if not outcome.finish_reason.is_abort:
+                    self._remember(key, (t.slot, t.url))
                     return outcome
                 self.refresh()
                 if self._view["num_syncs"] == t.num_syncs:  # no barrier explains it: the engine refused it
@@ -127,8 +136,18 @@ class DirectEngines:
             telemetry.event("engine.request_resubmitted", severity="warning", slot=t.slot, rid=request.rid,
                             reason=str(outcome)[:200], attempt=num_failures)
 
-    def _admit(self, avoid: set[int]) -> tuple[int, _Ticket]:
-        """Wait for an open gate and a live engine; pick the least loaded (from this worker's view)."""
+    def _remember(self, key: str | None, engine: tuple[int, str]) -> None:
+        if key is None:
+            return
+        with self._cond:
+            self._affinity[key] = engine
+            self._affinity.move_to_end(key)
+            while len(self._affinity) > AFFINITY_ENTRIES:
+                self._affinity.popitem(last=False)
+
+    def _admit(self, avoid: set[int], previous: tuple[int, str] | None = None) -> tuple[int, _Ticket]:
+        """Wait for an open gate and a live engine; pick the least loaded (from this worker's view),
+        or the engine of the trajectory's previous turn (its K/V prefix) while it is not much busier."""
         deadline = time.monotonic() + self.cfg.generate_timeout_s
         with self._cond:
             while not (self._view["gate_open"] and self._live()):
@@ -143,10 +162,15 @@ class DirectEngines:
             preferred = [e for e in live if e[0] not in avoid] or live
             load = {e: sum(1 for t in self._tickets.values() if (t.slot, t.url) == e) for e in preferred}
             slot, url = min(preferred, key=lambda e: load[e])
+            if previous in load and load[previous] <= load[(slot, url)] + AFFINITY_SLACK:
+                slot, url = previous
             ticket_id = next(self._ids)
             t = _Ticket(slot, url, self._view["version"], self._view["num_syncs"])
             self._tickets[ticket_id] = t
             return ticket_id, t
+
+    def _versions_ok(self, t: _Ticket, resp: P.GenerateResponse) -> bool:
+        return _versions_ok_in(self._view, t.version, resp)
 
     def _run(self, ticket_id: int, t: _Ticket, request: P.GenerateRequest) -> P.GenerateResponse | str:
         client = self._client(t.url)
@@ -161,10 +185,9 @@ class DirectEngines:
             except ENGINE_FAILURES as e:
                 self.report(t.slot, t.url, f"{type(e).__name__}: {e}"[:300])  # an exited process: dead now
                 return f"{type(e).__name__}: {e}"
-            published = (t.version, self._view["version"])
-            if not resp.finish_reason.is_abort and (resp.weight_version not in published or resp.spans_versions):
-                self.refresh()
-                if resp.weight_version not in (t.version, self._view["version"]) or resp.spans_versions:
+            if not resp.finish_reason.is_abort and not self._versions_ok(t, resp):
+                self.refresh()  # the view may predate the sync that explains the response
+                if not self._versions_ok(t, resp):
                     reason = (f"answered with weight version {resp.weight_version!r} (spans "
                               f"{[v.version for v in resp.weight_versions]}) for a request admitted under "
                               f"{t.version!r} (pool now {self._view['version']!r}): it missed a weight sync")
@@ -174,3 +197,20 @@ class DirectEngines:
         finally:
             with self._cond:
                 self._tickets.pop(ticket_id, None)
+
+
+def _versions_ok_in(view: dict, admitted: str, resp: P.GenerateResponse) -> bool:
+    """The pool's rule (``response_versions_ok``): in-place pauses (fully async) let a response span the
+    versions published since admission; abort pauses allow one version, the admitted or the current."""
+    history = list(view.get("history") or [])
+    if not history or history[-1] != view["version"]:  # a view taken between the two assignments
+        history.append(view["version"])
+    return response_versions_ok(resp, admitted, history, view.get("pause_mode", "abort"))
+
+
+def _trajectory_key(rid: str | None) -> str | None:
+    """``sample-t3`` -> ``sample``: the agent loop names a trajectory's turns ``<sample_id>-t<turn>``."""
+    if not rid or "-t" not in rid:
+        return None
+    head, _, turn = rid.rpartition("-t")
+    return head if turn.isdigit() else None

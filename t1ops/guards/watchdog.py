@@ -116,6 +116,15 @@ class Watchdog:
         r.last_t, r.step, r.dump = now, step, None
         telemetry.observe("watchdog.interval_s", r.intervals_s[-1], rank=rank)
 
+    def restart_clock(self, rank: int) -> None:
+        """Rank ``rank`` is handed new work now: its silence is timed from here, and the idle time
+        before (rollout, weight sync) is not a micro-batch interval (it would inflate the bound)."""
+        r = self._ranks.get(rank)
+        if r is None:
+            raise InputError(f"Watchdog.restart_clock(rank={rank}): unknown rank; watched ranks are "
+                             f"{sorted(self._ranks)}", rank=rank)
+        r.last_t = self._clock()
+
     def longest_interval_s(self) -> float | None:
         ivs = [max(r.intervals_s) for r in self._ranks.values() if r.intervals_s]
         return max(ivs) if ivs else None

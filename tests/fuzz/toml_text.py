@@ -69,14 +69,29 @@ def value_for(info: FieldInfo, out_of_range: bool = False) -> st.SearchStrategy 
         s = st.floats(min_value=b.get("ge", b.get("gt")), max_value=b.get("le", b.get("lt")),
                       exclude_min="gt" in b, exclude_max="lt" in b, allow_nan=False, allow_infinity=False)
     elif ann is str:
-        s = st.text(max_size=10)
+        pattern = next((m.pattern for m in info.metadata if getattr(m, "pattern", None)), None)
+        s = st.from_regex(pattern, fullmatch=True) if pattern else st.text(max_size=10)
     elif typing.get_origin(ann) is typing.Literal:
         s = st.sampled_from(typing.get_args(ann))
     elif typing.get_origin(ann) is list:
-        s = st.lists(st.text(max_size=6), max_size=3)
+        min_len = next((m.min_length for m in info.metadata if isinstance(m, at.MinLen)), 0)
+        (elem,) = typing.get_args(ann)
+        item = _model_dicts(elem) if isinstance(elem, type) and issubclass(elem, BaseModel) else st.text(min_size=1, max_size=6)
+        s = st.lists(item, min_size=min_len, max_size=max(3, min_len))
+    elif typing.get_origin(ann) is dict:  # e.g. an env table
+        s = st.dictionaries(st.from_regex(r"[A-Z][A-Z0-9_]{0,6}", fullmatch=True), st.text(max_size=6), max_size=3)
+    elif isinstance(ann, type) and issubclass(ann, BaseModel):  # a nested section, e.g. [trainer.parallel]
+        s = _model_dicts(ann)
     else:
         raise AssertionError(f"no strategy for {info.annotation}")
     return st.none() | s if nullable else s
+
+
+def _model_dicts(model: type[BaseModel]) -> st.SearchStrategy[dict]:
+    """Dicts valid field by field for a nested model: its required fields always, others sometimes."""
+    fields = model.model_fields.items()
+    return st.fixed_dictionaries({k: value_for(f) for k, f in fields if f.is_required()},
+                                 optional={k: value_for(f) for k, f in fields if not f.is_required()})
 
 
 def valid_sections(model: type[BaseModel], max_fields: int = 6) -> st.SearchStrategy[dict]:

@@ -105,3 +105,21 @@ def test_example_harness_offers_mcp_tools_from_a_server_it_starts_in_the_sandbox
     finally:
         trial.close()
         host.close()
+
+
+def test_missing_routing_in_a_harness_trial_is_re_raised(host, tmp_path):
+    """The harness only sees a 500; the trial still raises MissingRoutingError (the rollout aborts)."""
+    from rl.errors import MissingRoutingError
+
+    h, renderer = host
+
+    def generate(req):
+        raise MissingRoutingError("engine returned no routing", sample="s2", turn=0)
+
+    task = load_task(REPO / "examples" / "tasks" / "files-hello")
+    trial = Sandbox(tmp_path, "run-h3").create(task, 0)
+    try:
+        with pytest.raises(MissingRoutingError):
+            h.run(trial, task, generate, sample_id="s2", group_id="g2")
+    finally:
+        trial.close()

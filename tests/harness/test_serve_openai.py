@@ -38,7 +38,14 @@ def test_engine_serve_openai_smoke(tmp_path):
         assert len(out.choices[0].logprobs.content) == out.usage.completion_tokens <= 4
         with_prefix = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/s/bob/v1", api_key="x", max_retries=0)
         with_prefix.chat.completions.create(model="t1ops", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        assert sorted(p.name for p in dump.glob("*.npz")) == ["alice.c0.npz", "bob.c0.npz"]
+        chunks = list(with_prefix.chat.completions.create(
+            model="t1ops", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True,
+            stream_options={"include_usage": True}))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
+        assert chunks[-1].usage.completion_tokens <= 2
+        # bob's second request follows a truncated reply: a new chunk of the same trajectory (split)
+        assert sorted(p.name for p in dump.glob("*.npz")) == ["alice.c0.npz", "bob.c0.npz", "bob.c1.npz"]
         audit = subprocess.run([str(cli), "audit", str(dump), "--json"], capture_output=True, text=True, timeout=120)
         assert audit.returncode == 0, audit.stderr
         assert json.loads(audit.stdout)["drift_in_loss"] == 0

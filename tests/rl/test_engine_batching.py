@@ -138,3 +138,31 @@ def test_abort_while_paused_and_a_request_joining_mid_decode(engines):
     joined = new.generate(request(prompts(2, seed=5)[1]))  # arrives while the long one decodes
     long.join(timeout=60)
     assert joined.finish_reason.type in ("stop", "length") and out["long"].finish_reason.type in ("stop", "length")
+
+
+def test_an_endpoint_registered_from_another_module_is_served():
+    import json
+    import urllib.request
+    from http.server import ThreadingHTTPServer
+
+    from rl.engines import embedded
+    from rl.engines.ports import free_port
+
+    @embedded.route("POST", "/echo_version")
+    def _echo(engine, read_body):
+        return 200, {"weight_version": engine.weight_version, "body": read_body()}
+
+    class Stub:
+        weight_version = "v7"
+
+    port = free_port()
+    server = ThreadingHTTPServer(("127.0.0.1", port), embedded._make_handler(Stub()))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/echo_version", data=b'{"x": 1}', method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read()) == {"weight_version": "v7", "body": {"x": 1}}
+    finally:
+        server.shutdown()
+        embedded.EXTRA_ROUTES.pop(("POST", "/echo_version"))

@@ -49,6 +49,7 @@ def test_each_unhonourable_line_is_named_with_its_reason(tmp_path):
     ("RUN pip install pytest==0.0.1", False),
     ("RUN pip install -r requirements.txt", False),
     ("RUN make all", False),
+    ("RUN set -eux; mkdir -p /app/logs", True),
     ("COPY data.txt /etc/data.txt", False),
     ("ADD https://example.com/x.tar.gz /app/", False),
     ("COPY missing.txt /app/", False),
@@ -97,3 +98,8 @@ def test_any_dockerfile_text_is_a_plan_never_a_crash(tmp_path_factory, words):
     assert isinstance(plan.refusals, list)
     for src, dest in plan.copies:
         assert not dest.startswith("..") and not dest.startswith("/")
+
+
+def test_env_path_extends_the_image_default_never_an_empty_one():
+    workdir, env = dockerfile.image_settings('FROM x\nENV PATH="/opt/tool/bin:$PATH" A=${UNSET}b\n')
+    assert env == {"PATH": "/opt/tool/bin:" + dockerfile.IMAGE_DEFAULT_PATH, "A": "b"}

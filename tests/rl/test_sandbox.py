@@ -53,10 +53,11 @@ def test_trial_dir_carries_run_id_and_is_unique(sandbox):
 
 
 def test_command_runs_at_app_alone_in_its_pid_namespace(trial):
-    r = trial.exec("pwd; id -u; ls /proc | grep -c '^[0-9]'", timeout_s=10)
+    r = trial.exec("pwd; id -u; whoami; ls /proc | grep -c '^[0-9]'", timeout_s=10)
     assert r.reason == "ok" and r.exit_code == 0
-    cwd, uid, num_pids = r.stdout.split()
+    cwd, uid, name, num_pids = r.stdout.split()
     assert cwd == "/app" and int(uid) == trial.uid and int(num_pids) <= 4   # init, bash, ls, grep
+    assert name == "trial"                           # tools that look the user up (git) work
 
 
 def test_runaway_writer_ends_with_file_size_limit(trial):
@@ -217,4 +218,47 @@ def test_storage_is_a_sized_tmpfs_not_a_poll(tmp_path):
     r = t.exec("rm -f /dev/shm/f*; for i in $(seq 3000); do : > /tmp/e$i || exit 1; done", timeout_s=30)
     assert r.reason == "disk_limit", r
     assert t.exec("rm -f /tmp/e*; echo ok").stdout == "ok\n"
+    t.close()
+
+
+def test_two_trials_of_one_task_share_no_tmp_or_logs(sandbox):
+    task = load_task(TASK)
+    a, b = sandbox.create(task, 11), sandbox.create(task, 12)
+    mark = uuid.uuid4().hex
+    assert a.exec(f"echo {mark} > /tmp/x; echo {mark} > /dev/shm/x; echo {mark} > /logs/agent/x; "
+                  "cat /tmp/x /dev/shm/x /logs/agent/x").stdout.split() == [mark] * 3
+    r = b.exec("cat /tmp/x /var/tmp/x /dev/shm/x /logs/agent/x; find /tmp /var/tmp /dev/shm /logs/agent -mindepth 1")
+    assert mark not in r.stdout and r.stdout.split() == []
+    a.close()
+    b.close()
+
+
+def test_rlimit_fallback_without_a_cgroup_still_names_the_limit(tmp_path, monkeypatch):
+    """Where no per-trial cgroup can be made the level is 'namespaces': RLIMIT_AS per process."""
+    import dataclasses
+
+    import rl.agent.sandbox as sandbox_mod
+
+    weaker = dataclasses.replace(probe_isolation(), level="namespaces", cgroup=False,
+                                 cgroup_reason="no cgroup (test)")
+    monkeypatch.setattr(sandbox_mod, "probe_isolation", lambda: weaker)
+    with pytest.raises(SandboxError, match="'strict' is required"):
+        Sandbox(tmp_path / "a", "r")
+    t = Sandbox(tmp_path / "b", "r", isolation="namespaces", limits=SMALL).create(load_task(TASK), 0)
+    assert t.cgroup is None
+    assert t.exec("python3 -c 'x = bytearray(512 * 2**20)'", timeout_s=20).reason == "memory_limit"
+    r = t.exec("id -u; ls /proc | grep -c '^[0-9]'")
+    assert r.stdout.split()[0] == str(t.uid) and int(r.stdout.split()[1]) <= 4
+    t.close()
+
+
+def test_an_agent_that_locks_its_own_workspace_fails_its_command_not_the_sandbox(sandbox):
+    from rl.agent.verifier import verify
+
+    t = sandbox.create(load_task(TASK), 13)
+    assert t.exec("cp data.txt out.txt; chmod 000 out.txt /app").reason == "ok"
+    r = t.exec("ls")
+    assert (r.reason, r.exit_code) == ("exit_nonzero", 126) and "cannot enter /app" in r.stderr
+    v = verify(t)                      # the verifier owns (and may read) what the agent left
+    assert v.reward.passed >= 1, v
     t.close()

@@ -61,6 +61,7 @@ def test_no_output_at_all_scores_zero_from_ctrf(sandbox, task):
     ("printf 'import pytest\\n' > conftest.py", "conftest"),
     ("mkdir -p deep/er && printf '[pytest]\\naddopts = -p evil\\n' > deep/er/pytest.ini", "pytest-config"),
     ("mkdir -p bin && printf '#!/bin/sh\\nexit 0\\n' > bin/pytest && chmod +x bin/pytest", "shadow-exec"),
+    ("mkdir -p sub/_pytest && printf 'x = 1\\n' > sub/_pytest/__init__.py", "shadow-module"),
 ])
 def test_each_workspace_forgery_is_recorded_and_never_pays(sandbox, task, attack, kind):
     trial = sandbox.create(task, 0)

@@ -1,4 +1,4 @@
-"""Equivalence: a TP=2 (+SP), an EP=2 and a DP=2 trainer against the 1-rank trainer, R3 replay on.
+"""Equivalence: a TP=2 (+SP), an EP=2, a DP=2 and a TP=2+EP=2 trainer against the 1-rank trainer, R3 on.
 
 Same batch, same initial weights (layout-free, rl.trainer.ranks.full_initial_states), one PPO
 step (critic + actor, ppo_epochs=1). Tolerances: per-token log-probs within 1e-5 (absolute, loss
@@ -14,34 +14,40 @@ from rl import model as rmodel
 from rl.trainer import Trainer, TrainerSettings, rollout_batch, sample_responses
 from rl.trainer.forward import actor_logprobs
 from rl.trainer.ranks import Layout
+from rl.trainer.shard import Placement
 from t1ops.campaign.trainer_rank import run_local_ranks
+from t1ops.errors import CheckpointError, CheckpointRoleError
+from t1ops.guards.sharded_checkpoints import load_full, shard_dir, write_manifest, write_shard
 
 SPEC = rmodel.ModelSpec(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, num_experts=4,
                         moe_router_topk=2, moe_ffn_hidden_size=32, max_seq_len=64, vocab_size=64)
 SETTINGS = TrainerSettings(mode="ppo", ppo_epochs=1, r3=True, actor_lr=1e-3)
 CAP = 40  # tokens per micro-batch: 2-3 micro-batches per rank
+TEMPERATURE = 0.8  # the trainer's log-probs are at the sampling temperature
 
 
 @pytest.fixture(scope="module")
 def reference():
-    t = Trainer(SPEC, SETTINGS, seed=0)
+    t = Trainer(SPEC, SETTINGS, seed=0, temperature=TEMPERATURE)
     sampler = rmodel.build_policy(SPEC, seed=7, dtype=torch.bfloat16)  # another numerical implementation
     rmodel.load_state(sampler, rmodel.weights_state_dict(t.actor))
     seqs = sample_responses(sampler, [[1, 2, 3, 4]] * 6, 12, generator=torch.Generator().manual_seed(0))
     seqs = [s[: 8 + (i % 4) * 2] for i, s in enumerate(seqs)]  # lengths 8..14: packing has work to do
     batch = rollout_batch(sampler, seqs, [4] * 6, [0.1 * i for i in range(6)], [i // 2 for i in range(6)],
-                          [i // 2 for i in range(6)])
-    logprobs = actor_logprobs(t.actor, batch, replay=True).detach()
+                          [i // 2 for i in range(6)], temperature=TEMPERATURE)
+    logprobs = actor_logprobs(t.actor, batch, replay=True, temperature=TEMPERATURE).detach()
     stats = t.train_step(batch)
     return batch, logprobs, stats, rmodel.weights_state_dict(t.actor)
 
 
 @pytest.mark.parametrize("layout", [Layout(tp=2, sequence_parallel=True, max_tokens_per_gpu=CAP),
                                     Layout(dp=2, ep=2, max_tokens_per_gpu=CAP),
-                                    Layout(dp=2, max_tokens_per_gpu=CAP)], ids=["tp2-sp", "ep2", "dp2"])
-def test_layout_matches_one_rank(reference, layout):
+                                    Layout(dp=2, max_tokens_per_gpu=CAP),
+                                    Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP)],
+                         ids=["tp2-sp", "ep2", "dp2", "tp2-sp-ep2"])
+def test_layout_matches_one_rank(reference, layout, tmp_path):
     batch, ref_lp, ref, ref_actor = reference
-    got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0)
+    got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE, shards_to=str(tmp_path))
     assert got["micro_batches"] >= 2  # gradient accumulation is exercised
     mask = batch.loss_mask_BT
     assert float((got["logprobs"] - ref_lp)[mask].abs().max()) <= 1e-5
@@ -51,3 +57,30 @@ def test_layout_matches_one_rank(reference, layout):
         assert got["stats"][key] == pytest.approx(getattr(ref, key), rel=1e-5, abs=1e-7), key
     assert set(got["actor"]) == set(ref_actor)  # gathered from the ranks: a full, layout-free state
     assert max(float((got["actor"][k] - v).abs().max()) for k, v in ref_actor.items()) <= 1e-4
+
+    # the ranks' sharded checkpoint (one file per rank, one manifest) reassembles into the same weights,
+    # and loads at another layout: here a world of 1
+    full, manifest = load_full(shard_dir(tmp_path, "actor", 1), "actor")
+    assert len(manifest["shards"]) == layout.world_size
+    assert all(torch.equal(full[k], got["actor"][k]) for k in ref_actor)
+    one_rank = rmodel.build_policy(SPEC, seed=0)
+    rmodel.load_state(one_rank, full)
+
+
+def test_sharded_checkpoint_refuses_corruption_and_the_other_role(tmp_path):
+    policy = rmodel.build_policy(SPEC, seed=0)
+    where = {n: Placement(n, None) for n in rmodel.weights_state_dict(policy)}
+    entry = write_shard(tmp_path, "actor", 3, 0, where, rmodel.weights_state_dict(policy))
+    step_dir = shard_dir(tmp_path, "actor", 3)
+    with pytest.raises(CheckpointError, match="interrupted"):
+        load_full(step_dir, "actor")  # no manifest yet: never loads
+    write_manifest(tmp_path, "actor", 3, {"dp": 1}, [entry])
+    assert set(load_full(step_dir, "actor")[0]) == set(where)
+    with pytest.raises(CheckpointRoleError):
+        load_full(step_dir, "critic")
+    shard = step_dir / entry["file"]
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_full(step_dir, "actor")

@@ -125,3 +125,14 @@ def require(isolation: Isolation, required: str) -> None:
         raise SandboxError(f"sandbox isolation here is {isolation.level!r} but {required!r} is "
                            f"required: {isolation.cgroup_reason if isolation.uid_drop else isolation.uid_reason}. "
                            "Fix the host (docs/sandbox.md) or lower sandbox.isolation knowingly")
+
+
+def trial_resources() -> tuple[list[str], list[str]]:
+    """(trial tmpfs mount points, per-trial cgroup dirs) that exist on this host now: live
+    trials of running campaigns, or leftovers of a process that was killed before it closed them."""
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.startswith("t1ops-trial ")]
+    support, _ = cgroups.probe()
+    dirs = [] if support is None else sorted(
+        str(p) for base in support.bases.values() for p in Path(base).glob("t1ops-*"))
+    return mounts, dirs

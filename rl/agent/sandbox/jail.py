@@ -80,6 +80,20 @@ def system_entries() -> tuple[list[list[str]], list[list[str]]]:
     return links, binds
 
 
+def _identity_files(uid: int, home: str) -> list[list[str]]:
+    """/etc/passwd and /etc/group with the trial uid added, so tools that look the user up
+    (git, ssh, whoami) work; host entries kept (no passwords: those are in /etc/shadow)."""
+    out = []
+    for path, line in (("/etc/passwd", f"trial:x:{uid}:{uid}:trial:{home}:/bin/bash\n"),
+                       ("/etc/group", f"trial:x:{uid}:\n")):
+        try:
+            host = Path(path).read_text()
+        except OSError:
+            host = ""
+        out.append([path, host.rstrip("\n") + "\n" + line if host else line])
+    return out
+
+
 def build_spec(argv: list[str], view: View, *, env: Mapping[str, str], uid: int,
                rlimits: list[tuple[int, int, int]]) -> dict:
     links, binds = system_entries()
@@ -88,7 +102,7 @@ def build_spec(argv: list[str], view: View, *, env: Mapping[str, str], uid: int,
     return {"root": str(view.root_mountpoint), "symlinks": links, "binds": binds,
             "files": [list(f) for f in view.files], "uid": uid, "gid": uid, "cwd": view.cwd,
             "argv": argv, "env": dict(env), "rlimits": [list(r) for r in rlimits],
-            "hostname": "trial"}
+            "hostname": "trial", "etc": _identity_files(uid, env.get("HOME", view.cwd))}
 
 
 @dataclass

@@ -93,6 +93,13 @@ def build_root(spec):
         with open(_target(root, dst, False), "w") as f:
             f.write(content)
         os.chmod(root + dst, 0o444)
+    for dst, content in spec.get("etc", []):   # e.g. /etc/passwd naming the trial uid
+        src = f"{root}/run/t1ops/etc-{os.path.basename(dst)}"
+        os.makedirs(os.path.dirname(src), mode=0o755, exist_ok=True)
+        with open(src, "w") as f:
+            f.write(content)
+        os.chmod(src, 0o444)
+        _bind(root, src, dst, "ro")
     _mount("proc", _target(root, "/proc", True), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
@@ -137,8 +144,9 @@ def run(spec):
         resource.setrlimit(which, (soft, hard))
     try:
         os.chdir(spec["cwd"])
-    except OSError as e:
-        _die(f"cannot enter {spec['cwd']}: {e}")
+    except OSError as e:   # the trial's own doing (e.g. chmod 000 /app): the command fails, not the jail
+        sys.stderr.write(f"cannot enter {spec['cwd']}: {e.strerror}\n")
+        os._exit(126)
     pid = os.fork()
     if pid == 0:
         try:

@@ -90,15 +90,23 @@ def collect_files(src: Path, dst: Path, max_bytes: int = 16 * 2**20) -> None:
                     return
 
 
-def chown_tree(root: Path, uid: int) -> None:
-    """lchown every entry under ``root`` (iterative, links are never followed)."""
-    os.lchown(root, uid, uid)
+def chown_tree(root: Path, uid: int, *, owner_rw: bool = False) -> None:
+    """lchown every entry under ``root`` (iterative, links are never followed); ``owner_rw``
+    also gives the new owner read/write (and search on dirs), as a verifier running as root
+    in a container would have."""
+    def own(path: str, is_dir: bool, is_link: bool) -> None:
+        os.lchown(path, uid, uid)
+        if owner_rw and not is_link:
+            os.chmod(path, os.lstat(path).st_mode & 0o7777 | (0o700 if is_dir else 0o600))
+
+    own(str(root), True, False)
     stack = [str(root)]
     while stack:
         with os.scandir(stack.pop()) as it:
             for entry in it:
-                os.lchown(entry.path, uid, uid)
-                if entry.is_dir(follow_symlinks=False):
+                is_dir = entry.is_dir(follow_symlinks=False)
+                own(entry.path, is_dir, entry.is_symlink())
+                if is_dir:
                     stack.append(entry.path)
 
 
@@ -188,7 +196,7 @@ class Trial:
         out_dir = self.fs / "logs_verifier"
         out_dir.mkdir(mode=0o755)
         for name in ("workspace", "vtmp", "logs_verifier"):
-            chown_tree(self.fs / name, self.verifier_uid)
+            chown_tree(self.fs / name, self.verifier_uid, owner_rw=True)
         rw = ((self.workdir, self.workspace), ("/logs/verifier", out_dir), ("/tmp", self.fs / "vtmp"),
               ("/var/tmp", self.fs / "vtmp"), ("/dev/shm", self.fs / "vtmp"))
         view = View(self.dir / ".root", rw=rw, ro=(("/tests", tests), ("/logs/agent", self.fs / "logs_agent")),

@@ -1,0 +1,219 @@
+"""The trainer as one Ray actor per rank, in a placement group (``trainer.parallel`` world > 1).
+
+Layout: ``dp * tp * pp`` ranks, one bundle each (one CPU here; one GPU per
+bundle when the cluster has GPUs). Start-up: the actors are created, rank 0
+names the rendezvous address (its node IP and a free port), then every rank
+:meth:`TrainerRankHost.join`s: layout-free initial weights in a world of 1,
+its process group through ``t1ops.guards.dist`` (explicit timeout), megatron's
+parallel state, its :class:`~rl.trainer.ranks.RankTrainer` shard of actor and
+critic, its progress beacon and its collective watch (``t1ops.guards.rank_watch``).
+
+The coordinator talks to the ranks through :class:`RankGroup`: ``group.train.remote(results)``
+sends the call to every rank (the arguments are put in the object store once)
+and returns one reference that resolves to rank 0's answer when all ranks are
+done (any rank's error is raised), so the step loop is the same for 1 rank or N.
+Publishing gathers the full actor once per step (a collective); rank 0 writes
+the role-separated, checksummed checkpoint the engines load. Every ``save_every``
+steps both roles are also saved sharded: one file per rank under one checksummed
+manifest (``t1ops.guards.sharded_checkpoints``), loadable at any layout (docs/parallelism.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from rl.model import ModelSpec
+from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
+from rl.trainer.settings import TrainerSettings
+from rl.vocab import CompactVocab
+from t1ops import telemetry
+from t1ops.campaign.trainer_host import TrainerHost
+from t1ops.campaign.trainer_rank import join_world
+from t1ops.config import CampaignConfig, GuardsConfig
+from t1ops.errors import ConfigError
+from t1ops.guards.checkpoints import CheckpointManager
+from t1ops.guards.rank_watch import ProgressBeacon, RankProcess, RankWatch, collective_watch
+from t1ops.guards.sharded_checkpoints import save_sharded
+
+PG_READY_TIMEOUT_S = 120.0
+
+
+class TrainerRankHost(TrainerHost):
+    """One trainer rank (a Ray actor). Warm start, batch assembly and ``train`` are TrainerHost's."""
+
+    def __init__(self, *, rank: int, layout: dict, spec: dict, settings: dict, vocab_path: str, ckpt_base: str,
+                 seed: int, run_dir: str, guards: dict, telemetry_cfg: dict | None = None,
+                 temperature: float = 1.0, num_threads: int = 1, retention: dict | None = None) -> None:
+        torch.set_num_threads(num_threads)
+        self.rank, self.layout, self.run_dir = rank, Layout(**layout), Path(run_dir)
+        telemetry.setup(run_dir, role=f"trainer-rank{rank}", **(telemetry_cfg or {}))
+        self.guards = GuardsConfig(**guards)
+        self.vocab = CompactVocab.load(vocab_path)
+        self.spec = ModelSpec(**{**spec, "vocab_size": self.vocab.size})
+        self.settings = TrainerSettings.from_mapping(settings)
+        # rank 0 writes the checkpoints; every rank refuses a bad layout before any model exists
+        self.ckpt = CheckpointManager.from_base(ckpt_base, save_every=self.settings.save_every)
+        self.seed, self.temperature = seed, temperature
+        self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> this rank's behaviour shard
+        self.trainer: RankTrainer | None = None
+        from t1ops.campaign.retention import Retention
+
+        self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.settings.mode == "ppo",
+                                   **(retention or {"keep_last": None}))
+        self.last_report: dict = {}
+
+    def address(self) -> str:
+        """Rank 0: the rendezvous ``tcp://ip:port`` on its own node."""
+        import ray
+
+        from rl.engines.ports import free_port
+
+        return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+
+    def join(self, init_method: str) -> int:
+        """Initial weights (world of 1), then the real world and megatron's groups; returns the pid."""
+        actor, critic = full_initial_states(self.spec, self.settings, self.seed, self.vocab.unk_id)
+        timeout = join_world(self.rank, self.layout.world_size, init_method, self.layout, guards=self.guards,
+                             seed=self.seed)
+        self.beacon = ProgressBeacon(self.run_dir / "ranks" / f"rank{self.rank}.progress")
+        self._collective_watch = collective_watch(timeout, self.guards)
+        self.trainer = RankTrainer(self.spec, self.settings, self.layout, full_actor=actor, full_critic=critic,
+                                   unk_id=self.vocab.unk_id, seed=self.seed, temperature=self.temperature,
+                                   on_micro_batch=self.beacon, watch=self._collective_watch)
+        telemetry.event("trainer.rank_joined", rank=self.rank, world_size=self.layout.world_size,
+                        tp_rank=self.trainer.tp_rank, dp_rank=self.trainer.dp_rank, ep_rank=self.trainer.ep_rank,
+                        timeout_s=timeout.total_seconds())
+        return os.getpid()
+
+    def train(self, results: list[dict], behaviour: str = "snapshot") -> dict:
+        t0, mbs0 = time.perf_counter(), self.trainer.micro_batches_done
+        stats = super().train(results, behaviour)
+        info = {"rank": self.rank, "train_s": round(time.perf_counter() - t0, 3),
+                "micro_batches": self.trainer.micro_batches_done - mbs0}
+        telemetry.gauge("trainer.rank_train_s", info["train_s"], rank=self.rank)
+        telemetry.gauge("trainer.rank_micro_batches", info["micro_batches"], rank=self.rank)
+        telemetry.event("trainer.rank_step", step=stats.get("step"), **info)
+        return {**stats, "rank_info": info}
+
+    def _prune_shards(self) -> list[str]:
+        """The retention policy (``[checkpoints]``) applied to the sharded steps too (rank 0)."""
+        base = self.ckpt.actor_dir.parent
+        return [d for role in ("actor", "critic") for d in _prune(base / f"{role}-shards", self.retention.keep)]
+
+    def publish(self, version: int) -> str | None:
+        """Gather the full actor once (a collective on every rank); rank 0 saves it for the engines,
+        and the critic every save_every steps. Every rank keeps its shard as the behaviour snapshot."""
+        actor = self.trainer.full_state("actor")  # the engines' weights: gathered once per step
+        if version % self.settings.save_every == 0:  # both roles, sharded per rank, no gather
+            with self._collective_watch("sharded checkpoint save"):
+                for role in ("actor", "critic") if self.trainer.critic is not None else ("actor",):
+                    save_sharded(self.ckpt.actor_dir.parent, role, version, self.trainer)
+        path = None
+        if self.rank == 0:
+            from t1ops.campaign.retention import disk_bytes
+
+            path = str(self.ckpt.save("actor", version, actor))
+            deleted = self.retention.apply() + self._prune_shards()
+            self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base),
+                                "checkpoints_deleted": len(deleted), "resume_point": None}
+        self.published[version] = self.trainer.snapshot_behaviour()
+        for old in sorted(self.published)[:-2]:
+            del self.published[old]
+        return path
+
+
+def _prune(role_dir: Path, keep) -> list[str]:
+    """Sharded steps of one role outside the retention policy's ``keep`` set, deleted."""
+    import shutil
+
+    from t1ops.guards.checkpoints import list_steps, step_dir_name
+
+    steps = list_steps(role_dir) if role_dir.is_dir() else []
+    gone = sorted(set(steps) - keep(steps, None))
+    for step in gone:
+        shutil.rmtree(role_dir / step_dir_name(step))
+    return [f"{role_dir.name}/{step_dir_name(step)}" for step in gone]
+
+
+def _combine(name: str, *results):
+    """Rank 0's answer; ``train`` also carries every rank's timing (per-rank telemetry)."""
+    if name == "train":
+        return {**results[0], "ranks": [r.pop("rank_info", None) for r in results]}
+    return results[0]
+
+
+class _Broadcast:
+    def __init__(self, group: "RankGroup", name: str) -> None:
+        self.group, self.name = group, name
+
+    def remote(self, *args, **kwargs):
+        import ray
+
+        args = [ray.put(a) for a in args]  # once in the object store, whatever the rank count
+        refs = [getattr(a, self.name).remote(*args, **kwargs) for a in self.group.actors]
+        return self.group.combine.remote(self.name, *refs)
+
+
+class RankGroup:
+    """Coordinator-side handle: ``group.<method>.remote(...)`` runs on every rank (see module docstring)."""
+
+    def __init__(self, actors: list, placement) -> None:
+        import ray
+
+        self.actors, self.placement = actors, placement
+        self.combine = ray.remote(num_cpus=0)(_combine)
+
+    def __getattr__(self, name: str) -> _Broadcast:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Broadcast(self, name)
+
+
+def start_ranks(cfg: CampaignConfig, run, spec: dict, resume: bool = False) -> tuple[RankGroup, RankWatch]:
+    """Placement group, one actor per rank, rendezvous; returns the group and the coordinator's watch."""
+    import ray
+
+    if resume:  # refused before any rank starts
+        raise ConfigError("resuming a multi-rank trainer is not supported yet: its checkpoints' weights are "
+                          "layout-free, but the optimizer state is per rank and not saved; resume with "
+                          "trainer.parallel at 1 rank or start a new run", key="trainer.parallel")
+    if cfg.pipeline_mode == "fully_async":
+        raise ConfigError("pipeline_mode = 'fully_async' trains on per-token rollout log-probs, which the "
+                          "multi-rank trainer does not implement yet; use the one-step pipeline or 1 rank",
+                          key="trainer.parallel")
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    p = cfg.trainer.parallel
+    layout = Layout(dp=p.dp, tp=p.tp, ep=p.ep, pp=p.pp, sequence_parallel=p.sequence_parallel,
+                    max_tokens_per_gpu=p.max_tokens_per_gpu)
+    gpus = ray.cluster_resources().get("GPU", 0) >= layout.world_size and p.backend != "gloo"
+    bundle = {"CPU": 1, "GPU": 1} if gpus else {"CPU": 1}
+    pg = placement_group([dict(bundle) for _ in range(layout.world_size)], strategy="PACK")
+    try:
+        ray.get(pg.ready(), timeout=PG_READY_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        raise ConfigError(f"the Ray cluster cannot place {layout.world_size} trainer ranks of {bundle} each "
+                          f"(cluster: {ray.cluster_resources()}); lower trainer.parallel or raise run.num_cpus",
+                          key="trainer.parallel") from None
+    actors = [ray.remote(TrainerRankHost).options(
+        num_cpus=1, num_gpus=1 if gpus else 0,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r)).remote(
+        rank=r, layout=dataclasses.asdict(layout), spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}),
+        vocab_path=str(run.vocab), ckpt_base=str(run.checkpoints), seed=cfg.run.seed, run_dir=str(run.path),
+        guards=cfg.guards.model_dump(), telemetry_cfg={"otlp_endpoint": cfg.telemetry.otlp_endpoint,
+                                                       "export_interval_s": cfg.telemetry.export_interval_s},
+        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+        for r in range(layout.world_size)]
+    init_method = ray.get(actors[0].address.remote())
+    pids = ray.get([a.join.remote(init_method) for a in actors])
+    procs = {}
+    for r, (actor, pid) in enumerate(zip(actors, pids)):
+        stack_path = run.path / f"trainer-rank{r}-stacks.txt"
+        ray.get(actor.install_stack_dump.remote(str(stack_path)))
+        procs[r] = RankProcess(pid, run.path / "ranks" / f"rank{r}.progress", stack_path)
+    return RankGroup(actors, pg), RankWatch(cfg.guards, procs)
