@@ -64,6 +64,12 @@ class EngineConfig(Section):
     generate_timeout_s: float = Field(600.0, gt=0, description="Timeout of one /generate call.")
     retry_backoff_s: float = Field(0.5, ge=0, le=60, description="Base of the exponential backoff between control-plane attempts.")
     max_resubmits: int = Field(3, ge=0, le=100, description="Times a request is resubmitted after its engine died before it fails loudly.")
+    compact_vocab: bool = Field(True, description="Embedded tiny model only: trainer and engines work over the pool's ids (rl.vocab; a 2-core CPU cannot afford 248,320 logits per position); false = the tokenizer's full vocabulary (required with kind = 'sglang').")
+    weight_sync: Literal["disk", "distributed"] = Field("disk", description="How the barrier moves weights: 'disk' = Hugging Face export + /update_weights_from_disk; 'distributed' = /init_weights_update_group + /update_weights_from_distributed (docs/weights.md).")
+    weight_sync_backend: Literal["gloo", "nccl"] | None = Field(None, description="torch.distributed backend of distributed sync (None: gloo for embedded engines, nccl for SGLang servers).")
+    weight_sync_master_address: str = Field("127.0.0.1", description="Address the engines reach the trainer at (rank 0 of the weight-update group).")
+    weight_sync_bucket_mb: float = Field(512.0, gt=0, description="Bytes per /update_weights_from_distributed request (MiB), never splitting a tensor's conversion unit.")
+    weight_sync_timeout_s: float = Field(600.0, gt=0, description="Timeout of the weight-update group (forming it, each broadcast).")
     batching: bool = Field(True, description="Embedded engine: K/V cache, continuous batching and prefix reuse (docs/engine.md); false recomputes the whole sequence per token, one request at a time (the old path, for benchmarks).")
 
 
@@ -248,6 +254,10 @@ class CampaignConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":
         r, m = self.rollout, self.model
+        if self.pipeline_mode == "fully_async" and self.trainer.parallel.world_size > 1:
+            raise ValueError("run.mode = 'fully_async' needs a single-rank trainer for now: the multi-rank trainer "
+                             "(rl/trainer/ranks.py) does not take per-token rollout log-probs as the behaviour yet; "
+                             "set trainer.parallel to one rank or run.mode = 'one_step'")
         if r.batch_size % r.n_samples_per_prompt:
             raise ValueError(f"rollout.batch_size ({r.batch_size}) must be a multiple of "
                              f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a partial group would "
@@ -258,6 +268,9 @@ class CampaignConfig(Section):
         if m.num_attention_heads % m.num_query_groups:
             raise ValueError(f"model.num_attention_heads ({m.num_attention_heads}) must be a multiple of "
                              f"model.num_query_groups ({m.num_query_groups}) (grouped-query attention)")
+        if self.engine.kind == "sglang" and self.engine.compact_vocab:
+            raise ValueError("engine.kind = 'sglang' serves the tokenizer's full vocabulary: set "
+                             "engine.compact_vocab = false (the compact vocabulary is the embedded tiny model's option)")
         if self.engine.kind == "sglang" and len(self.engine.urls) != self.engine.num_engines:
             raise ValueError(f"engine.kind = 'sglang' needs one URL per engine: {len(self.engine.urls)} urls "
                              f"for engine.num_engines = {self.engine.num_engines}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from rl.engines import protocol as P
+from rl.engines import protocol_weights as PW
 from rl.errors import EngineError, ParseError
 
 
@@ -129,3 +130,24 @@ class EngineClient:
             raise EngineError(f"{self.base_url}: weight update from {model_path} refused: {out.message}",
                               url=self.base_url, model_path=model_path, weight_version=weight_version)
         return out
+
+    # --- distributed weight updates (rl.engines.protocol_weights) ---------------------------
+    def _weights_call(self, path: str, body: dict) -> "PW.WeightsResponse":
+        resp = self._call("POST", path, body)
+        out = PW.WeightsResponse.from_json(self._json(resp, path, (200, 400)))
+        if not out.success:
+            raise EngineError(f"{self.base_url}{path} refused: {out.message}", url=self.base_url, endpoint=path)
+        return out
+
+    def init_weights_update_group(self, request: "PW.InitWeightsUpdateGroupRequest") -> "PW.WeightsResponse":
+        """``POST /init_weights_update_group``; returns once the engine joined (the trainer must join too)."""
+        return self._weights_call(PW.INIT_WEIGHTS_UPDATE_GROUP, request.to_json())
+
+    def update_weights_from_distributed(self, request: "PW.UpdateWeightsFromDistributedRequest") -> "PW.WeightsResponse":
+        """``POST /update_weights_from_distributed``; returns once the engine received and loaded the tensors."""
+        return self._weights_call(PW.UPDATE_WEIGHTS_FROM_DISTRIBUTED, request.to_json())
+
+    def destroy_weights_update_group(self, group_name: str) -> "PW.WeightsResponse":
+        """``POST /destroy_weights_update_group``."""
+        return self._weights_call(PW.DESTROY_WEIGHTS_UPDATE_GROUP,
+                                  PW.DestroyWeightsUpdateGroupRequest(group_name).to_json())

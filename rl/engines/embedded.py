@@ -59,6 +59,9 @@ import numpy as np
 import torch
 
 from rl.engines import protocol as P
+from rl.engines import weight_updates
+from rl.engines.weight_updates import update_from_hf_dir
+from rl.hf.checkpoint import is_hf_dir
 from rl.errors import BudgetError, CheckpointError, CheckpointRoleError, EngineError, InputError, ParseError, T1OpsError
 from rl.engines.batching import BatchScheduler, Sequence, SlotPool
 from rl.engines.kvcache import CachedForward, KVCache
@@ -184,6 +187,8 @@ class EmbeddedEngine:
             return len(self._requests)
 
     def update_weights(self, request: P.UpdateWeightsFromDiskRequest) -> None:
+        if is_hf_dir(request.model_path):  # a Hugging Face export (what SGLang loads): rl.engines.weight_updates
+            return update_from_hf_dir(self, request)
         manifest = check_actor_checkpoint(request.model_path)
         if request.abort_all_requests:
             self.abort("", abort_all=True)
@@ -365,6 +370,7 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
                 P.UPDATE_WEIGHTS_FROM_DISK: lambda: _update_weights(engine, self._body()),
                 P.UPDATE_WEIGHT_VERSION: lambda: _update_version(engine, self._body()),
                 P.HEALTH_GENERATE: lambda: _health_generate(engine),
+                **weight_updates.routes(engine, self._body),  # /init_weights_update_group & co.
             })
 
     return Handler
@@ -430,6 +436,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec-json", default=None, help="ModelSpec fields as JSON (defaults: rl.model.ModelSpec).")
     parser.add_argument("--vocab", default=None, help="CompactVocab JSON file (default: identity over vocab_size).")
     parser.add_argument("--checkpoint", default=None, help="Actor checkpoint dir (weights.pt + manifest.json).")
+    parser.add_argument("--model-path", default=None, help="Hugging Face Qwen3-MoE dir (as SGLang's --model-path): "
+                        "shape from its config.json, full vocabulary, weights loaded; replaces --spec-json/--checkpoint.")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="Engine precision (trainer runs fp32).")
     parser.add_argument("--seed", type=int, default=0, help="Init seed (no checkpoint) and sampler seed.")
     parser.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads (CPU is shared).")
@@ -440,7 +448,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_engine(args: argparse.Namespace, spec: ModelSpec | None = None) -> EmbeddedEngine:
-    """An engine from parsed serve flags; ``spec`` overrides ``--spec-json``."""
+    """An engine from parsed serve flags; ``spec`` overrides ``--spec-json``; ``--model-path`` overrides both."""
+    if getattr(args, "model_path", None):
+        from rl.hf.checkpoint import read_config
+        from rl.hf.qwen3_moe import spec_from_config
+
+        spec = spec_from_config(read_config(args.model_path))
+        torch.set_num_threads(max(1, args.num_threads))
+        engine = EmbeddedEngine(spec, CompactVocab.identity(spec.vocab_size), DTYPES[args.dtype], args.seed,
+                                checkpoint=args.model_path)
+        engine.weight_version = "default"  # as SGLang started with --model-path (its --weight-version default)
+        return engine
     if spec is None:
         try:
             spec = ModelSpec(**json.loads(args.spec_json)) if args.spec_json else ModelSpec()

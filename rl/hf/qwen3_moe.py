@@ -173,7 +173,9 @@ def to_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch
     wrong = sorted(set(state) ^ {u.mcore for u in all_units})
     if wrong:
         raise CheckpointError(f"state does not match the policy of this ModelSpec: {len(wrong)} name(s) differ "
-                              f"(first: {wrong[:3]}); is it a critic or another shape?", mismatched=wrong[:10])
+                              f"(first: {wrong[:3]}): a critic, another ModelSpec, or a policy saved before the Qwen3-MoE layout "
+                              "(LayerNorm with biases, no q/k norm), which has no exact Hugging Face equivalent",
+                              mismatched=wrong[:10])
     out: dict[str, torch.Tensor] = {}
     for unit in all_units:
         out.update(zip(unit.hf, unit.split(state[unit.mcore])))

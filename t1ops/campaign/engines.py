@@ -19,12 +19,61 @@ from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.guards.engines import EnginePool, spawn_factory, url_factory
 from t1ops.guards.http import BoundedHttp
+from t1ops.guards.weight_sync import CheckpointDirSync, DiskSync, DistributedSync
+
+
+class RayTrainerSender:
+    """:class:`~t1ops.guards.weight_sync.TrainerSender` over the trainer's Ray actor (rl.weights.sender)."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    def group_address(self, backend: str):
+        import ray
+
+        return tuple(ray.get(self.actor.weight_group_address.remote(backend)))
+
+    def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str):
+        return self.actor.weight_open_group.remote(master_port, world_size, group_name, backend)
+
+    def buckets(self, version: str):
+        import ray
+
+        return ray.get(self.actor.weight_buckets.remote(version))
+
+    def send(self, version: str):
+        return self.actor.weight_send.remote(version)
+
+    def close_group(self) -> None:
+        import ray
+
+        ray.get(self.actor.weight_close_group.remote())
+
+    def wait(self, handle):
+        import ray
+
+        return ray.get(handle)
+
+
+def build_weight_sync(cfg: EngineConfig, trainer, version: str):
+    """The pool's weight sync for ``engine.weight_sync`` (docs/weights.md); no trainer: the checkpoint dir."""
+    import ray
+
+    if trainer is None:
+        return CheckpointDirSync()
+    if cfg.weight_sync == "disk":
+        sync = DiskSync(lambda v: ray.get(trainer.weight_export.remote(v)))
+        sync.last_export = sync.export(version)  # what an engine at another version loads on admission
+        return sync
+    backend = cfg.weight_sync_backend or ("gloo" if cfg.kind == "embedded" else "nccl")
+    return DistributedSync(RayTrainerSender(trainer), backend)
 
 
 class EngineRouter:
     def __init__(self, *, engine_cfg: dict, spec: dict, vocab_path: str, checkpoint_dir: str, version: str,
                  num_moe_layers: int, topk: int, num_experts: int, log_path: str | None = None,
-                 run_dir: str | None = None, telemetry_cfg: dict | None = None, pause_mode: str = "abort") -> None:
+                 run_dir: str | None = None, telemetry_cfg: dict | None = None, pause_mode: str = "abort",
+                 trainer=None) -> None:
         if run_dir is not None:
             telemetry.setup(run_dir, role="router", **(telemetry_cfg or {}))
         self.cfg = EngineConfig(**engine_cfg)
@@ -41,10 +90,14 @@ class EngineRouter:
         else:  # external SGLang servers: the pool re-admits a URL once its operator restarts it
             factory = url_factory(self.cfg.urls, self.http, **client_kw)
         self.pool = EnginePool(factory, self.cfg, version=version, checkpoint_dir=checkpoint_dir,
-                               pause_mode=pause_mode)  # in_place: fully async, requests span syncs
+                               pause_mode=pause_mode,  # in_place: fully async, requests span syncs
+                               weight_sync=build_weight_sync(self.cfg, trainer, version))
         self.pool.start()
 
     def wait_until_live(self) -> str:
+        if isinstance(self.pool.weight_sync, DistributedSync):  # engines at another version join now
+            self.pool.wait_until_ready()
+            self.pool.publish_to_waiting()
         self.pool.wait_until_live()
         return self.pool.describe()
 

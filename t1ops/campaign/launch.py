@@ -15,6 +15,7 @@ from rl.agent.loop import AgentSettings, sft_example, solution_command
 from rl.agent.sandbox import require_isolation
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
+from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.engines import EngineRouter
@@ -30,6 +31,7 @@ from t1ops.campaign.trainer_host import TrainerHost
 from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
+from t1ops.errors import ConfigError
 from t1ops.guards.dist import timeout_for
 from t1ops.preflight import require_ok
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
@@ -77,12 +79,14 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     c.eval_tasks = held_out_tasks(cfg, tasks)  # refused before any role starts when not held out
     renderer = ChatRenderer.default()
     if c.resume_from is None:
-        vocab = build_vocab(tasks, renderer, cfg.model.vocab_size, multiple=cfg.trainer.parallel.tp)
+        vocab = build_vocab(tasks, renderer, cfg.model.vocab_size, multiple=cfg.trainer.parallel.tp) \
+            if cfg.engine.compact_vocab else CompactVocab.identity(cfg.model.vocab_size)  # a real server samples all
         vocab.save(run.vocab)
     else:  # the run's own ids: its checkpoints index them
         vocab = CompactVocab.load(run.vocab)
-    spec = {**cfg.model.model_dump(), "vocab_size": vocab.size}
-    progress.log(f"run {run.run_id}: {len(tasks)} tasks, compact vocabulary {vocab.size} ids, dir {run.path}")
+    spec = {**ModelSpec.from_config(cfg.model).to_dict(), "vocab_size": vocab.size}
+    progress.log(f"run {run.run_id}: {len(tasks)} tasks, {'compact' if cfg.engine.compact_vocab else 'full'} "
+                 f"vocabulary {vocab.size} ids, dir {run.path}")
     rank_watch = None
     if cfg.trainer.parallel.world_size > 1:  # one Ray actor per rank in a placement group
         from t1ops.campaign.rank_actors import start_ranks
@@ -110,8 +114,9 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
                      f"loaded and verified, optimizer state, RNG and trainer step {loaded['trainer_step']} "
                      f"restored; next step {loaded['next_step']}")
         telemetry.event("campaign.resumed", **loaded)
+    sender = _configure_weight_sender(cfg, c.trainer, run)
     c.router = ray.remote(EngineRouter).options(num_cpus=0, max_concurrency=256).remote(
-        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0,
+        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0, trainer=sender,
         num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
         num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
         version=str(c.resume_from or 0),
@@ -145,8 +150,29 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
     """The evaluation task names (empty when eval is off); ConfigError unless held out."""
     if cfg.eval.every_steps == 0:
         return []
+    if cfg.pipeline_mode == "fully_async":
+        raise ConfigError("eval.every_steps > 0 is not supported with run.mode = 'fully_async' yet (its loop has "
+                          "no weight-sync point per step to evaluate at); set eval.every_steps = 0 or use "
+                          "run.mode = 'one_step'", key="eval.every_steps")
     eval_pool = load_pool(cfg.eval.tasks_dir) if cfg.eval.tasks_dir else None
     return eval_task_names(cfg, tasks, train_task_names(tasks, cfg), eval_pool)
+
+
+def _configure_weight_sender(cfg: CampaignConfig, trainer, run: RunDir):
+    """The trainer's side of the weight sync (t1ops.guards.weight_sync); None: engines load step dirs."""
+    import ray
+
+    e = cfg.engine
+    if cfg.trainer.parallel.world_size > 1:  # rank actors have no WeightSender yet
+        if e.kind == "sglang" or e.weight_sync == "distributed":
+            raise ConfigError(f"engine.kind = {e.kind!r} / engine.weight_sync = {e.weight_sync!r} needs the "
+                              "single-rank trainer for now (trainer.parallel world size 1): the rank actors do not "
+                              "export or broadcast Hugging Face weights yet", key="engine.weight_sync")
+        return None
+    ray.get(trainer.configure_weight_sender.remote(
+        dtype=e.dtype, bucket_bytes=int(e.weight_sync_bucket_mb * (1 << 20)), master_address=e.weight_sync_master_address,
+        timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports")))
+    return trainer
 
 
 def warm_start_examples(tasks, noise: float, seed: int) -> list[tuple[str, str]]:

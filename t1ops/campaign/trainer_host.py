@@ -22,10 +22,11 @@ from rl.trainer.optim import build_optimizer
 from rl.trainer.settings import TrainerSettings
 from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
+from rl.weights.sender import WeightSender
 from t1ops.guards.checkpoints import CheckpointManager
 
 
-class TrainerHost:
+class TrainerHost(WeightSender):
     def __init__(self, *, spec: dict, settings: dict, vocab_path: str, ckpt_base: str, seed: int,
                  num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
                  gloo_timeout_s: float = 3600.0, temperature: float = 1.0,
@@ -147,6 +148,11 @@ class TrainerHost:
         self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base), "checkpoints_deleted": len(deleted),
                             "resume_point": self.retention.resume_point()}
         return str(path)
+
+    def _published_weights(self, version: str):
+        """What the weight sync sends for ``version`` (rl.weights.sender): the snapshot publish() kept."""
+        state = self.published[int(version)]
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}, self.spec
 
     def checkpoint_report(self) -> dict:
         """Disk used by checkpoints after the last publish, steps deleted, and the resume point."""

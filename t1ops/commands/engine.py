@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--spec-json", default=None, help="ModelSpec fields as JSON (overrides --config)")
     s.add_argument("--vocab", default=None, help="CompactVocab JSON (default: identity over vocab_size)")
     s.add_argument("--checkpoint", default=None, help="actor checkpoint dir holding weights.pt + manifest.json")
+    s.add_argument("--model-path", default=None, help="Hugging Face Qwen3-MoE directory (t1ops export, or what "
+                   "SGLang's --model-path loads): model shape from its config.json, full vocabulary")
     s.add_argument("--dtype", choices=["bf16", "bfloat16", "fp32", "float32"], default="bf16",
                    help="engine precision (the trainer runs fp32)")
     s.add_argument("--seed", type=int, default=0, help="init seed (without --checkpoint) and sampler seed")

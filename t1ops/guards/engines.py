@@ -56,6 +56,7 @@ from rl.engines.client import EngineClient
 from rl.engines.ports import free_port
 from t1ops import telemetry
 from t1ops.config import EngineConfig
+from t1ops.guards.weight_sync import CheckpointDirSync, WeightSync
 from t1ops.errors import ControlPlaneTimeout, EngineDeadError, EngineError, InputError
 
 RUNBOOK = "runbooks/dead-engine.md"
@@ -95,6 +96,7 @@ class _Slot:
     ping_pending: bool = False
     last_used: int = -1
     dead_reason: str = ""
+    awaiting_weights: bool = False  # healthy, at another version; the next barrier brings it in
     in_flight: dict[int, _Ticket] = field(default_factory=dict)
 
 
@@ -149,10 +151,12 @@ class EnginePool:
 
     def __init__(self, factory: EngineFactory, cfg: EngineConfig, *, version: str = "default",
                  checkpoint_dir: str | None = None, clock: Callable[[], float] = time.monotonic,
-                 max_concurrency: int = 64, pause_mode: Literal["abort", "in_place"] = "abort") -> None:
+                 max_concurrency: int = 64, pause_mode: Literal["abort", "in_place"] = "abort",
+                 weight_sync: WeightSync | None = None) -> None:
         if pause_mode not in ("abort", "in_place"):
             raise InputError(f"pause_mode must be 'abort' or 'in_place', got {pause_mode!r}", argument="pause_mode")
         self.factory, self.cfg, self.clock = factory, cfg, clock
+        self.weight_sync: WeightSync = weight_sync or CheckpointDirSync()  # how "publish" moves weights
         self.version, self.checkpoint_dir = version, checkpoint_dir
         self.pause_mode = pause_mode
         self._history: list[str] = [version]  # every version published, oldest first
@@ -235,6 +239,7 @@ class EnginePool:
         version, barriers begun, the gate, and ``(slot, url, status)`` of every started engine."""
         with self._cond:
             return {"version": self.version, "num_syncs": self._num_syncs, "gate_open": self._gate_open,
+                    "history": list(self._history), "pause_mode": self.pause_mode,  # for response_versions_ok
                     "engines": [(s.index, s.handle.url, s.status) for s in self._slots if s.handle is not None]}
 
     def report_failure(self, index: int, url: str, reason: str, *, wrong_version: bool = False) -> None:
@@ -329,14 +334,14 @@ class EnginePool:
         with self._sync_lock:  # never interleave with a barrier
             try:
                 if s.handle.client.weight_version() != self.version:
-                    if self.checkpoint_dir is None:
-                        raise EngineError(f"engine {s.index} started at another version than the pool's "
-                                          f"{self.version!r} and the pool has no checkpoint to load")
-                    s.handle.client.update_weights_from_disk(self.checkpoint_dir, self.version)
-                    found = s.handle.client.weight_version()
-                    if found != self.version:
-                        raise EngineError(f"engine {s.index} reports version {found!r} after loading "
-                                          f"{self.checkpoint_dir}, expected {self.version!r}")
+                    if not self.weight_sync.admits_alone:  # joins at the next barrier (weight_sync.py)
+                        if not s.awaiting_weights:
+                            with self._cond:
+                                s.awaiting_weights = True
+                                self._cond.notify_all()
+                            telemetry.event("engine.awaiting_weights", slot=s.index, url=s.handle.url)
+                        return
+                    self.weight_sync.admit(s.handle.client, self.checkpoint_dir, self.version)
             except ENGINE_FAILURES as e:
                 self._declare_dead(s, f"admission failed: {e}")
                 return
@@ -445,15 +450,7 @@ class EnginePool:
                 self._cond.notify_all()
 
     def _versions_ok(self, ticket: _Ticket, resp: P.GenerateResponse) -> bool:
-        """Abort mode: one version, the admitted or the current one. In place: the spans name
-        versions published since admission, in publication order, ending at the response's."""
-        if self.pause_mode == "abort":
-            return resp.weight_version in (ticket.version, self.version) and not resp.spans_versions
-        history = self._history[self._history.index(ticket.version):] if ticket.version in self._history else []
-        seen = [s.version for s in resp.weight_versions] or [resp.weight_version]
-        positions = [history.index(v) if v in history else -1 for v in seen]
-        return (min(positions) >= 0 and positions == sorted(positions) and resp.weight_version in history
-                and seen[-1] == resp.weight_version)
+        return response_versions_ok(resp, ticket.version, self._history, self.pause_mode)
 
     # --- the weight-sync barrier -----------------------------------------------------------
     def sync_weights(self, checkpoint_dir: str, version: str,
@@ -479,8 +476,13 @@ class EnginePool:
                 self._control(s, "pause", lambda c: c.pause_generation(self.pause_mode))
             if self.pause_mode == "abort":
                 self._drain()  # in place: paused requests stay on their engine and resume after the sync
-            for s in self._live_of(live):
-                self._control(s, "publish", lambda c: self._publish(c, checkpoint_dir, version))
+            waiting = [s for s in self._slots if s.status == "starting" and s.awaiting_weights]
+            failures = self.weight_sync.publish([(s.index, s.handle.client) for s in self._live_of(live) + waiting],
+                                                checkpoint_dir, version)
+            for s in self._live_of(live) + waiting:
+                if s.index in failures:
+                    self._declare_dead(s, f"publish failed during weight sync: {failures[s.index]}")
+            self._admit_waiting(waiting)
             published = self._live_of(live)
             if live and not published:
                 raise EngineDeadError(f"weight sync to {version!r} from {checkpoint_dir} failed on every engine: "
@@ -515,11 +517,42 @@ class EnginePool:
         except ENGINE_FAILURES as e:
             self._declare_dead(s, f"{what} failed during weight sync: {e}")
 
-    def _publish(self, client: EngineClient, checkpoint_dir: str, version: str) -> None:
-        client.update_weights_from_disk(checkpoint_dir, version)  # bulk: deliberately unbounded
-        found = client.weight_version()
-        if found != version:
-            raise EngineError(f"{client.base_url} reports version {found!r} after update to {version!r}")
+    def _admit_waiting(self, waiting: list[_Slot]) -> None:
+        """Engines that received this barrier's weights join rotation (resumed with the others)."""
+        for s in waiting:
+            with self._cond:
+                if s.status != "starting":
+                    continue
+                s.status = "live"
+                self._cond.notify_all()
+            telemetry.event("engine.admitted", slot=s.index, url=s.handle.url, at_barrier=True,
+                            startup_s=round(self.clock() - s.started_at, 3))
+
+    def publish_to_waiting(self) -> tuple[int, ...]:
+        """Bring engines that await weights to the pool's current version now (start-up of distributed
+        sync: no request is in flight on them, so no pause is needed); returns the slots admitted."""
+        with self._sync_lock:
+            waiting = [s for s in self._slots if s.status == "starting" and s.awaiting_weights]
+            if not waiting:
+                return ()
+            failures = self.weight_sync.publish([(s.index, s.handle.client) for s in waiting], self.checkpoint_dir,
+                                                self.version)
+            for s in waiting:
+                if s.index in failures:
+                    self._declare_dead(s, f"publish failed at admission: {failures[s.index]}")
+            self._admit_waiting([s for s in waiting if s.index not in failures])
+        return tuple(s.index for s in waiting if s.index not in failures)
+
+    def wait_until_ready(self, timeout_s: float | None = None) -> None:
+        """Block until every slot is live or healthy and awaiting weights (distributed sync's start-up)."""
+        limit_s = self.cfg.warmup_grace_s + self.cfg.failure_threshold * self.cfg.health_interval_s \
+            if timeout_s is None else timeout_s
+        ready = lambda: all(s.status == "live" or (s.status == "starting" and s.awaiting_weights)  # noqa: E731
+                            for s in self._slots)
+        with self._cond:
+            if not self._cond.wait_for(lambda: ready() or any(s.status == "dead" for s in self._slots),
+                                       timeout=limit_s) or not ready():
+                raise EngineDeadError(f"engines not ready within {limit_s:g} s: {self.describe()}. See {RUNBOOK}")
 
     def _drain(self) -> None:
         """Wait (bounded) for the aborted requests to come back.
@@ -549,6 +582,24 @@ class EnginePool:
             telemetry.count("engine.recreated", slot=old.index)
             telemetry.event("engine.recreated", severity="warning", slot=old.index, previous=old.dead_reason[:200])
         return tuple(recreated)
+
+
+def response_versions_ok(resp: P.GenerateResponse, admitted: str, history: Sequence[str],
+                         pause_mode: str = "abort") -> bool:
+    """Whether a finished response was sampled only under versions the pool published for it.
+
+    ``admitted``: the pool's version when the request was admitted; ``history``: every version the
+    pool published, oldest first (the last is the current one). ``abort`` pause: one version, the
+    admitted or the current one. ``in_place`` (fully async): the spans name versions published since
+    admission, in publication order, ending at ``resp.weight_version``. Shared by every caller that
+    checks responses (the pool, direct callers).
+    """
+    if pause_mode == "abort":
+        return resp.weight_version in (admitted, history[-1]) and not resp.spans_versions
+    since = list(history[list(history).index(admitted):]) if admitted in history else []
+    seen = [sp.version for sp in resp.weight_versions] or [resp.weight_version]
+    positions = [since.index(v) if v in since else -1 for v in seen]
+    return min(positions) >= 0 and positions == sorted(positions) and seen[-1] == resp.weight_version
 
 
 def _kill(proc: subprocess.Popen | None) -> None:

@@ -34,6 +34,7 @@ import httpx
 import tenacity
 
 from rl.engines import protocol as P
+from rl.engines import protocol_weights as PW
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import ControlPlaneTimeout, EngineError, InputError
@@ -43,7 +44,10 @@ log = logging.getLogger(__name__)
 
 Policy = Literal["control", "generate", "bulk"]
 #: Paths that are not control-plane calls; everything else is bounded as control.
-NON_CONTROL: dict[str, Policy] = {P.GENERATE: "generate", P.UPDATE_WEIGHTS_FROM_DISK: "bulk"}
+NON_CONTROL: dict[str, Policy] = {P.GENERATE: "generate", P.UPDATE_WEIGHTS_FROM_DISK: "bulk",
+                                  # the distributed update: the group's own timeout bounds these, and a
+                                  # retried init would join the group twice (t1ops.guards.weight_sync)
+                                  PW.INIT_WEIGHTS_UPDATE_GROUP: "bulk", PW.UPDATE_WEIGHTS_FROM_DISTRIBUTED: "bulk"}
 
 
 def policy_for(path: str) -> Policy:

@@ -1,4 +1,4 @@
-"""Equivalence: a TP=2 (+SP), an EP=2 and a DP=2 trainer against the 1-rank trainer, R3 replay on.
+"""Equivalence: a TP=2 (+SP), an EP=2, a DP=2 and a TP=2+EP=2 trainer against the 1-rank trainer, R3 on.
 
 Same batch, same initial weights (layout-free, rl.trainer.ranks.full_initial_states), one PPO
 step (critic + actor, ppo_epochs=1). Tolerances: per-token log-probs within 1e-5 (absolute, loss
@@ -42,7 +42,9 @@ def reference():
 
 @pytest.mark.parametrize("layout", [Layout(tp=2, sequence_parallel=True, max_tokens_per_gpu=CAP),
                                     Layout(dp=2, ep=2, max_tokens_per_gpu=CAP),
-                                    Layout(dp=2, max_tokens_per_gpu=CAP)], ids=["tp2-sp", "ep2", "dp2"])
+                                    Layout(dp=2, max_tokens_per_gpu=CAP),
+                                    Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP)],
+                         ids=["tp2-sp", "ep2", "dp2", "tp2-sp-ep2"])
 def test_layout_matches_one_rank(reference, layout, tmp_path):
     batch, ref_lp, ref, ref_actor = reference
     got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE, shards_to=str(tmp_path))

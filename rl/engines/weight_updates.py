@@ -1,0 +1,129 @@
+"""The embedded engine's weight-update endpoints, in SGLang's schemas.
+
+- ``/update_weights_from_disk`` of a Hugging Face directory (``rl.hf.checkpoint``: what a real
+  server loads; a ``t1ops.json`` naming another role than actor is refused). The legacy t1ops
+  step directory (``weights.pt`` + ``manifest.json``) stays with :mod:`rl.engines.embedded`.
+- ``/init_weights_update_group``, ``/update_weights_from_distributed``,
+  ``/destroy_weights_update_group`` (:mod:`rl.engines.protocol_weights`): join the trainer's
+  group (:mod:`rl.weights.group`, gloo on CPU), receive one broadcast per Hugging Face tensor,
+  convert with :mod:`rl.hf.qwen3_moe` and load.
+
+Loading is all-or-nothing per request: names, units and shapes are checked before any copy,
+and the copy happens under the engine's model lock, so no token step sees half a bucket.
+Requests are received outside the lock (the barrier has paused generation already; a request
+that arrives anyway sees the old weights until the copy).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from http import HTTPStatus
+from typing import Any, Callable
+
+import torch
+
+from rl.engines import protocol as P
+from rl.engines import protocol_weights as PW
+from rl.errors import CheckpointError, InputError, T1OpsError
+from rl.hf import qwen3_moe
+from rl.hf.checkpoint import check_actor_export, import_hf
+from rl.model import weights_state_dict
+from rl.weights.group import destroy_update_group, init_update_group, receive_tensors
+
+
+def load_partial(engine, state: dict[str, torch.Tensor]) -> None:
+    """Copy megatron-named tensors into ``engine.model`` (cast to its dtype); all checked first."""
+    current = weights_state_dict(engine.model)
+    wrong = [f"{n}: {tuple(t.shape)} vs {tuple(current[n].shape) if n in current else 'absent'}"
+             for n, t in state.items() if n not in current or current[n].shape != t.shape]
+    if wrong:
+        raise CheckpointError(f"{len(wrong)} tensor(s) do not fit the served model (first: {wrong[:3]}); the "
+                              "trainer and the engine must run the same ModelSpec", mismatched=wrong[:10])
+    with engine._model_lock, torch.no_grad():
+        for name, tensor in state.items():
+            current[name].copy_(tensor)
+        if hasattr(engine, "weights_generation"):  # cached K/V of the old weights is stale (rl.engines.batching)
+            engine.weights_generation += 1
+
+
+def update_from_hf_dir(engine, request: P.UpdateWeightsFromDiskRequest) -> None:
+    """Load a Hugging Face export into the engine (``/update_weights_from_disk``)."""
+    meta = check_actor_export(request.model_path)
+    spec, state = import_hf(request.model_path)
+    if dataclasses.replace(spec, max_seq_len=engine.spec.max_seq_len) != engine.spec:
+        raise CheckpointError(f"{request.model_path} holds {spec}, the engine serves {engine.spec}",
+                              path=request.model_path)
+    if request.abort_all_requests:
+        engine.abort("", abort_all=True)
+    full = weights_state_dict(engine.model)
+    if set(state) != set(full):
+        raise CheckpointError(f"{request.model_path} lacks {sorted(set(full) - set(state))[:3]}", path=request.model_path)
+    load_partial(engine, state)
+    with engine._model_lock:
+        engine.weight_version = request.weight_version or str(meta.get("step", engine.weight_version))
+        engine.model_path = str(request.model_path)
+
+
+class WeightReceiver:
+    """The engine's weight-update groups by name (SGLang keeps the same map)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.groups: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def init_group(self, request: PW.InitWeightsUpdateGroupRequest) -> str:
+        with self._lock:
+            if request.group_name in self.groups:
+                raise InputError(f"weight-update group {request.group_name!r} exists; destroy it first")
+        group = init_update_group(backend=request.backend, master_address=request.master_address,
+                                  master_port=request.master_port, rank=request.rank_offset,  # tp_rank 0
+                                  world_size=request.world_size, group_name=request.group_name)
+        with self._lock:
+            self.groups[request.group_name] = group
+        return f"joined {request.group_name} as rank {request.rank_offset} of {request.world_size}"
+
+    def update(self, request: PW.UpdateWeightsFromDistributedRequest) -> str:
+        group = self.groups.get(request.group_name)
+        if group is None:
+            raise InputError(f"no weight-update group {request.group_name!r}; call /init_weights_update_group first")
+        hf = receive_tensors(request.names, request.dtypes, request.shapes, group)
+        qwen3_moe.check_shapes(hf, self.engine.spec)
+        state = qwen3_moe.from_hf(hf, self.engine.spec, partial=True)
+        if request.abort_all_requests:
+            self.engine.abort("", abort_all=True)
+        load_partial(self.engine, state)
+        if request.weight_version is not None:
+            with self.engine._model_lock:
+                self.engine.weight_version = request.weight_version
+        return f"loaded {len(hf)} tensors" + (f"; weight version {request.weight_version}"
+                                               if request.weight_version is not None else "")
+
+    def destroy(self, request: PW.DestroyWeightsUpdateGroupRequest) -> str:
+        with self._lock:
+            group = self.groups.pop(request.group_name, None)
+        if group is None:
+            raise InputError(f"no weight-update group {request.group_name!r} to destroy")
+        destroy_update_group(group)
+        return f"destroyed {request.group_name}"
+
+
+def _answer(call: Callable[[], str]) -> tuple[int, Any]:
+    """SGLang's answer: 200 + success true, or 400 + success false with the reason."""
+    try:
+        return HTTPStatus.OK, PW.WeightsResponse(True, call()).to_json()
+    except (T1OpsError, RuntimeError, ValueError) as exc:  # a failed rendezvous/broadcast is a RuntimeError
+        return HTTPStatus.BAD_REQUEST, PW.WeightsResponse(False, f"{type(exc).__name__}: {exc}").to_json()
+
+
+def routes(engine, body: Callable[[], Any]) -> dict[str, Callable[[], tuple[int, Any]]]:
+    """POST routes for :mod:`rl.engines.embedded`'s handler (``body()`` reads the request JSON)."""
+    receiver = engine.__dict__.setdefault("_weight_receiver", WeightReceiver(engine))
+    return {
+        PW.INIT_WEIGHTS_UPDATE_GROUP: lambda: _answer(
+            lambda: receiver.init_group(PW.InitWeightsUpdateGroupRequest.from_json(body()))),
+        PW.UPDATE_WEIGHTS_FROM_DISTRIBUTED: lambda: _answer(
+            lambda: receiver.update(PW.UpdateWeightsFromDistributedRequest.from_json(body()))),
+        PW.DESTROY_WEIGHTS_UPDATE_GROUP: lambda: _answer(
+            lambda: receiver.destroy(PW.DestroyWeightsUpdateGroupRequest.from_json(body()))),
+    }

@@ -1,0 +1,217 @@
+"""How the weight-sync barrier moves weights into the engines: SGLang's own endpoints.
+
+:class:`~t1ops.guards.engines.EnginePool` runs the barrier (pause, publish, check versions,
+rotate, resume) and asks a ``WeightSync`` for the "publish" part and for bringing a newly
+admitted engine to the pool's version:
+
+- :class:`CheckpointDirSync`: ``/update_weights_from_disk`` of the directory the barrier was
+  given (the pool's historical behaviour; unit tests and any caller that already has a
+  directory the engines can read).
+- :class:`DiskSync` (``engine.weight_sync = "disk"``): the trainer writes a Hugging Face
+  export (``rl.hf``) of the version and every engine loads it with
+  ``/update_weights_from_disk``: what a real SGLang server accepts.
+- :class:`DistributedSync` (``engine.weight_sync = "distributed"``): SGLang's
+  ``/init_weights_update_group`` + ``/update_weights_from_distributed``. The trainer (rank 0)
+  broadcasts every Hugging Face tensor over a torch.distributed group (NCCL with real servers,
+  gloo with the embedded engine); one request per bucket carries its names, dtypes and shapes.
+  The group is rebuilt when the set of engines changes (an engine died or joined). A new
+  engine cannot receive alone, so it waits (healthy, not in rotation) for the next barrier,
+  which brings it in; at start-up the router runs that barrier at once.
+
+Both modes end by checking every engine's ``weight_version`` (the health gate), so per-token
+policy versions keep their meaning.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+from typing import Any, Callable, Protocol, Sequence
+
+from rl.engines import protocol_weights as PW
+from rl.engines.client import EngineClient
+from t1ops import telemetry
+from t1ops.errors import EngineError
+
+Targets = Sequence[tuple[int, EngineClient]]   # (slot index, client)
+
+
+class WeightSync(Protocol):
+    #: True when one engine can be brought to the current version on its own (admission).
+    admits_alone: bool
+
+    def publish(self, targets: Targets, source: str, version: str) -> dict[int, str]:
+        """Bring every target to ``version``; return ``{slot: why it failed}`` for the failures."""
+
+    def admit(self, client: EngineClient, source: str | None, version: str) -> None:
+        """Bring one new engine to ``version`` (only when ``admits_alone``); raise on failure."""
+
+
+def check_version(client: EngineClient, version: str) -> None:
+    found = client.weight_version()
+    if found != version:
+        raise EngineError(f"{client.base_url} reports version {found!r} after the update to {version!r}")
+
+
+def _each(targets: Targets, call: Callable[[EngineClient], Any], failures: dict[int, str], what: str) -> None:
+    """Run ``call`` on every target concurrently; record each failure by slot."""
+    if not targets:
+        return
+    with cf.ThreadPoolExecutor(len(targets), thread_name_prefix=f"weights-{what}") as pool:
+        futures = {pool.submit(call, client): index for index, client in targets}
+        for fut in cf.as_completed(futures):
+            try:
+                fut.result()
+            except Exception as exc:  # any failure is this engine's: the pool declares it dead
+                failures[futures[fut]] = f"{what}: {type(exc).__name__}: {exc}"
+
+
+class CheckpointDirSync:
+    """``/update_weights_from_disk`` of the barrier's directory, engine by engine."""
+
+    admits_alone = True
+
+    def publish(self, targets: Targets, source: str, version: str) -> dict[int, str]:
+        failures: dict[int, str] = {}
+        for index, client in targets:  # bulk and deliberately unbounded: one at a time
+            _each([(index, client)], lambda c: (c.update_weights_from_disk(source, version),
+                                                check_version(c, version)), failures, "publish")
+        return failures
+
+    def admit(self, client: EngineClient, source: str | None, version: str) -> None:
+        if source is None:
+            raise EngineError(f"{client.base_url} started at another version than the pool's {version!r} and "
+                              "the pool has no checkpoint to load")
+        client.update_weights_from_disk(source, version)
+        check_version(client, version)
+
+
+class DiskSync(CheckpointDirSync):
+    """The trainer's Hugging Face export of the version, loaded by ``/update_weights_from_disk``.
+
+    ``export(version) -> directory`` runs on the trainer (a Ray call); the directory is what
+    later admissions load too.
+    """
+
+    def __init__(self, export: Callable[[str], str]) -> None:
+        self.export = export
+        self.last_export: str | None = None
+
+    def publish(self, targets: Targets, source: str, version: str) -> dict[int, str]:
+        self.last_export = self.export(version)
+        return super().publish(targets, self.last_export, version)
+
+    def admit(self, client: EngineClient, source: str | None, version: str) -> None:
+        super().admit(client, self.last_export or source, version)
+
+
+class TrainerSender(Protocol):
+    """The trainer's side of :class:`DistributedSync` (``rl.weights``; a Ray actor in a campaign)."""
+
+    def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str) -> Any: ...
+    def group_address(self, backend: str) -> tuple[str, int]: ...
+    def buckets(self, version: str) -> list: ...
+    def send(self, version: str) -> Any: ...
+    def close_group(self) -> None: ...
+    def wait(self, handle: Any) -> Any: ...
+
+
+class DistributedSync:
+    """SGLang's distributed weight update, driven from the pool's barrier (module docstring)."""
+
+    admits_alone = False
+
+    def __init__(self, sender: TrainerSender, backend: str) -> None:
+        self.sender, self.backend = sender, backend
+        self.members: tuple[str, ...] = ()
+        self.group_name: str | None = None
+        self._names = itertools.count()
+
+    def publish(self, targets: Targets, source: str, version: str) -> dict[int, str]:
+        failures: dict[int, str] = {}
+        if tuple(c.base_url for _, c in targets) != self.members:
+            self._regroup(targets, failures)
+        ok = [(i, c) for i, c in targets if i not in failures]
+        if not ok:
+            return failures
+        buckets = self.sender.buckets(version)
+        handle = self.sender.send(version)  # the trainer broadcasts every bucket in order ...
+
+        def receive(client: EngineClient) -> None:  # ... while each engine takes them one request each
+            for number, bucket in enumerate(buckets):
+                last = number == len(buckets) - 1
+                client.update_weights_from_distributed(PW.UpdateWeightsFromDistributedRequest(
+                    names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.group_name,
+                    flush_cache=last, weight_version=version if last else None))
+            check_version(client, version)
+
+        _each(ok, receive, failures, "update_weights_from_distributed")
+        try:
+            self.sender.wait(handle)
+        except Exception as exc:  # the trainer's broadcast failed: no engine can be trusted with this version
+            self.members = ()
+            return {i: f"trainer broadcast failed: {exc}" for i, _ in targets}
+        if failures:
+            self.members = ()  # a peer failed mid-transfer: the group is unusable, rebuild it next time
+        return failures
+
+    def _regroup(self, targets: Targets, failures: dict[int, str]) -> None:
+        """A fresh group over exactly ``targets`` (rank 0 = trainer, rank i+1 = i-th target)."""
+        if self.group_name is not None:
+            old = self.group_name
+            _each([(i, c) for i, c in targets if c.base_url in self.members],
+                  lambda c: c.destroy_weights_update_group(old), {}, "destroy_group")
+            self.sender.close_group()
+        self.group_name = f"t1ops-weights-{next(self._names)}"
+        try:
+            address, port = self.sender.group_address(self.backend)
+        except Exception as exc:  # e.g. no NCCL in this torch: no engine is asked to join
+            failures.update({i: f"trainer cannot host the group: {exc}" for i, _ in targets})
+            self.members = ()
+            return
+        world = len(targets) + 1
+        handle = self.sender.open_group(master_port=port, world_size=world, group_name=self.group_name,
+                                        backend=self.backend)
+        ranks = {index: rank for rank, (index, _) in enumerate(targets, start=1)}
+        _each(targets, lambda c: c.init_weights_update_group(PW.InitWeightsUpdateGroupRequest(
+            master_address=address, master_port=port, rank_offset=ranks[_slot_of(targets, c)], world_size=world,
+            group_name=self.group_name, backend=self.backend)), failures, "init_weights_update_group")
+        try:
+            self.sender.wait(handle)
+        except Exception as exc:
+            failures.update({i: f"trainer could not form the group: {exc}" for i, _ in targets})
+        self.members = () if failures else tuple(c.base_url for _, c in targets)
+        telemetry.event("engine.weight_group", group=self.group_name, world_size=world, failed=len(failures))
+
+    def admit(self, client: EngineClient, source: str | None, version: str) -> None:
+        raise EngineError("distributed weight sync admits new engines at the next barrier")
+
+
+def _slot_of(targets: Targets, client: EngineClient) -> int:
+    return next(i for i, c in targets if c is client)
+
+
+class LocalTrainerSender:
+    """:class:`TrainerSender` for a :class:`rl.weights.sender.WeightSender` in this process (tests,
+    ``bench/bench_sync.py``): the calls that block until the engines act run on a thread."""
+
+    def __init__(self, sender) -> None:
+        self.sender = sender
+        self._thread = cf.ThreadPoolExecutor(1, thread_name_prefix="weights-rank0")
+
+    def group_address(self, backend: str) -> tuple[str, int]:
+        return self.sender.weight_group_address(backend)
+
+    def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str) -> cf.Future:
+        return self._thread.submit(self.sender.weight_open_group, master_port, world_size, group_name, backend)
+
+    def buckets(self, version: str) -> list:
+        return self.sender.weight_buckets(version)
+
+    def send(self, version: str) -> cf.Future:
+        return self._thread.submit(self.sender.weight_send, version)
+
+    def close_group(self) -> None:
+        self.sender.weight_close_group()
+
+    def wait(self, handle: cf.Future) -> Any:
+        return handle.result()
