@@ -47,7 +47,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rl.errors import CheckpointError, InputError, RoutingError
-from rl.megatron_cpu import SequenceParallelNorm, init_single_process
+from rl.megatron_cpu import init_single_process
+from rl.model_parallel import ReplicatedValueHead, apply_head, full_sequence, layer_spec, parallel_sizes
 
 WEIGHTS_FILE = "weights.pt"
 _LOGPROB_CHUNK_TOKENS = 4096  # positions per LM-head chunk: bounds B x chunk x V logits ...
@@ -81,18 +82,10 @@ class ModelSpec:
         return asdict(self)
 
 
-def _parallel_sizes() -> tuple[int, int]:
-    """(tp, ep) of megatron's parallel state (1, 1 in a world of 1)."""
-    from megatron.core import parallel_state
-
-    return (parallel_state.get_tensor_model_parallel_world_size(),
-            parallel_state.get_expert_model_parallel_world_size())
-
-
 def _transformer_config(spec: ModelSpec, dtype: torch.dtype, routing_replay: bool, sequence_parallel: bool = False):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    tp, ep = _parallel_sizes()
+    tp, ep = parallel_sizes()
     if spec.vocab_size % tp:
         raise InputError(f"vocab_size {spec.vocab_size} is not divisible by tp = {tp}: the LM head and embedding "
                          "are split by vocabulary rows; pad the vocabulary to a multiple of tp",
@@ -143,19 +136,6 @@ def _transformer_config(spec: ModelSpec, dtype: torch.dtype, routing_replay: boo
     )
 
 
-def _layer_spec(spec: ModelSpec):
-    """megatron's local layer spec with :class:`SequenceParallelNorm` as every norm (same params)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
-
-    layer = get_gpt_layer_local_spec(num_experts=spec.num_experts, qk_layernorm=True, normalization="RMSNorm")
-    layer.submodules.input_layernorm = SequenceParallelNorm
-    layer.submodules.pre_mlp_layernorm = SequenceParallelNorm
-    attention = layer.submodules.self_attention.submodules
-    attention.q_layernorm = attention.k_layernorm = SequenceParallelNorm
-    return TransformerBlockSubmodules(layer_specs=[layer] * spec.num_layers, layer_norm=SequenceParallelNorm)
-
-
 def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: bool,
                sequence_parallel: bool = False):
     from megatron.core import parallel_state
@@ -169,7 +149,7 @@ def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: b
     model_parallel_cuda_manual_seed(seed)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=_layer_spec(spec),
+        transformer_layer_spec=layer_spec(spec),
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.max_seq_len,
         position_embedding_type="rope",
@@ -214,32 +194,19 @@ def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32,
 
     model = _build_gpt(spec, seed, dtype, routing_replay=False, sequence_parallel=sequence_parallel)
     config = model.config
-    if _parallel_sizes()[0] == 1:
+    if parallel_sizes()[0] == 1:
         model.output_layer = tensor_parallel.ColumnParallelLinear(
             spec.hidden_size, 1, config=config, init_method=config.init_method,
             bias=True, skip_bias_add=False, gather_output=True,
         )
     else:
-        model.output_layer = _ReplicatedValueHead(spec.hidden_size, config)
+        model.output_layer = ReplicatedValueHead(spec.hidden_size, config)
     if torch.cuda.is_available():
         model.output_layer.cuda(torch.cuda.current_device())
     with torch.no_grad():
         model.output_layer.bias.zero_()
     model.t1_unk_id = None
     return model
-
-
-class _ReplicatedValueHead(torch.nn.Module):
-    """hidden -> 1 linear held whole on every tensor-parallel rank (``weight`` [1, H], ``bias`` [1])."""
-
-    def __init__(self, hidden_size: int, config) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.empty(1, hidden_size, dtype=config.params_dtype))
-        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=config.params_dtype))
-        config.init_method(self.weight)
-
-    def forward(self, hidden_SBH, weight=None, runtime_gather_output=None):
-        return torch.nn.functional.linear(hidden_SBH, self.weight, self.bias), None
 
 
 # --- forward helpers -----------------------------------------------------------
@@ -292,36 +259,8 @@ class _PassThroughHead(torch.nn.Module):
         return hidden_SBH, None
 
 
-def _full_sequence(model, hidden_SBH: torch.Tensor) -> torch.Tensor:
-    """Under sequence parallelism the decoder's output is this rank's slice of the sequence;
-    gather it (backward: keep this rank's slice of the full gradient). Identity otherwise."""
-    if not model.config.sequence_parallel:
-        return hidden_SBH
-    from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
-
-    return gather_from_sequence_parallel_region(hidden_SBH, tensor_parallel_output_grad=False)
-
-
-def _apply_head(head, hidden_SBH: torch.Tensor) -> torch.Tensor:
-    """The head over full-sequence hidden states; a vocab-split head's logits are gathered whole.
-
-    For a column-parallel head under TP: copy-to-TP (backward all-reduces the
-    input gradient over the vocab shards), the local shard's matmul, gather
-    along the vocabulary (backward keeps this rank's shard). With tp = 1 or a
-    replicated head this is the head's own forward.
-    """
-    from megatron.core import tensor_parallel
-
-    if isinstance(head, tensor_parallel.ColumnParallelLinear) and _parallel_sizes()[0] > 1:
-        x = tensor_parallel.copy_to_tensor_model_parallel_region(hidden_SBH)
-        local = torch.nn.functional.linear(x, head.weight, head.bias)
-        return tensor_parallel.gather_from_tensor_model_parallel_region(local)
-    out, _ = head(hidden_SBH)
-    return out
-
-
 def _masked_logits(head, unk_id: int | None, hidden_SBH: torch.Tensor) -> torch.Tensor:
-    logits = _apply_head(head, hidden_SBH).float()
+    logits = apply_head(head, hidden_SBH).float()
     if unk_id is not None:
         logits[..., unk_id] = float("-inf")
     return logits
@@ -331,7 +270,7 @@ def last_logits(model, ids_BT: torch.Tensor) -> torch.Tensor:
     """fp32 next-token logits [B, V] at the last position, UNK masked to -inf."""
     _check_ids(model, ids_BT)
     with _hidden_mode(model) as head:
-        hidden_SBH = _full_sequence(model, model(*_model_inputs(ids_BT)).transpose(0, 1))
+        hidden_SBH = full_sequence(model, model(*_model_inputs(ids_BT)).transpose(0, 1))
         return _masked_logits(head, model.t1_unk_id, hidden_SBH[-1:])[0]
 
 
@@ -378,7 +317,7 @@ def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor,
         picked_cB = logits_cBV.gather(-1, targets_cB.unsqueeze(-1)).squeeze(-1)
         return picked_cB - torch.logsumexp(logits_cBV, dim=-1)
 
-    hidden_TBH = _full_sequence(model, hidden_BTH.transpose(0, 1))
+    hidden_TBH = full_sequence(model, hidden_BTH.transpose(0, 1))
     targets_TB = targets_BT.long().transpose(0, 1)
     batch_size = max(1, ids_BT.shape[0])
     chunk = max(1, min(_LOGPROB_CHUNK_TOKENS // batch_size, _LOGPROB_CHUNK_LOGITS // (batch_size * vocab_size)))
@@ -396,8 +335,8 @@ def values(critic, ids_BT: torch.Tensor) -> torch.Tensor:
     """fp32 value estimates [B, T] (one per position) from ``build_critic``'s model."""
     _check_ids(critic, ids_BT)
     with _hidden_mode(critic) as head:
-        hidden_SBH = _full_sequence(critic, critic(*_model_inputs(ids_BT)).transpose(0, 1))
-        return _apply_head(head, hidden_SBH)[..., 0].transpose(0, 1).float()
+        hidden_SBH = full_sequence(critic, critic(*_model_inputs(ids_BT)).transpose(0, 1))
+        return apply_head(head, hidden_SBH)[..., 0].transpose(0, 1).float()
 
 
 # --- routing record / replay -------------------------------------------------

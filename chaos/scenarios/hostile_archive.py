@@ -175,5 +175,6 @@ def run(tmp: Path) -> Outcome:
         fault_fired=fired >= len(unguarded) - 1,
         unguarded="; ".join(f"{k}: {v}" for k, v in unguarded.items())[:1500],
         guarded=Guarded(caught=caught_all, detection_s=t_detect, error=guarded.get("symlink_escape", "")),
-        invariants={"nothing_written_outside_dest": clean, "every_refusal_names_member": caught_all},
+        invariants={"unguarded_extraction_harmed_the_host": fired >= len(unguarded) - 1,
+                    "nothing_written_outside_dest": clean, "every_refusal_names_member": caught_all},
         details=details)

@@ -97,5 +97,6 @@ def run(tmp: Path) -> Outcome:
         guarded=Guarded(caught=caught, detection_s=detection_s,
                         error=f"ledger named {named} failed eval trials ({next(iter(ledger.failed.values()), '')}); "
                               f"with the loop-keyed bucket eval completed {kept_ok}/{NUM_EVAL}"),
-        invariants={"no_trial_vanished": books["missing"] == 0, "all_eval_completed": kept_ok == NUM_EVAL},
+        invariants={"unguarded_eval_silently_dropped_trials": kept < NUM_EVAL and len(loop_errors) > 0,
+                    "no_trial_vanished": books["missing"] == 0, "all_eval_completed": kept_ok == NUM_EVAL},
         details={"unguarded_kept": kept, "unguarded_crashed": len(loop_errors), "guarded_books": books})

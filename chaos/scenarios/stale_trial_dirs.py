@@ -106,7 +106,8 @@ def run(tmp: Path) -> Outcome:
                    f"the reward hook read {ung['passed']} passes -> reward {ung['reward']:.2f} "
                    f"(source {ung['source']}) from run-old's ctrf.json"),
         guarded=Guarded(caught=len(errors) == 2, detection_s=detection_s, error=errors[0] if errors else ""),
-        invariants={"fresh_dir_per_run": fresh.dir != old_dir and fresh.dir.parent.name == "run-new",
+        invariants={"unguarded_paid_a_stale_reward": fired and ung["reward"] > 0,
+                    "fresh_dir_per_run": fresh.dir != old_dir and fresh.dir.parent.name == "run-new",
                     "no_stale_reward": verdict.reward.value == 0.0 and verdict.reward.source != "ctrf",
                     "new_trial_has_no_ctrf": not (fresh.dir / "verifier" / "ctrf.json").exists()},
         details={"unguarded": ung, "guarded_reason": verdict.reason,

@@ -81,7 +81,9 @@ def run(tmp: Path) -> Outcome:
                    f"reward {unguarded['reward']:.2f} ({unguarded['passed']} passes)"),
         guarded=Guarded(caught=guarded["budget_s"] == TASK_BUDGET_S and bool(logged),
                         detection_s=guarded["detection_s"], error=logged[0] if logged else ""),
-        invariants={"task_budget_kept": guarded["budget_source"] == "task",
+        invariants={"unguarded_valid_command_killed_at_half_budget": unguarded["budget_s"] == TASK_BUDGET_S / 2
+                    and unguarded["exec_reason"] == "budget_exhausted",
+                    "task_budget_kept": guarded["budget_source"] == "task",
                     "slow_valid_command_completes": guarded["exec_reason"] == "ok",
                     "full_reward_when_budget_kept": guarded["passed"] == 4},
         details={"unguarded": unguarded, "guarded": guarded})

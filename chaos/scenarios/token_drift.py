@@ -130,7 +130,7 @@ def run(tmp: Path) -> Outcome:
         invariants={
             "loss_region_drift_zero": rep["drift_in_loss"] == 0,
             "sampled_ids_bit_identical": loss_ids == [t for g in gens for t in g],
-            "audit_sees_unguarded_drift": naive["drift_in_loss"] > 0,
+            "unguarded_drift_inside_loss_region_seen_by_audit": naive["drift_in_loss"] > 0,
             "one_group_id": len({c.meta["group_id"] for c in chunks}) == 1,
         },
         details={"turns_rerendered_differently": changed, "turns_encode_decode_not_identity": roundtrip,

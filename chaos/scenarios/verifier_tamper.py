@@ -118,7 +118,8 @@ def run(tmp: Path) -> Outcome:
         guarded=Guarded(caught=all(caught.values()),
                         detection_s=max(r["detection_s"] for r in guarded.values()),
                         error="; ".join(f"{n}: {r['source']}" for n, r in guarded.items())),
-        invariants={"forgery_never_pays": all(r["reward"] == 0.0 for r in guarded.values()),
+        invariants={"unguarded_every_forgery_paid": all(v > 0 for v in paid.values()),
+                    "forgery_never_pays": all(r["reward"] == 0.0 for r in guarded.values()),
                     "events_carry_trial_id": all(r["trial_ids_match"] for r in guarded.values()),
                     "every_attempt_recorded": all(caught.values())},
         details={"unguarded": unguarded, "guarded": guarded})

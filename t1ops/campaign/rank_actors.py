@@ -99,6 +99,11 @@ class TrainerRankHost(TrainerHost):
         telemetry.event("trainer.rank_step", step=stats.get("step"), **info)
         return {**stats, "rank_info": info}
 
+    def _prune_shards(self) -> list[str]:
+        """The retention policy (``[checkpoints]``) applied to the sharded steps too (rank 0)."""
+        base = self.ckpt.actor_dir.parent
+        return [d for role in ("actor", "critic") for d in _prune(base / f"{role}-shards", self.retention.keep)]
+
     def publish(self, version: int) -> str | None:
         """Gather the full actor once (a collective on every rank); rank 0 saves it for the engines,
         and the critic every save_every steps. Every rank keeps its shard as the behaviour snapshot."""
@@ -112,13 +117,26 @@ class TrainerRankHost(TrainerHost):
             from t1ops.campaign.retention import disk_bytes
 
             path = str(self.ckpt.save("actor", version, actor))
-            deleted = self.retention.apply()
+            deleted = self.retention.apply() + self._prune_shards()
             self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base),
                                 "checkpoints_deleted": len(deleted), "resume_point": None}
         self.published[version] = self.trainer.snapshot_behaviour()
         for old in sorted(self.published)[:-2]:
             del self.published[old]
         return path
+
+
+def _prune(role_dir: Path, keep) -> list[str]:
+    """Sharded steps of one role outside the retention policy's ``keep`` set, deleted."""
+    import shutil
+
+    from t1ops.guards.checkpoints import list_steps, step_dir_name
+
+    steps = list_steps(role_dir) if role_dir.is_dir() else []
+    gone = sorted(set(steps) - keep(steps, None))
+    for step in gone:
+        shutil.rmtree(role_dir / step_dir_name(step))
+    return [f"{role_dir.name}/{step_dir_name(step)}" for step in gone]
 
 
 def _combine(name: str, *results):

@@ -34,7 +34,7 @@ def _per_trial_table(per_trial: dict):
     from rich.table import Table
 
     t = Table(title="per trial: token shares by how each position entered the stream (t1ops/audit_shares.py)")
-    t.add_column("trial")
+    t.add_column("trial", no_wrap=True, overflow="fold")
     for name in SHARE_COLUMNS + ("drift in loss",):
         t.add_column(name, justify="right")
     for sid, row in sorted(per_trial.items()):

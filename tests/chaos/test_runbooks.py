@@ -80,3 +80,9 @@ def test_every_catalogue_row_names_a_guard_module_that_exists():
     assert len(rows) == len(_catalogue_ids()), "every catalogue row ends with its guard module"
     missing = [(i, m) for i, m in rows if not (REPO / m).exists()]
     assert missing == [], f"catalogue rows naming a guard module that does not exist: {missing}"
+
+
+def test_every_registered_scenario_is_in_the_catalogue():
+    ids = set(_catalogue_ids())
+    missing = [sid for sid in harness.discover() if sid not in ids]
+    assert missing == [], f"scenarios without a row in docs/failures.md: {missing}"

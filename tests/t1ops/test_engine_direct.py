@@ -65,16 +65,17 @@ def test_sigkill_and_a_weight_sync_mid_rollout_lose_nothing(pool_and_direct, che
     assert pool.live_slots() == [1] and pool.num_in_flight() == 0  # the pool never saw the requests
 
     results.clear()
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for th in threads:
+    long = [threading.Thread(target=lambda i=i: results.append(direct.generate(_req(f"l{i}", n=120))))
+            for i in range(4)]
+    for th in long:
         th.start()
     _wait_for(lambda: len(direct._tickets) == 4)
-    time.sleep(0.2)
-    report = pool.sync_weights(checkpoint, "1")
-    for th in threads:
+    report = pool.sync_weights(checkpoint, "1")  # mid-generation: the engine aborts them, they come back
+    for th in long:
         th.join(timeout=120)
-    assert not errors and len(results) == 4
-    assert all(r.weight_version == "1" and not r.spans_versions for r in results)
+    assert len(results) == 4 and all(len(r.output_ids) == 120 and not r.spans_versions for r in results)
+    assert report.num_aborted_in_flight == 0       # the pool saw none of them ...
+    assert all(r.weight_version == "1" for r in results)  # ... yet each was resubmitted under the new version
     assert report.recreated_slots == (0,)
 
 

@@ -1,0 +1,71 @@
+"""Rank-actor helpers that need no Ray: retention of sharded steps, rank 0's answer with every rank's timing."""
+from t1ops.campaign.rank_actors import _combine, _prune
+from t1ops.campaign.retention import Retention
+
+
+def test_retention_prunes_sharded_steps(tmp_path):
+    role_dir = tmp_path / "critic-shards"
+    for step in (0, 4, 8, 12):
+        (role_dir / f"step_{step:08d}").mkdir(parents=True)
+    keep = Retention(tmp_path, needs_critic=True, keep_last=2).keep
+    assert _prune(role_dir, keep) == ["critic-shards/step_00000000", "critic-shards/step_00000004"]
+    assert sorted(p.name for p in role_dir.iterdir()) == ["step_00000008", "step_00000012"]
+
+
+def test_train_answer_is_rank_zeros_with_every_ranks_timing():
+    out = _combine("train", {"loss": 1.0, "rank_info": {"rank": 0}}, {"loss": 1.0, "rank_info": {"rank": 1}})
+    assert out["loss"] == 1.0 and [r["rank"] for r in out["ranks"]] == [0, 1]
+    assert _combine("publish", "/ckpt/step_1", None) == "/ckpt/step_1"
+
+
+def _rank_host(rank: int, init_method: str, run_dir: str, vocab_path: str, examples, out) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    from t1ops.campaign.rank_actors import TrainerRankHost
+    from t1ops.config import CampaignConfig
+
+    cfg = CampaignConfig()
+    spec = {**cfg.model.model_dump(), "num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
+            "moe_ffn_hidden_size": 32, "max_seq_len": 1024}
+    host = TrainerRankHost(rank=rank, layout={"dp": 2, "max_tokens_per_gpu": 2048}, spec=spec,
+                           settings={**cfg.trainer.model_dump(exclude={"parallel"}), "save_every": 1},
+                           vocab_path=vocab_path, ckpt_base=f"{run_dir}/checkpoints", seed=0, run_dir=run_dir,
+                           guards=cfg.guards.model_dump(), retention={"keep_last": 1})
+    host.join(init_method)
+    losses = host.warm_start(examples, 2, batch_size=4)
+    paths = [host.publish(v) for v in (0, 1)]
+    out.put((rank, losses, paths, host.checkpoint_report()))
+
+
+def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
+    """Two TrainerRankHost processes (what the campaign runs as Ray actors), without Ray."""
+    import torch.multiprocessing as mp
+
+    from rl.agent.tasks import load_pool
+    from rl.chat import ChatRenderer
+    from rl.engines.ports import free_port
+    from t1ops.campaign.launch import build_vocab, warm_start_examples
+    from t1ops.guards.sharded_checkpoints import load_full, shard_dir
+
+    tasks = load_pool(str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "tasks"))
+    vocab = build_vocab(tasks, ChatRenderer.default(), 248_320, multiple=2)
+    assert vocab.size % 2 == 0  # padded for tp = 2
+    vocab.save(tmp_path / "vocab.json")
+    examples = warm_start_examples(tasks, 0.5, 0)[:8]
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=_rank_host, args=(r, init, str(tmp_path), str(tmp_path / "vocab.json"), examples,
+                                                  out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    got = dict((r, rest) for r, *rest in (out.get() for _ in procs))
+    assert got[0][0] == got[1][0]  # both ranks report the same (all-reduced) warm-start losses
+    assert got[0][1][1].endswith("step_00000001") and got[1][1] == [None, None]  # rank 0 publishes
+    assert got[0][2]["checkpoints_deleted"] >= 1  # keep_last = 1 pruned step 0 (full and sharded)
+    full, manifest = load_full(shard_dir(tmp_path / "checkpoints", "critic", 1), "critic")
+    assert len(manifest["shards"]) == 2 and not shard_dir(tmp_path / "checkpoints", "critic", 0).exists()
