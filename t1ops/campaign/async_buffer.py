@@ -68,12 +68,13 @@ class StepBooks:
 class GroupBuffer:
     def __init__(self, *, groups_per_step: int, group_size: int, max_staleness: int, num_workers: int,
                  zero_variance_filter: bool = True, sample_full_batch: bool = True,
-                 max_draws_factor: int = 8) -> None:
+                 max_draws_factor: int = 8, first_step: int = 1) -> None:
         self.groups_per_step, self.group_size = groups_per_step, group_size
         self.zero_variance_filter, self.sample_full_batch = zero_variance_filter, sample_full_batch
         self.max_draws = max_draws_factor * groups_per_step
         self.manager = StalenessManager(max_staleness=max_staleness, batch_size=groups_per_step,
                                         max_concurrency=num_workers)
+        self.step_offset = first_step - 1  # the manager counts this run's steps from 1 (a resumed run too)
         self.queue_size = (max_staleness + 1) * groups_per_step
         self.queue: queue.Queue[Group] = queue.Queue(maxsize=self.queue_size)
         self.totals: Counter = Counter()   # submitted, accepted, zero_variance, failed, cancelled, trained, ...

@@ -30,6 +30,7 @@ from t1ops.campaign.async_buffer import GroupBuffer, version_lag_histogram, span
 from t1ops.campaign.runner import Campaign, _metrics_row, dump_results
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.summary import Summary
+from t1ops.campaign.trialtrace import step_split
 from t1ops.campaign.worker import TrialSpec
 from t1ops.errors import MissingRoutingError
 
@@ -57,14 +58,15 @@ class GroupPlanner:
 class AsyncDriver:
     """The coordinator side: submit groups within capacity, collect them, settle them."""
 
-    def __init__(self, c: Campaign) -> None:
+    def __init__(self, c: Campaign, first_step: int = 1) -> None:
         cfg, fa, r = c.cfg, c.cfg.fully_async, c.cfg.rollout
         self.c = c
         self.buffer = GroupBuffer(groups_per_step=r.batch_size // r.n_samples_per_prompt,
                                   group_size=r.n_samples_per_prompt, max_staleness=fa.max_staleness_steps,
                                   num_workers=fa.num_parallel_generation_workers,
                                   zero_variance_filter=fa.zero_variance_filter,
-                                  sample_full_batch=fa.sample_full_batch, max_draws_factor=fa.max_draws_factor)
+                                  sample_full_batch=fa.sample_full_batch, max_draws_factor=fa.max_draws_factor,
+                                  first_step=first_step)
         self.planner = GroupPlanner(c.rollouts.task_names, r.n_samples_per_prompt, cfg.run.seed)
         self.in_flight: dict = {}  # ray ref -> (started_step, group_id)
         self._next_worker = itertools.count()
@@ -135,55 +137,73 @@ class AsyncDriver:
 
 def async_step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
     """Run ``cfg.run.steps`` steps in fully async mode (module docstring)."""
-    import ray
-
-    d = AsyncDriver(c)
+    first = (c.resume_from or 0) + 1
+    d, ev = AsyncDriver(c, first), c.evaluator
+    if ev is not None and not any(e["step"] == first - 1 for e in summary.evals):
+        ev.maybe_submit(first - 1)
     d.fill()
     try:
-        for step in range(1, c.cfg.run.steps + 1):
-            t_step = time.monotonic()
-            for hook in c.on_step:  # e.g. a chaos fault schedule
-                hook(c, step)
-            while not d.buffer.batch_ready():
-                progress.update(step=step, phase="generate", in_flight=len(d.in_flight))
-                d.poll()
-            groups = d.buffer.take_batch()
-            rollout_s = time.monotonic() - t_step
-            results = [r for g in groups for r in g.data["results"]]
-            progress.update(step=step, phase="train", in_flight=len(d.in_flight))
-            t_train = time.monotonic()
-            c.guards.train_submitted(step)
-            telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
-            train_ref = c.trainer.train.remote(results, "rollout")
-            while not d.poll(extra=[train_ref]):  # generation continues while the trainer trains
-                if c.guards.watchdog is not None:
-                    c.guards.watchdog.check()
-            stats = c.guards.wait_train(train_ref, step)
-            train_s = time.monotonic() - t_train
-            telemetry.event("campaign.train_done", step=step)
-            t_sync = time.monotonic()
-            ckpt = ray.get(c.trainer.publish.remote(step))
-            telemetry.event("campaign.sync_barrier", step=step)
-            sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))  # pause in place, publish, resume
-            d.buffer.advance()
-            sync_s = time.monotonic() - t_sync
-            telemetry.event("campaign.sync_done", step=step)
-            dump_results(c.run, step, results)
-            row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
-            row.update(mode="fully_async", engines_recreated=sync["recreated"], engines_dead=sync["dead"],
-                       **_accounting(d.buffer, groups, results, step, c.cfg.fully_async.staleness_alarm_share))
-            c.guards.after_step(step)
-            row["guards_s"] = round(c.guards.take_busy_s(), 4)
-            summary.extra["async_books"] = d.buffer.books()
-            summary.add_step(row)
-            d.fill()
-            progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()))
+        for step in range(first, c.cfg.run.steps + 1):
+            _one_step(c, d, summary, progress, step)
     finally:
         books = d.stop()
         summary.extra["async_books"] = books
         summary.save()
         if not books["balanced"]:
             telemetry.event("rollout.books_unbalanced", severity="error", **books)
+    if ev is not None and ev.collect() is not None:
+        progress.log(progress.eval_text(ev.latest))
+
+
+def _one_step(c: Campaign, d: AsyncDriver, summary: Summary, progress: Progress, step: int) -> None:
+    import ray
+
+    t_step, ev = time.monotonic(), c.evaluator
+    for hook in c.on_step:  # e.g. a chaos fault schedule
+        hook(c, step)
+    while not d.buffer.batch_ready():  # generation never stops; the step waits for its groups
+        progress.update(step=step, phase="generate", in_flight=len(d.in_flight))
+        d.poll()
+    groups = d.buffer.take_batch()
+    rollout_s = time.monotonic() - t_step
+    results = [r for g in groups for r in g.data["results"]]
+    progress.update(step=step, phase="train", in_flight=len(d.in_flight))
+    t_train = time.monotonic()
+    c.guards.train_submitted(step)
+    telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
+    train_ref = c.trainer.train.remote(results, "rollout")
+    while not d.poll(extra=[train_ref]):  # generation continues while the trainer trains
+        if c.guards.watchdog is not None:
+            c.guards.watchdog.check()
+    stats = c.guards.wait_train(train_ref, step)
+    train_s = time.monotonic() - t_train
+    telemetry.event("campaign.train_done", step=step)
+    if ev is not None:
+        ev.collect()  # an eval request must not span the sync: each eval sees the weights it evaluates
+    t_sync = time.monotonic()
+    ckpt = ray.get(c.trainer.publish.remote(step))
+    telemetry.event("campaign.sync_barrier", step=step)
+    sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))  # pause in place, publish, resume
+    d.buffer.advance()
+    sync_s = time.monotonic() - t_sync
+    telemetry.event("campaign.sync_done", step=step)
+    if ev is not None:
+        ev.maybe_submit(step)
+    dump_results(c.run, step, results)
+    row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
+    row.update(ray.get(c.trainer.checkpoint_report.remote()))
+    row.update(mode="fully_async", engines_recreated=sync["recreated"], engines_dead=sync["dead"],
+               **_accounting(d.buffer, groups, results, step, c.cfg.fully_async.staleness_alarm_share),
+               **step_split(results, rollout_s))
+    c.guards.after_step(step)
+    row["guards_s"] = round(c.guards.take_busy_s(), 4)
+    if stats.get("ranks"):
+        row["ranks"] = stats["ranks"]
+    summary.extra["async_books"] = d.buffer.books()
+    summary.add_step(row)
+    d.fill()
+    progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()),
+                    evaluation=ev.latest if ev is not None else None)
 
 
 def _accounting(buffer: GroupBuffer, groups, results: list[dict], step: int, alarm_share: float) -> dict:
@@ -192,7 +212,7 @@ def _accounting(buffer: GroupBuffer, groups, results: list[dict], step: int, ala
     trainer_version = step - 1  # the weights the trainer held when step ``step`` began
     out["version_lag_tokens"] = {str(k): v for k, v in version_lag_histogram(results, trainer_version).items()}
     out["trajectories_spanning_versions"] = sum(len(spans_versions(r)) > 1 for r in results)
-    out["group_lags"] = {g.group_id: step - g.started_step for g in groups}
+    out["group_lags"] = {g.group_id: step - buffer.step_offset - g.started_step for g in groups}
     out["staleness_alarm"] = out["violation_share"] > alarm_share
     if out["staleness_alarm"]:
         telemetry.event("rollout.staleness_alarm", severity="error", step=step, share=out["violation_share"],

@@ -55,11 +55,12 @@ async def run_group(worker, specs: list, started_step: int) -> dict:
         ledger.expect(f"{spec.group_id}/{spec.sample_idx}")
 
     async def one(spec):
+        queued = time.monotonic()
         async with state.sem:
             await worker.bucket.acquire()
-            try:
+            try:  # the trial's span is tagged with the step the group started in, and its queue time
                 return await loop.run_in_executor(state.executor, worker._trial, spec, next(state.counter),
-                                                  state.stop)
+                                                  state.stop, started_step, time.monotonic() - queued)
             finally:
                 worker.num_finished += 1
 

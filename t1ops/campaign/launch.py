@@ -150,6 +150,10 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
     """The evaluation task names (empty when eval is off); ConfigError unless held out."""
     if cfg.eval.every_steps == 0:
         return []
+    if cfg.pipeline_mode == "fully_async":
+        raise ConfigError("eval.every_steps > 0 is not supported with run.mode = 'fully_async' yet (its loop has "
+                          "no weight-sync point per step to evaluate at); set eval.every_steps = 0 or use "
+                          "run.mode = 'one_step'", key="eval.every_steps")
     eval_pool = load_pool(cfg.eval.tasks_dir) if cfg.eval.tasks_dir else None
     return eval_task_names(cfg, tasks, train_task_names(tasks, cfg), eval_pool)
 

@@ -53,10 +53,21 @@ class Progress:
             desc = (f"step {step} reward {_fmt(row['reward_mean'])} EV {_fmt(row['explained_variance'], '.2f')} "
                     f"gap {_fmt(row['logprob_gap'], '.4f')} turns {_fmt(row['turns_mean'], '.1f')} "
                     f"{row['step_s']:.1f}s/step (rollout {row['rollout_s']:.1f}s: {split_text(row)})"
-                    f"{' | ' + ev if ev else ''} | engines {self.engines}")
+                    f"{' | ' + ev if ev else ''} | engines {self.engines}" + _async_part(row))
             self._bar.update(self._task, completed=step, description=desc)
             if not self.enabled or not sys.stderr.isatty():
                 print(desc, file=sys.stderr, flush=True)
         else:
             self._bar.update(self._task, description=f"step {step}: {phase} (trials in flight {in_flight}) "
                                                      f"| engines {self.engines}")
+
+
+def _async_part(row: dict) -> str:
+    """Fully async rows: group books, tokens by version lag, staleness violations (docs/async.md)."""
+    if "groups_trained" not in row:
+        return ""
+    lags = " ".join(f"{k}:{v}" for k, v in row.get("version_lag_tokens", {}).items())
+    alarm = " ALARM" if row.get("staleness_alarm") else ""
+    return (f" | groups {row['groups_trained']} trained, {row['groups_dropped_zero_variance']} zero-var, "
+            f"{row['groups_in_flight']} in flight | lag tokens {lags or '-'} | violations "
+            f"{row['staleness_violations']}{alarm}")

@@ -82,8 +82,11 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
     steps = data["steps"]
     out = out or Path(summary_path).with_name("report.png")
     x = [s["step"] for s in steps]
+    from t1ops.campaign import async_report
+
     evals = data.get("eval", [])
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7))
+    rows = 3 if async_report.has_staleness(steps) else 2
+    fig, axes = plt.subplots(rows, 3, figsize=(15, 3.5 * rows))
     panels = [("reward_mean", "mean reward (CTRF, passed/S)"), ("explained_variance", "critic explained variance"),
               ("logprob_gap", "train-vs-rollout log-prob gap"), ("step_s", "seconds per step"),
               ("solved_share", "solved share")]
@@ -103,6 +106,9 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    if rows == 3:
+        async_report.draw(axes[2][0], axes[2][1], steps)
+        axes[2][2].set_visible(False)
     fig.suptitle(f"t1ops run {data.get('run_id', '')}")
     fig.tight_layout()
     fig.savefig(out, dpi=100)

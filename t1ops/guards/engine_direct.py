@@ -38,7 +38,7 @@ from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, EngineError
-from t1ops.guards.engines import ENGINE_FAILURES, RUNBOOK
+from t1ops.guards.engines import ENGINE_FAILURES, RUNBOOK, response_versions_ok
 
 AFFINITY_ENTRIES = 4096   # trajectories whose last engine is remembered (LRU)
 AFFINITY_SLACK = 2        # a trajectory stays on its engine while it has at most this many more requests
@@ -169,6 +169,9 @@ class DirectEngines:
             self._tickets[ticket_id] = t
             return ticket_id, t
 
+    def _versions_ok(self, t: _Ticket, resp: P.GenerateResponse) -> bool:
+        return _versions_ok_in(self._view, t.version, resp)
+
     def _run(self, ticket_id: int, t: _Ticket, request: P.GenerateRequest) -> P.GenerateResponse | str:
         client = self._client(t.url)
         fut = self._pool.submit(client.generate, request)
@@ -182,10 +185,9 @@ class DirectEngines:
             except ENGINE_FAILURES as e:
                 self.report(t.slot, t.url, f"{type(e).__name__}: {e}"[:300])  # an exited process: dead now
                 return f"{type(e).__name__}: {e}"
-            published = (t.version, self._view["version"])
-            if not resp.finish_reason.is_abort and (resp.weight_version not in published or resp.spans_versions):
-                self.refresh()
-                if resp.weight_version not in (t.version, self._view["version"]) or resp.spans_versions:
+            if not resp.finish_reason.is_abort and not self._versions_ok(t, resp):
+                self.refresh()  # the view may predate the sync that explains the response
+                if not self._versions_ok(t, resp):
                     reason = (f"answered with weight version {resp.weight_version!r} (spans "
                               f"{[v.version for v in resp.weight_versions]}) for a request admitted under "
                               f"{t.version!r} (pool now {self._view['version']!r}): it missed a weight sync")
@@ -195,6 +197,15 @@ class DirectEngines:
         finally:
             with self._cond:
                 self._tickets.pop(ticket_id, None)
+
+
+def _versions_ok_in(view: dict, admitted: str, resp: P.GenerateResponse) -> bool:
+    """The pool's rule (``response_versions_ok``): in-place pauses (fully async) let a response span the
+    versions published since admission; abort pauses allow one version, the admitted or the current."""
+    history = list(view.get("history") or [])
+    if not history or history[-1] != view["version"]:  # a view taken between the two assignments
+        history.append(view["version"])
+    return response_versions_ok(resp, admitted, history, view.get("pause_mode", "abort"))
 
 
 def _trajectory_key(rid: str | None) -> str | None:

@@ -239,6 +239,7 @@ class EnginePool:
         version, barriers begun, the gate, and ``(slot, url, status)`` of every started engine."""
         with self._cond:
             return {"version": self.version, "num_syncs": self._num_syncs, "gate_open": self._gate_open,
+                    "history": list(self._history), "pause_mode": self.pause_mode,  # for response_versions_ok
                     "engines": [(s.index, s.handle.url, s.status) for s in self._slots if s.handle is not None]}
 
     def report_failure(self, index: int, url: str, reason: str, *, wrong_version: bool = False) -> None:
@@ -449,15 +450,7 @@ class EnginePool:
                 self._cond.notify_all()
 
     def _versions_ok(self, ticket: _Ticket, resp: P.GenerateResponse) -> bool:
-        """Abort mode: one version, the admitted or the current one. In place: the spans name
-        versions published since admission, in publication order, ending at the response's."""
-        if self.pause_mode == "abort":
-            return resp.weight_version in (ticket.version, self.version) and not resp.spans_versions
-        history = self._history[self._history.index(ticket.version):] if ticket.version in self._history else []
-        seen = [s.version for s in resp.weight_versions] or [resp.weight_version]
-        positions = [history.index(v) if v in history else -1 for v in seen]
-        return (min(positions) >= 0 and positions == sorted(positions) and resp.weight_version in history
-                and seen[-1] == resp.weight_version)
+        return response_versions_ok(resp, ticket.version, self._history, self.pause_mode)
 
     # --- the weight-sync barrier -----------------------------------------------------------
     def sync_weights(self, checkpoint_dir: str, version: str,
@@ -589,6 +582,24 @@ class EnginePool:
             telemetry.count("engine.recreated", slot=old.index)
             telemetry.event("engine.recreated", severity="warning", slot=old.index, previous=old.dead_reason[:200])
         return tuple(recreated)
+
+
+def response_versions_ok(resp: P.GenerateResponse, admitted: str, history: Sequence[str],
+                         pause_mode: str = "abort") -> bool:
+    """Whether a finished response was sampled only under versions the pool published for it.
+
+    ``admitted``: the pool's version when the request was admitted; ``history``: every version the
+    pool published, oldest first (the last is the current one). ``abort`` pause: one version, the
+    admitted or the current one. ``in_place`` (fully async): the spans name versions published since
+    admission, in publication order, ending at ``resp.weight_version``. Shared by every caller that
+    checks responses (the pool, direct callers).
+    """
+    if pause_mode == "abort":
+        return resp.weight_version in (admitted, history[-1]) and not resp.spans_versions
+    since = list(history[list(history).index(admitted):]) if admitted in history else []
+    seen = [sp.version for sp in resp.weight_versions] or [resp.weight_version]
+    positions = [since.index(v) if v in since else -1 for v in seen]
+    return min(positions) >= 0 and positions == sorted(positions) and seen[-1] == resp.weight_version
 
 
 def _kill(proc: subprocess.Popen | None) -> None:

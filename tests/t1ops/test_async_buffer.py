@@ -124,3 +124,16 @@ def test_lag_histogram_and_spanning_trajectories():
     assert spans_versions(spanning) == [1, 2, 3] and spans_versions(single) == [3]
     assert version_lag_histogram([spanning, single], trainer_version=3) == {0: 3, 1: 1, 2: 2}
     assert is_zero_variance([0.4, 0.4]) and not is_zero_variance([0.4, 0.5])
+
+
+def test_config_modes_and_refusals():
+    from t1ops.config import parse_config
+
+    assert parse_config({}).pipeline_mode == "one_step"
+    assert parse_config({"run": {"one_step_pipeline": False}}).pipeline_mode == "sync"
+    cfg = parse_config({"run": {"mode": "fully_async"}, "fully_async": {"max_staleness_steps": 3}})
+    assert cfg.pipeline_mode == "fully_async" and cfg.fully_async.max_staleness_steps == 3
+    with pytest.raises(ConfigError, match="single-rank trainer"):
+        parse_config({"run": {"mode": "fully_async"}, "trainer": {"parallel": {"dp": 2}}})
+    with pytest.raises(ConfigError, match="run.mode"):
+        parse_config({"run": {"mode": "async"}})

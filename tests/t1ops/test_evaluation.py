@@ -147,3 +147,11 @@ def test_eval_step_line_prints_eval_reward():
     text = Progress.eval_text({"step": 4, "eval_reward_mean": 0.4567, "eval_solved_share": 0.25,
                                "eval_num_trials": 39, "eval_expected": 40, "eval_failed": 1})
     assert text == "eval@4 reward 0.457 solved 25% n 39/40 (1 failed)"
+
+
+def test_eval_refused_in_fully_async_mode_rather_than_silently_skipped():
+    from t1ops.campaign.launch import held_out_tasks
+    cfg = _cfg()
+    cfg.run.mode = "fully_async"
+    with pytest.raises(ConfigError, match="fully_async"):
+        held_out_tasks(cfg, POOL)
