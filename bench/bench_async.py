@@ -57,6 +57,7 @@ def config(pool: Path, mode: str, steps: int):
     cfg.rollout.tasks_dir, cfg.rollout.num_train_tasks = str(pool), None
     cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt, cfg.rollout.temperature = 4, 2, 0.0
     cfg.trainer.warm_start_steps, cfg.trainer.warm_start_noise, cfg.trainer.ppo_epochs = 150, 0.0, 1
+    cfg.eval.every_steps = 0  # every task of the pool trains: none is held out
     cfg.fully_async.num_parallel_generation_workers = 4
     cfg.fully_async.max_staleness_steps = 2
     cfg.fully_async.zero_variance_filter = False  # greedy samples of one task agree: keep every group

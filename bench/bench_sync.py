@@ -83,7 +83,7 @@ def bench_state(name: str, spec: ModelSpec, repeat: int, tmp: Path) -> None:
         http.close()
     gib = num_bytes / (1 << 30)
     print(f"{name:5s} {gib:6.3f} GiB  memcpy {memcpy_s * 1e3:9.1f} ms  disk {disk_s:7.2f} s "
-          f"({disk_s / memcpy_s:7.0f}x memcpy)  distributed {dist_s:7.2f} s ({dist_s / memcpy_s:7.0f}x memcpy, "
+          f"({disk_s / memcpy_s:6.1f}x memcpy)  distributed {dist_s:7.2f} s ({dist_s / memcpy_s:6.1f}x memcpy, "
           f"disk/distributed {disk_s / dist_s:4.1f}x)  first distributed incl. group {first_s:6.2f} s", flush=True)
 
 

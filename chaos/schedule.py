@@ -37,6 +37,9 @@ TRIGGERS = {"kill-engine": ("mid-rollout", "in-sync"), "stall-engine": ("mid-rol
             "kill-worker": ("mid-rollout",), "stall-trainer": ("in-train",), "fd-pressure": ("mid-rollout",)}
 #: Seconds after a fault within which its evidence must appear (besides the stall itself).
 EVIDENCE_SLACK_S = 30.0
+#: A killed rollout worker is noticed when the coordinator collects its rollout, which is the step
+#: that consumes the batch (with the one-step pipeline, up to a whole step after the kill).
+SLACK_S = {"kill-worker": 120.0}
 
 
 def make_schedule(seed: int, num_faults: int, num_steps: int, num_engines: int, num_workers: int,
@@ -93,7 +96,7 @@ def _target_value(fired: dict, key: str | None):
 def evidence_for(fired: dict, events: list[dict]) -> list[dict]:
     """Events that prove ``fired`` was caught: right name, naming its target, inside its window."""
     names, key = EVIDENCE[fired["kind"]]
-    lo, hi = fired["at"], fired["at"] + fired["duration_s"] + EVIDENCE_SLACK_S
+    lo, hi = fired["at"], fired["at"] + fired["duration_s"] + SLACK_S.get(fired["kind"], EVIDENCE_SLACK_S)
     return [e for e in events if e["name"] in names and lo <= e["time"] <= hi
             and (key is None or e.get(key) == _target_value(fired, key))]
 

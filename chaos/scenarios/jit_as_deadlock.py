@@ -4,13 +4,13 @@ Fault (real): a 2-rank expert-parallel trainer (``chaos.rank_job``: real
 ``RankTrainer`` processes, megatron-core EP = 2 over gloo). Rank 1 "compiles":
 before each of its first forwards it sleeps along the report's warm-up curve
 (a 20-minute cold first micro-batch, then 489 s -> 22 s; time scaled 1 s :
-600 s), so rank 0 waits inside the MoE dispatcher's real all-gather.
+300 s), so rank 0 waits inside the MoE dispatcher's real all-gather.
 
 Unguarded: the groups carry the implicit default, torch's NCCL default of
-10 min (1 s scaled), set through torch's own knob: rank 0's all-gather times
+10 min (2 s scaled), set through torch's own knob: rank 0's all-gather times
 out while rank 1 is silent (the report's "15 NCCL watchdog timeouts + one
 silent rank") and the step is lost. Guarded: the groups come from
-``t1ops.guards.dist`` with the configured 30 min (3 s scaled), the step
+``t1ops.guards.dist`` with the configured 30 min (6 s scaled), the step
 survives the cold compile, and the coordinator's :class:`RankWatch` (the
 campaign's, fed by every rank's progress beacon) classifies the curve as
 ``warming_up``, never ``hung``.
@@ -32,7 +32,7 @@ from t1ops.errors import HangError
 from t1ops.guards.dist import timeout_for
 from t1ops.guards.rank_watch import RankProcess, RankWatch, read_progress
 
-SCALE = 1 / 600.0                                    # scenario seconds per report second
+SCALE = 1 / 300.0                                    # scenario seconds per report second
 CURVE_S = [1200, 489, 250, 120, 60, 22]              # report, section 09: per-micro-batch seconds
 NCCL_BUILTIN_S = 600.0                               # torch's NCCL default collective timeout
 HANG_SCALE = 1 / 30.0                                # the hang job: 60 s min bound -> 2 s, 30 min timeout -> 60 s
@@ -115,6 +115,6 @@ def run(tmp: Path) -> Outcome:
         },
         details={"unguarded": unguarded, "warmup": {k: v for k, v in warm.items()},
                  "hang": {k: v for k, v in hang.items() if k != "hang"},
-                 "scale": "1 s per 600 s: first micro-batch 1200 s (cold compile) -> 2 s, then 489 s -> 22 s; "
-                          "NCCL default 600 s -> 1 s, configured 1800 s -> 3 s; hang job 1 s per 30 s"},
+                 "scale": "1 s per 300 s: first micro-batch 1200 s (cold compile) -> 4 s, then 489 s -> 22 s; "
+                          "NCCL default 600 s -> 2 s, configured 1800 s -> 6 s; hang job 1 s per 30 s"},
     )

@@ -64,6 +64,7 @@ def campaign_config(pool: Path, mode: str, steps: int):
     cfg.trainer.warm_start_steps, cfg.trainer.warm_start_noise = 150, 0.0
     cfg.trainer.ppo_epochs = 1
     cfg.engine.num_engines = 2
+    cfg.eval.every_steps = 0                                           # the pool is the training set
     cfg.fully_async.num_parallel_generation_workers = 3
     cfg.fully_async.max_staleness_steps = 1
     cfg.fully_async.zero_variance_filter = False                       # groups of one have no variance

@@ -483,7 +483,7 @@ def _build_engine(args: argparse.Namespace, spec: ModelSpec | None) -> EmbeddedE
         spec = spec_from_config(read_config(args.model_path))
         torch.set_num_threads(max(1, args.num_threads))
         engine = EmbeddedEngine(spec, CompactVocab.identity(spec.vocab_size), DTYPES[args.dtype], args.seed,
-                                checkpoint=args.model_path)
+                                checkpoint=args.model_path, batching=not args.recompute, kv_slots=max(1, args.kv_slots))
         engine.weight_version = "default"  # as SGLang started with --model-path (its --weight-version default)
         return engine
     if spec is None:
