@@ -42,6 +42,12 @@ def learning_of(summary: dict) -> dict:
             "solved_last": last["eval_solved_share"]}
 
 
+def _verdict(r: dict) -> str:
+    if r["holds"]:
+        return "holds (improvement beyond noise)"
+    return "a drop beyond noise" if -r["gain"] > r["noise"] else "within noise"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -64,7 +70,7 @@ def main() -> None:
         rows.append(r)
         print(f"seed {seed}: eval reward {r['step0']:.3f} (step 0, n {r['n0']}) -> {r['last']:.3f} "
               f"(step {r['last_step']}, n {r['n_last']}): improvement {r['gain']:+.3f} vs noise {r['noise']:.3f} "
-              f"-> {'holds' if r['holds'] else 'within noise'}; solved {r['solved0']:.0%} -> "
+              f"-> {_verdict(r)}; solved {r['solved0']:.0%} -> "
               f"{r['solved_last']:.0%}; {r['minutes']:.1f} min; {run_dir}", flush=True)
     held = sum(r["holds"] for r in rows)
     print(f"learning beyond eval noise on {held}/{len(rows)} seeds "

@@ -97,7 +97,7 @@ def test_sigkill_resubmit_barrier_recreate(make_pool, checkpoint, spec):
     assert first.weight_version == "default"
     assert first.routed_experts_RLK.shape == (3 + 4 - 1, spec.num_layers, spec.moe_router_topk)
 
-    # SIGKILL engine 0 mid-rollout: nothing lost, detected within two ping intervals.
+    # SIGKILL engine 0 mid-rollout: nothing lost, the death named.
     victim = pool.slot(0).process
     results, errors = [], []
 
@@ -117,7 +117,8 @@ def test_sigkill_resubmit_barrier_recreate(make_pool, checkpoint, spec):
     assert not errors and len(results) == 6 and all(len(r.output_ids) == 12 for r in results)
     assert pool.live_slots() == [1]
     dead = telemetry.recent_events("engine.dead")[-1]
-    assert "signal 9" in dead["reason"] and dead["time"] - killed_at < 2 * cfg.health_interval_s
+    # Named as a kill of that engine; how fast is the dead-engine chaos scenario's figure (tests never time).
+    assert "signal 9" in dead["reason"] and dead["time"] >= killed_at and dead["slot"] == 0
 
     # The barrier: a request in flight is aborted and resubmitted under the new version.
     held = []
