@@ -262,3 +262,11 @@ def test_an_agent_that_locks_its_own_workspace_fails_its_command_not_the_sandbox
     v = verify(t)                      # the verifier owns (and may read) what the agent left
     assert v.reward.passed >= 1, v
     t.close()
+
+
+def test_close_all_releases_every_open_trial(tmp_path):
+    sb = Sandbox(tmp_path, "run-close")
+    trials = [sb.create(load_task(TASK), i) for i in range(3)]
+    trials[0].close()
+    assert sb.close_all() == 2
+    assert not [t for t in trials if os.path.ismount(t.fs)] and all(t.closed for t in trials)
