@@ -279,3 +279,9 @@ def _shutdown(c: Campaign | None) -> None:
     if ray.is_initialized():
         ray.shutdown()
     os.environ.pop("RAY_ADDRESS", None)
+    if c is not None:   # trials of workers killed mid-trial (chaos, crashes): every worker is gone now
+        from rl.agent.sandbox.trial import release_under
+
+        freed = release_under(c.run.trials_root)
+        if freed:
+            telemetry.event("campaign.trials_released", severity="warn", count=freed)

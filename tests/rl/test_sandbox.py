@@ -270,3 +270,13 @@ def test_close_all_releases_every_open_trial(tmp_path):
     trials[0].close()
     assert sb.close_all() == 2
     assert not [t for t in trials if os.path.ismount(t.fs)] and all(t.closed for t in trials)
+
+
+def test_release_under_frees_trials_a_dead_worker_left(tmp_path):
+    from rl.agent.sandbox.trial import release_under
+
+    t = Sandbox(tmp_path, "run-dead").create(load_task(TASK), 0)
+    cg = t.cgroup.dirs
+    assert os.path.ismount(t.fs) and all(d.exists() for d in cg.values())
+    assert release_under(tmp_path) == 1            # as if its worker had been SIGKILLed
+    assert not os.path.ismount(t.fs) and not [d for d in cg.values() if d.exists()]
