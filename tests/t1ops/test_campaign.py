@@ -60,6 +60,10 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
     for row in summary["steps"]:  # the trial-time split (docs/tracing.md)
         assert row["generate_s"] > 0 and row["verify_s"] > 0 and 0 < row["generate_share"] <= 1
     spans = read_trial_spans(run_dir)  # every trial traced, under its step's rollout.submit span
+    # held-out eval trials (trial index >= 100000, t1ops.campaign.evaluation) run on their own loop
+    is_eval = {k: int(k.split("-")[-2]) >= 100_000 for k in spans}
+    assert sum(is_eval.values()) == sum(e["eval_expected"] for e in summary["eval"])
+    spans = {k: v for k, v in spans.items() if not is_eval[k]}
     assert len(spans) == sum(r["num_trajectories"] for r in summary["steps"])
     for trial in spans.values():
         assert {"sandbox.create", "agent.turn", "generate", "verify", "reward"} <= set(trial["names"])
