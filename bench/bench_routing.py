@@ -51,14 +51,16 @@ def pipeline_stepwise(segs, num_tokens: int, layers: int, topk: int, cp: int) ->
     return [cp_zigzag_slice(padded, cp, r) for r in range(cp)]
 
 
-def timed(fn, repeat: int) -> float:
-    """Best of ``repeat`` runs: on a shared machine other load only ever adds time."""
-    times = []
+def timed_together(fns: dict, repeat: int) -> dict:
+    """Best of ``repeat`` rounds per function, the functions interleaved round by round, so that
+    load from elsewhere on a shared machine hits the baseline and the candidates alike."""
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
 
 
 def main() -> None:
@@ -73,15 +75,17 @@ def main() -> None:
     rows, segs = payloads(a.turns, a.tokens, a.layers, a.topk)
     nbytes = a.tokens * a.layers * a.topk * 4
     src = np.frombuffer(rows.tobytes() + bytes(a.layers * a.topk * 4), dtype=np.uint8)
-    t_copy = timed(lambda: src.copy(), a.repeat)
-    t_std = timed(lambda: [base64.b64decode(b, validate=True) for _, b in segs], a.repeat)
-    t_b64 = timed(lambda: [pybase64.b64decode(b, validate=True) for _, b in segs], a.repeat)
-    t_step = timed(lambda: pipeline_stepwise(segs, a.tokens, a.layers, a.topk, a.cp), a.repeat)
-    t_pipe = timed(lambda: pipeline(segs, a.tokens, a.layers, a.topk, a.cp), a.repeat)
+    t = timed_together({
+        "copy": lambda: src.copy(),
+        "std": lambda: [base64.b64decode(b, validate=True) for _, b in segs],
+        "b64": lambda: [pybase64.b64decode(b, validate=True) for _, b in segs],
+        "step": lambda: pipeline_stepwise(segs, a.tokens, a.layers, a.topk, a.cp),
+        "pipe": lambda: pipeline(segs, a.tokens, a.layers, a.topk, a.cp)}, a.repeat)
+    t_copy, t_std, t_b64, t_step, t_pipe = t["copy"], t["std"], t["b64"], t["step"], t["pipe"]
     for mine, ref in zip(pipeline(segs, a.tokens, a.layers, a.topk, a.cp),
                          pipeline_stepwise(segs, a.tokens, a.layers, a.topk, a.cp)):
         assert np.array_equal(mine, ref), "one-copy stitch differs from stitch + pad + slice"
-    print(f"load average {os.getloadavg()[0]:.1f}; best of {a.repeat} runs each")
+    print(f"load average {os.getloadavg()[0]:.1f}; best of {a.repeat} interleaved rounds")
     print(f"routing of {a.turns} turns x {a.tokens:,} tokens x {a.layers} layers x top-{a.topk}: "
           f"{nbytes / 2**20:.1f} MiB ({a.layers * a.topk * 4} bytes/token)")
     print(f"memcpy baseline        {t_copy * 1e3:8.2f} ms")

@@ -127,6 +127,27 @@ def logprob_gap(train_logprobs: torch.Tensor | Sequence[torch.Tensor],
     return acc.value()
 
 
+#: Named reducers the trainer may use for the log-prob gap (``TrainerSettings.gap_reducer``). Production
+#: has one; the chaos harness registers the report's group-sum reducer to show the self-check catching it.
+REDUCERS: dict[str, Reducer] = {"token_mean": token_mean_over}
+
+
+def checked_logprob_gap(train_BT: torch.Tensor, rollout_BT: torch.Tensor, mask_BT: torch.Tensor,
+                        reducer: str = "token_mean") -> float:
+    """The step's log-prob gap through the named reducer, self-checked on this step's data.
+
+    The per-token gaps are split into micro-batches of one sample (where a per-sample
+    denominator diverges most) and :func:`verify_reducer` compares the reducer with the
+    direct token mean: a wrong reducer raises MetricError on the first step it runs
+    (docs/failures.md, metrics-reducer)."""
+    if reducer not in REDUCERS:
+        raise InputError(f"unknown gap reducer {reducer!r}; known: {sorted(REDUCERS)}", argument="gap_reducer")
+    logprob_gap(train_BT, rollout_BT, mask_BT)  # validates shapes, masks and finiteness
+    m = mask_BT.bool()
+    gaps = torch.where(m, (train_BT.detach() - rollout_BT).abs(), 0.0).to(torch.float64)
+    return verify_reducer(REDUCERS[reducer], [g[None] for g in gaps], [r[None] for r in m], name=reducer)
+
+
 _FP32_EPS = 1.2e-7  # torch.finfo(torch.float32).eps: returns arrive as fp32
 
 

@@ -119,6 +119,7 @@ class TrainerConfig(Section):
     tis_cap: float = Field(2.0, gt=0, le=1000, description="Truncation cap of the TIS weight.")
     grpo_norm_by_std: bool = Field(False, description="GRPO: divide group-centred advantages by the group's std (off: the walkthrough's Dr. GRPO-style centring).")
     advantage_whitening: bool = Field(False, description="PPO: whiten GAE advantages over the batch's tokens (off: the report, 'advantage normalization is not enabled').")
+    gap_reducer: Literal["token_mean"] = Field("token_mean", description="Reducer of the train-vs-rollout log-prob gap, self-checked against the direct token mean on every step (rl.metrics.checked_logprob_gap); the chaos harness alone selects a wrong one (docs/failures.md, metrics-reducer).")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Layout of the trainer's ranks.")
 
 

@@ -85,7 +85,8 @@ def _guarded(tmp: Path) -> dict:
     t0 = time.monotonic()
     try:
         mgr = CheckpointManager(actor_args.save_dir, critic_args.save_dir)  # before any model exists
-        mgr.maybe_save(0, _build(actor_args, builds).state_dict(), _build(critic_args, builds).state_dict())
+        mgr.save("actor", 0, _build(actor_args, builds).state_dict())
+        mgr.save("critic", 0, _build(critic_args, builds).state_dict())
         refused, error, detection_s = False, "", None
     except CheckpointRoleError as err:
         refused, error, detection_s = True, str(err), time.monotonic() - t0

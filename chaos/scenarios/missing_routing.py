@@ -1,158 +1,133 @@
 """missing-routing: an engine answers one trial without routed experts.
 
-Fault (real): the rollout talks to an SGLang-compatible engine through the
-real ``rl.engines.client.EngineClient`` over an injected HTTP transport. A
-transport in front of the engine strips ``meta_info.routed_experts`` from the
-second-turn response of one trial, the longest one (large captures are the
-ones that fail in practice). The scenario observes the stripped response.
+Fault (real, production path): a real embedded engine process started in chaos
+mode (``--chaos --chaos-omit-routing-for RID_REGEX``, a switch the engine
+refuses without ``--chaos``) answers the first turn of one trial without
+``meta_info.routed_experts``. Everything between the engine and the ledger is
+production code: the worker's ``DirectEngines`` over an ``EnginePool``, the
+real ``EngineClient`` parser, the agent loop with ``TitoBuilder``, real
+sandboxes and the verifier on the bundled tasks, and
+``RolloutWorker._book``'s abort rule (``RolloutWorker.ABORT_ON``).
 
-Unguarded: a naive collector treats the failed trial like any failed sample
-and keeps the rest; the batch silently shrinks 8 -> 7 and, because the
-dropped trial is the long failing one, its mean reward moves (dropping
-conditions the batch on "capture succeeded": T1 report, section 05).
-Guarded: absent routing raises ``MissingRoutingError`` (in the response
-parser, and in ``TitoBuilder`` for any path that bypasses it); the rollout
-aborts naming the trial; the ledger shows no sample vanished.
+Unguarded: the same worker with its abort rule off (``ABORT_ON = ()``, the
+collector of the report that treats the failed capture like any failed trial):
+the rollout returns without error and the batch silently shrinks by one
+(dropping conditions the batch on "capture succeeded": T1 report, section 05).
+Guarded: the parser raises ``MissingRoutingError`` naming the rid; the worker
+re-raises it and the rollout aborts. Runbook: ``runbooks/missing-routing.md``.
 """
 from __future__ import annotations
 
-import json
+import asyncio
+import re
 import time
 from pathlib import Path
 
-import httpx
-import numpy as np
-
 from chaos.harness import Guarded, Outcome, register
-from rl.chat import IM_END_ID, ChatRenderer
-from rl.engines.client import EngineClient
-from rl.engines.protocol import FinishReason, GenerateRequest, GenerateResponse, SamplingParams
-from rl.errors import T1OpsError
-from rl.routing import assert_row_count
-from rl.tito import TitoBuilder
-from t1ops.errors import MissingRoutingError
-from t1ops.guards.pacing import TrialLedger
+from rl.errors import MissingRoutingError
 
-NUM_LAYERS, TOPK, NUM_EXPERTS = 4, 2, 16
-NUM_TRIALS, NUM_TURNS = 8, 2
-FAULTY = "trial-5"                      # the longest trial; its reward is 0
-REWARDS = {f"trial-{i}": float(i % 2 == 0) for i in range(NUM_TRIALS)}  # mean 0.5
+TASKS = ("files-hello", "text-upper")
+SAMPLES = 2                                    # two groups of two trials per rollout
+FAULT_RID = r"^st\d+-g1-.+-s1-t0$"             # first turn of group 1's second trial
+REPO = Path(__file__).resolve().parents[2]
 
 
-def _engine(renderer: ChatRenderer):
-    """An SGLang-compatible /generate: deterministic outputs, routing for [start, seqlen-1)."""
+def _groups(step: int):
+    from t1ops.campaign.worker import TrialSpec
 
-    def handle(request: httpx.Request) -> httpx.Response:
-        req = GenerateRequest.from_json(json.loads(request.content))
-        trial = req.rid.rsplit("-t", 1)[0]
-        words = 40 if trial == FAULTY else 6
-        out = renderer.encode(" ".join(["step"] * words)) + [IM_END_ID]
-        seq = np.asarray(list(req.input_ids) + out, dtype=np.int64)
-        rows = (seq[req.routed_experts_start_len:-1, None, None] + np.arange(NUM_LAYERS)[:, None]
-                + np.arange(TOPK)) % NUM_EXPERTS
-        resp = GenerateResponse(
-            output_ids=tuple(out), finish_reason=FinishReason("stop", matched=IM_END_ID),
-            weight_version="7", prompt_tokens=len(req.input_ids), completion_tokens=len(out),
-            rid=req.rid, output_token_logprobs=tuple([-0.1] * len(out)),
-            routed_experts_RLK=rows.astype(np.int32) if req.return_routed_experts else None)
-        return httpx.Response(200, json=resp.to_json())
-
-    return handle
+    return [[TrialSpec(t, f"st{step}-g{g}-{t}", s) for s in range(SAMPLES)] for g, t in enumerate(TASKS)]
 
 
-class _StripRouting:
-    """The fault: drop meta_info.routed_experts from one trial's second-turn answer."""
+class _Observed:
+    """Wraps the worker's engines to timestamp the first MissingRoutingError (observation only)."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.stripped = inner, []
+        self.inner, self.raised_at = inner, None
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        resp = self.inner(request)
-        body = resp.json()
-        rid = body["meta_info"]["id"]
-        if rid == f"{FAULTY}-t1" and body["meta_info"].pop("routed_experts", None) is not None:
-            self.stripped.append(rid)
-        return httpx.Response(resp.status_code, json=body)
-
-
-def _trial(client: EngineClient, renderer: ChatRenderer, trial: str):
-    prompt = renderer.render_prompt([{"role": "user", "content": f"task for {trial}"}])
-    b = TitoBuilder(prompt, sample_id=trial, num_layers=NUM_LAYERS, topk=TOPK)
-    routed_upto = 0
-    for turn in range(NUM_TURNS):
-        if turn:
-            b.add_observation(renderer.observation_ids([{"role": "tool", "content": "ok"}], IM_END_ID))
-        req = GenerateRequest(input_ids=tuple(b.tokens), rid=f"{trial}-t{turn}",
-                              sampling_params=SamplingParams(max_new_tokens=64),
-                              return_logprob=True, return_routed_experts=True,
-                              routed_experts_start_len=routed_upto)
-        resp = client.generate(req)
-        b.add_generation(resp.output_ids, resp.output_token_logprobs, policy_version=7,
-                         routing_rows=resp.routed_experts_RLK, routing_start=routed_upto)
-        routed_upto = len(b.tokens) - 1
-    [traj] = b.finish()
-    assert_row_count(len(traj), traj.routing, sample=trial)
-    return traj
-
-
-def _rollout(client, renderer, guarded: bool) -> tuple[list, TrialLedger]:
-    ledger, kept = TrialLedger(name="rollout"), []
-    trials = [f"trial-{i}" for i in range(NUM_TRIALS)]
-    for t in trials:
-        ledger.expect(t)
-    for t in trials:
+    def generate(self, req):
         try:
-            kept.append(_trial(client, renderer, t))
-            ledger.complete(t)
-        except MissingRoutingError as err:
-            if guarded:  # the rule: abort the rollout, never drop the sample
-                ledger.fail(t, err)
-                raise
-        except T1OpsError as err:
-            ledger.fail(t, err)
-    return kept, ledger
+            return self.inner.generate(req)
+        except MissingRoutingError:
+            self.raised_at = self.raised_at or time.monotonic()
+            raise
+
+
+def _start(tmp: Path):
+    """A real engine in chaos mode behind the production pool and direct client."""
+    from rl.agent.tasks import load_pool
+    from rl.chat import ChatRenderer
+    from rl.engines.client import EngineClient
+    from rl.engines.embedded import spawn
+    from rl.model import ModelSpec
+    from t1ops.campaign.launch import build_vocab
+    from t1ops.config import EngineConfig
+    from t1ops.guards.engine_direct import DirectEngines
+    from t1ops.guards.engines import EnginePool, spawn_factory
+    from t1ops.guards.http import BoundedHttp
+
+    vocab = build_vocab(load_pool(REPO / "examples" / "tasks"), ChatRenderer.default(), 248_320)
+    vocab.save(tmp / "vocab.json")
+    spec = ModelSpec(max_seq_len=1024, vocab_size=vocab.size)
+    cfg = EngineConfig(num_engines=1)
+    http = BoundedHttp.from_config(cfg)
+    kw = dict(num_moe_layers=spec.num_layers, topk=spec.moe_router_topk, num_experts=spec.num_experts)
+    log = tmp / "engine.log"
+    launch = lambda port: spawn(port, spec, vocab_path=tmp / "vocab.json", log_path=log,  # noqa: E731
+                                extra_args=["--chaos", "--chaos-omit-routing-for", FAULT_RID])
+    pool = EnginePool(spawn_factory(launch, http, **kw), cfg)
+    pool.start()
+    pool.wait_until_live()
+    direct = DirectEngines(pool.view, pool.report_failure, cfg, make_client=lambda url: EngineClient(url, http, **kw))
+    return pool, direct, spec, log
+
+
+def _worker(tmp: Path, direct, spec, name: str):
+    from rl.agent.loop import AgentSettings
+    from t1ops.campaign.worker import RolloutWorker, WorkerSettings
+
+    agent = AgentSettings(max_turns=2, max_new_tokens=24, context_window=1024, num_layers=spec.num_layers,
+                          topk=spec.moe_router_topk)  # routing required on every turn (R3), as in the campaign
+    worker = RolloutWorker(run_id=name, trials_root=str(tmp / name), tasks_dir=str(REPO / "examples" / "tasks"),
+                           settings=WorkerSettings(agent=agent, max_concurrency=4, reward_scale=5.0), router=None)
+    worker.engines = _Observed(direct)
+    return worker
 
 
 @register("missing-routing", "an engine returns no routing for one trial: abort, never drop the sample")
 def run(tmp: Path) -> Outcome:
-    renderer = ChatRenderer.default()
-    fault = _StripRouting(_engine(renderer))
-    client = EngineClient("http://engine", httpx.Client(transport=httpx.MockTransport(fault)),
-                          num_moe_layers=NUM_LAYERS, topk=TOPK, num_experts=NUM_EXPERTS)
-
-    kept, _ = _rollout(client, renderer, guarded=False)
-    ids = [t.meta["sample_id"] for t in kept]
-    mean_all = float(np.mean(list(REWARDS.values())))
-    mean_kept = float(np.mean([REWARDS[i] for i in ids]))
-    unguarded = (f"batch silently shrank to {len(kept)}/{NUM_TRIALS} samples ({FAULTY} dropped, no error); "
-                 f"mean reward {mean_kept:.3f} instead of {mean_all:.3f}")
-    stripped_unguarded = len(fault.stripped)
-
-    t0, err, ledger = time.monotonic(), None, None
+    pool, direct, spec, log = _start(tmp)
     try:
-        _, ledger = _rollout(client, renderer, guarded=True)
-    except MissingRoutingError as e:
-        err = e
-    detection_s = time.monotonic() - t0 if err else None
+        naive = _worker(tmp, direct, spec, "unguarded")
+        naive.ABORT_ON = ()  # the seam: the collector without the abort rule
+        out = asyncio.run(naive.rollout(1, _groups(1)))
+        kept = [r["sample_id"] for r in out["results"]]
+        fired_unguarded = len(re.findall(r"chaos: omitted .* rid (\S+)", log.read_text()))
 
-    # second layer: a path that skips the parser check still cannot build the sample
-    try:
-        TitoBuilder([1, 2], sample_id=FAULTY, num_layers=NUM_LAYERS, topk=TOPK).add_generation(
-            [3, IM_END_ID], [-0.1, -0.1], policy_version=7, routing_rows=None)
-        builder_err = ""
-    except MissingRoutingError as e:
-        builder_err = str(e)
+        worker = _worker(tmp, direct, spec, "guarded")
+        t0, err, books = time.monotonic(), None, None
+        try:
+            books = asyncio.run(worker.rollout(2, _groups(2)))["ledger"]
+        except MissingRoutingError as e:
+            err, aborted_at = e, time.monotonic()
+        omitted = re.findall(r"chaos: omitted .* rid (\S+)", log.read_text())
+    finally:
+        direct.close()
+        pool.close()
+    raised_at = worker.engines.raised_at
+    detection_s = round(aborted_at - raised_at, 4) if err is not None and raised_at else None
+    n = len(TASKS) * SAMPLES
     return Outcome(
-        fault_fired=stripped_unguarded > 0 and len(fault.stripped) > stripped_unguarded,
-        unguarded=unguarded,
+        fault_fired=fired_unguarded >= 1 and len(omitted) > fired_unguarded,
+        unguarded=(f"rollout returned {len(kept)}/{n} samples without error (failed: {out['failed']}); "
+                   "the trial whose capture failed was dropped from the batch"),
         guarded=Guarded(caught=err is not None, detection_s=detection_s, error=str(err or "")),
         invariants={
-            "unguarded_batch_shrank_silently": len(kept) == NUM_TRIALS - 1 and FAULTY not in ids,
-            "rollout_aborted_not_shrunk": err is not None and ledger is None,
-            "error_names_the_trial": err is not None and FAULTY in str(err),
-            "builder_refuses_absent_routing": FAULTY in builder_err,
-            "healthy_rows_match_tokens": all(t.routing.shape[0] == len(t) for t in kept),
+            "unguarded_batch_shrank_silently": len(kept) == n - 1 and not any(k.endswith("g1-" + TASKS[1] + "-s1")
+                                                                              for k in kept),
+            "fault_hit_the_targeted_rid": all(re.match(FAULT_RID, rid) for rid in omitted),
+            "guarded_rollout_aborted": err is not None and books is None,
+            "error_names_the_rid": err is not None and "st2-g1-" in str(err),
+            "detected_after_the_fault": detection_s is not None and detection_s >= 0,
         },
-        details={"stripped_responses": fault.stripped, "unguarded_kept": ids,
-                 "mean_reward_all": mean_all, "mean_reward_kept": mean_kept,
-                 "builder_error": builder_err})
+        details={"omitted_rids": omitted, "unguarded_kept": kept, "unguarded_failed": out["failed"],
+                 "engine_log": str(log)})

@@ -1,12 +1,12 @@
-"""routing-drift: a bf16 sampler and an fp32 trainer pick different top-k experts.
+"""routing-drift: a bf16 engine and an fp32 trainer pick different top-k experts.
 
-Fault (real): the sampler is a different numerical implementation of the same
-weights, exactly as the embedded engine is (``rl.engines.embedded`` serves
-bf16; the trainer runs fp32) and as SGLang differs from Megatron (T1 report,
-section 05). The trainer's weights reach the bf16 sampler through the weight
-publication path (``save_weights`` -> ``load_weights``, cast on load). The
-sampler generates a seeded batch and scores it with its routing recorded
-(``rl.trainer.rollout_batch``). Top-k is discontinuous, so wherever rank k
+Fault (real): the sampler is the real embedded engine process
+(``rl.engines.embedded``, bf16; the trainer runs fp32), as SGLang differs from
+Megatron (T1 report, section 05). The trainer's weights reach it through the
+weight publication path (an actor checkpoint the engine loads at start, cast to
+bf16). The engine samples a seeded batch over HTTP and returns each response's
+log-probs and routed experts (``return_routed_experts``), exactly what a
+rollout hands the trainer. Top-k is discontinuous, so wherever rank k
 and rank k+1 are closer than the bf16/fp32 difference the trainer's free
 routing swaps an expert. The fault is observed, not assumed: the trainer's
 free top-k is compared row by row with the recorded one (``fault_fired`` =
@@ -23,8 +23,8 @@ gap, so the flips come from the numerics and the residual gap under R3 is
 kernel numerics, which R3 does not align (report, section 05).
 
 Sizing: 32 experts with top-4 put many close margins in reach of bf16
-rounding; 32 sequences x 16 tokens (14 sampled) give 8-25 flips in 960 rows
-on every seed tried (0-7), in a couple of seconds on one CPU thread.
+rounding; 32 sequences x 16 tokens (14 sampled by the engine) gave 16 flips in
+960 rows (seed 0); the engine's start dominates the ~50 s run.
 Runbook: ``runbooks/routing-drift.md``.
 """
 from __future__ import annotations
@@ -38,8 +38,9 @@ import numpy as np
 import torch
 
 from chaos.harness import Guarded, Outcome, register
-from rl.model import ModelSpec, build_policy, load_weights, save_weights
-from rl.trainer import RoutingGap, TrainBatch, measure_routing_gap, rollout_batch, sample_responses
+from rl.model import ModelSpec, build_policy, weights_state_dict
+from rl.routing import fill_missing_rows
+from rl.trainer import RoutingGap, TrainBatch, measure_routing_gap, rollout_batch
 
 SPEC = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, num_experts=32,
                  moe_router_topk=4, moe_ffn_hidden_size=64, max_seq_len=64, vocab_size=64)
@@ -61,10 +62,45 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _sample(sampler, g: torch.Generator) -> list[np.ndarray]:
-    """Seeded prompts (BOS + one id) and ``RESPONSE_LEN`` sampled ids each."""
+def _engine_batch(tmp: Path, actor) -> tuple[TrainBatch, list[np.ndarray]]:
+    """Seeded prompts (BOS + one id), ``RESPONSE_LEN`` ids each sampled by a real bf16 engine that
+    loaded ``actor``'s published checkpoint; its log-probs and routing rows as the rollout returns them."""
+    import httpx
+
+    from rl.engines.client import EngineClient
+    from rl.engines.embedded import spawn
+    from rl.engines.ports import free_port
+    from rl.engines.protocol import GenerateRequest, SamplingParams
+    from t1ops.guards.checkpoints import save_checkpoint
+
+    ckpt = save_checkpoint(tmp / "actor", "actor", 1, weights_state_dict(actor))
+    proc = spawn(free_port(), SPEC, checkpoint=ckpt, dtype="bf16", seed=SEED, log_path=tmp / "engine.log")
+    g = torch.Generator().manual_seed(SEED)
     prompts = [[BOS, int(x)] for x in torch.randint(4, SPEC.vocab_size, (NUM_SEQUENCES,), generator=g)]
-    return sample_responses(sampler, prompts, RESPONSE_LEN, generator=g)
+    seqs, logprobs, rows = [], [], []
+    try:
+        with httpx.Client(timeout=120.0) as http:
+            client = EngineClient(proc.url, http, num_moe_layers=SPEC.num_layers, topk=SPEC.moe_router_topk,
+                                  num_experts=SPEC.num_experts)
+            for i, p in enumerate(prompts):
+                resp = client.generate(GenerateRequest(
+                    input_ids=tuple(p), rid=f"drift-{i}", return_logprob=True, return_routed_experts=True,
+                    sampling_params=SamplingParams(max_new_tokens=RESPONSE_LEN, sampling_seed=SEED + i)))
+                seq = np.asarray(p + list(resp.output_ids), dtype=np.int64)
+                mask = np.arange(len(seq)) >= PROMPT_LEN
+                lp = np.zeros(len(seq), dtype=np.float32)
+                lp[PROMPT_LEN:] = resp.output_token_logprobs
+                r = np.zeros((len(seq), SPEC.num_layers, SPEC.moe_router_topk), dtype=np.int32)
+                r[:len(seq) - 1] = resp.routed_experts_RLK  # the engine routes positions [0, seqlen - 1)
+                fill_missing_rows(r, np.arange(len(seq)) < len(seq) - 1, mask, sample=str(i))
+                seqs.append(seq), logprobs.append(lp), rows.append(r)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    ids = list(range(len(seqs)))
+    return TrainBatch.from_sequences(tokens=seqs, loss_mask=[np.arange(len(s)) >= PROMPT_LEN for s in seqs],
+                                     rollout_logprobs=logprobs, rewards=[0.0] * len(seqs), group_ids=ids,
+                                     prompt_ids=ids, routing=rows), seqs
 
 
 def _score(sampler, seqs: list[np.ndarray]) -> TrainBatch:
@@ -78,14 +114,11 @@ def _gap_text(gap: RoutingGap) -> str:
             f"({100 * gap.flipped_fraction:.1f}%) over {gap.num_tokens} loss tokens")
 
 
-@register("routing-drift", "bf16 sampler vs fp32 trainer flip top-k experts; R3 replay lowers the log-prob gap")
+@register("routing-drift", "bf16 engine vs fp32 trainer flip top-k experts; R3 replay lowers the log-prob gap")
 def run(tmp: Path) -> Outcome:
     with _one_thread():
         actor = build_policy(SPEC, SEED)                               # the trainer: fp32
-        sampler = build_policy(SPEC, SEED + 1, dtype=torch.bfloat16)  # the engine: bf16
-        load_weights(sampler, save_weights(actor, tmp / "published").parent)  # weight sync, cast on load
-        seqs = _sample(sampler, torch.Generator().manual_seed(SEED))
-        batch = _score(sampler, seqs)
+        batch, seqs = _engine_batch(tmp, actor)                       # the engine: bf16, its own process
 
         t0 = time.monotonic()
         gap = measure_routing_gap(actor, batch)  # free routing (R3 off), then replay (R3 on)
@@ -117,7 +150,7 @@ def run(tmp: Path) -> Outcome:
             "gap_r3_off": gap.gap_r3_off, "gap_r3_on": gap.gap_r3_on, "gap_ratio_on_over_off": ratio,
             "report_gap_r3_off": REPORT_GAP_R3_OFF, "report_gap_r3_on": REPORT_GAP_R3_ON,
             "num_flipped_rows": gap.num_flipped_rows, "num_rows": gap.num_rows, "num_loss_tokens": gap.num_tokens,
-            "sampler_dtype": "bfloat16", "trainer_dtype": "float32", "seed": SEED,
+            "sampler": "rl.engines.embedded process, bfloat16", "trainer_dtype": "float32", "seed": SEED,
             "control_fp32_sampler": {"num_flipped_rows": control.num_flipped_rows, "gap_r3_off": control.gap_r3_off,
                                      "gap_r3_on": control.gap_r3_on},
             "measure_s": round(measure_s, 3), "spec": SPEC.to_dict(),

@@ -1,78 +1,102 @@
 """skim-tail-bias: skim over-sampling cancels the hardest task families.
 
-Fault (real): 24 trials run as real subprocesses; the "hard" family takes
-longer. Skim launches 1.5x the batch, accepts the first ``batch`` to finish
-and kills the tail. The accepted batch silently under-represents the hard
-family (the report: "the cancelled tail concentrates precisely the hardest task
-families").
+Fault (real pacing): the production rollout worker (``RolloutWorker.rollout``)
+runs 16 one-trial groups of four task families in real sandboxes with real
+verifiers; the "hard" family's work takes seconds longer (its command builds
+for ``HARD_S``). Skim launches 16 groups and accepts the first 12 to finish
+(``accept_groups``, the campaign's ``skim_overprovision`` = 1.33); the tail is
+cancelled at its next turn boundary. The policy is a scripted responder that
+answers each task's own solution as a tool call (the subject is pacing, not
+sampling).
 
-Guard: ``SkimAccounting`` records per-family acceptance and raises the
-``skim.tail_bias`` alarm naming the family.
+Unguarded: the accepted batch holds none of the hard family although it was a
+quarter of the launches, and the rollout returns without a word.
+Guarded: the worker's ``SkimAccounting`` (``t1ops.guards.pacing``) books every
+group per family and raises the ``skim.tail_bias`` alarm naming the family at
+the end of the rollout that biased the batch. Runbook: ``runbooks/skim-tail-bias.md``.
 """
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from pathlib import Path
 
 from chaos.harness import Guarded, Outcome, register
 from t1ops import telemetry
-from t1ops.guards.pacing import SkimAccounting
 
-FAMILIES = {"files": 0.05, "text": 0.08, "json": 0.1, "hard-build": 0.6}  # seconds per trial
+FAMILIES = ("files", "text", "json", "hardbuild")
+GROUPS_PER_FAMILY, ACCEPT = 4, 12
+HARD_S = 6.0
+REPO = Path(__file__).resolve().parents[2]
 
 
-async def _skim(batch: int, launched: list[str]) -> tuple[list[str], list[str]]:
-    """Run one real `sleep` process per trial; accept the first `batch`, kill the rest."""
-    procs = {}
-    for i, fam in enumerate(launched):
-        procs[i] = await asyncio.create_subprocess_exec("sleep", str(FAMILIES[fam]))
-    waiters = {asyncio.ensure_future(p.wait()): i for i, p in procs.items()}
-    accepted: list[str] = []
-    pending = set(waiters)
-    while len(accepted) < batch and pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        accepted += [launched[waiters[d]] for d in done]
-    # Several trials can finish in one wake-up: those past the cut-off are not accepted, but they
-    # are accounted (as cancelled), never forgotten.
-    accepted, cancelled = accepted[:batch], accepted[batch:]
-    for fut in pending:
-        i = waiters[fut]
-        if procs[i].returncode is None:
-            try:
-                procs[i].kill()
-            except ProcessLookupError:  # finished after the cut-off: still not accepted
-                pass
-        await procs[i].wait()
-        cancelled.append(launched[i])
-    return accepted, cancelled
+def _tasks(root: Path) -> list[str]:
+    """Harbor-layout tasks (a copy of files-hello per family; the hard family's command is slow)."""
+    names = []
+    for fam in FAMILIES:
+        for k in range(GROUPS_PER_FAMILY):
+            d = root / f"{fam}-{k}"
+            shutil.copytree(REPO / "examples" / "tasks" / "files-hello", d)
+            toml = d / "task.toml"
+            toml.write_text(toml.read_text().replace('family = "files"', f'family = "{fam}"'))
+            if fam == "hardbuild":
+                solve = d / "solution" / "solve.sh"
+                solve.write_text(solve.read_text().replace("echo hello", f"sleep {HARD_S} && echo hello"))
+            names.append(d.name)
+    return names
+
+
+class _Scripted:
+    """Turn 0: the task's solution as a bash tool call; turn 1: "Done." (ends the episode)."""
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+
+    def generate(self, req):
+        from rl.agent.loop import solution_command, tool_call_text
+        from rl.chat import IM_END_ID
+        from rl.engines.protocol import FinishReason, GenerateResponse
+
+        task = req.rid.split("-g", 1)[1].rsplit("-s", 1)[0].split("-", 1)[1]
+        text = tool_call_text(solution_command(self.worker.tasks[task].solution)) \
+            if req.rid.endswith("-t0") else "Done."
+        ids = tuple(self.worker.renderer.encode(text) + [IM_END_ID])
+        return GenerateResponse(output_ids=ids, finish_reason=FinishReason(type="stop", matched=IM_END_ID),
+                                weight_version="0", prompt_tokens=len(req.input_ids), completion_tokens=len(ids),
+                                output_token_logprobs=tuple(-0.1 for _ in ids))
 
 
 @register("skim-tail-bias", "skim over-sampling cancels the hardest task families")
 def run(tmp: Path) -> Outcome:
-    launched = [fam for fam in FAMILIES for _ in range(6)]  # 24 trials, 6 per family
-    batch = 16  # 24 = 1.5x over-sampling
-    accepted, cancelled = asyncio.run(_skim(batch, launched))
-    hard_launch_share = launched.count("hard-build") / len(launched)
-    hard_accept_share = accepted.count("hard-build") / len(accepted)
-    fault_fired = hard_accept_share < hard_launch_share / 2
-    unguarded = (f"batch of {len(accepted)} accepted, {len(cancelled)} cancelled; hard-build was "
-                 f"{hard_launch_share:.0%} of launches but {hard_accept_share:.0%} of the batch, and nothing said so")
+    from rl.agent.loop import AgentSettings
+    from t1ops.campaign.worker import RolloutWorker, TrialSpec, WorkerSettings
 
+    names = _tasks(tmp / "tasks")
+    settings = WorkerSettings(agent=AgentSettings(max_turns=2, max_new_tokens=64), max_concurrency=len(names),
+                              sandbox_rate_per_s=100.0, reward_scale=5.0)
+    worker = RolloutWorker(run_id="skim", trials_root=str(tmp / "trials"), tasks_dir=str(tmp / "tasks"),
+                           settings=settings, router=None)
+    worker.engines = _Scripted(worker)
+    groups = [[TrialSpec(t, f"st1-g{i}-{t}", 0)] for i, t in enumerate(names)]
+    before = len(telemetry.recent_events("skim.tail_bias"))
     t0 = time.monotonic()
-    acct = SkimAccounting()
-    for fam in accepted:
-        acct.record(fam, accepted=True)
-    for fam in cancelled:
-        acct.record(fam, accepted=False)
-    biased = acct.check()
-    detection_s = time.monotonic() - t0
-    alarm = telemetry.recent_events("skim.tail_bias")
+    out = asyncio.run(worker.rollout(1, groups, accept_groups=ACCEPT))
+    rollout_s = time.monotonic() - t0
+    alarms = telemetry.recent_events("skim.tail_bias")[before:]
+    kept = [r["family"] for r in out["results"]]
+    hard_launch = GROUPS_PER_FAMILY / len(names)
+    hard_kept = kept.count("hardbuild") / max(1, len(kept))
+    books = out["ledger"]
     return Outcome(
-        fault_fired=fault_fired, unguarded=unguarded,
-        guarded=Guarded(caught="hard-build" in biased and bool(alarm), detection_s=detection_s,
-                        error=f"skim.tail_bias alarm: {alarm[-1]['families'] if alarm else '(none)'}"),
-        invariants={"unguarded_batch_underrepresents_hard_family": hard_accept_share < hard_launch_share / 2,
-                    "every_trial_accounted": sum(acct.launched.values()) == len(launched),
-                    "no_false_alarm_on_fast_families": all(f == "hard-build" for f in biased)},
-        details={"accepted": dict(acct.accepted), "cancelled": dict(acct.cancelled)})
+        fault_fired=out["skim"]["cancelled"].get("hardbuild", 0) > 0,
+        unguarded=(f"batch of {len(kept)} accepted, {books['cancelled']} cancelled; hardbuild was "
+                   f"{hard_launch:.0%} of launches but {hard_kept:.0%} of the batch; the rollout returned normally"),
+        guarded=Guarded(caught=bool(alarms) and "hardbuild" in alarms[-1]["families"], detection_s=round(rollout_s, 3),
+                        error=f"skim.tail_bias alarm: {alarms[-1]['families'] if alarms else '(none)'}"),
+        invariants={"unguarded_batch_underrepresents_hard_family": hard_kept < hard_launch / 2,
+                    "every_trial_accounted": books["expected"] == len(names) == books["completed"]
+                    + books["failed"] + books["cancelled"] and books["missing"] == 0,
+                    "no_false_alarm_on_fast_families": bool(alarms) and all(
+                        f.split("=")[0] == "hardbuild" for f in alarms[-1]["families"].split(", "))},
+        details={"skim": out["skim"], "ledger": books, "accepted_families": kept, "rollout_s": round(rollout_s, 2)})

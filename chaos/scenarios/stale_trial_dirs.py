@@ -13,7 +13,7 @@ verifier is killed by a verifier timeout before pytest writes a report.
 
 - Unguarded: the legacy reward hook reads ``<trial>/verifier/ctrf.json``.
   Observed: 4/4 passed, reward 0.2 from source ``ctrf`` for a trial that did nothing.
-- Guarded: (1) ``accept_ctrf`` / ``read_verifier_result`` refuse the file: its
+- Guarded: (1) ``accept_ctrf`` (what ``verify`` reads the report with) refuses the file: its
   run tag names run-old; (2) the sandbox gives the new trial a fresh
   ``<root>/<run_id>/<task>-<idx>-<uuid>`` dir, so its verifier timeout yields
   the fallback reward 0.0, never the stale 0.2.
@@ -29,7 +29,7 @@ from pathlib import Path
 from chaos.harness import Guarded, Outcome, register
 from rl.agent.sandbox import Sandbox
 from rl.agent.tasks import load_task
-from rl.agent.verifier import accept_ctrf, read_verifier_result, verify
+from rl.agent.verifier import accept_ctrf, verify
 from rl.errors import TrialDirError
 from rl.rewards import ctrf_reward
 
@@ -90,8 +90,7 @@ def run(tmp: Path) -> Outcome:
     new_tag = f"run-new/{old_dir.name}"
     t0 = time.monotonic()
     errors = []
-    for check in (lambda: accept_ctrf(old_dir / "verifier", new_tag, 0.0, time.time() * 1000),
-                  lambda: read_verifier_result(old_dir, new_tag)):
+    for check in (lambda: accept_ctrf(old_dir / "verifier", new_tag, 0.0, time.time() * 1000),):
         try:
             check()
         except TrialDirError as e:
@@ -105,7 +104,7 @@ def run(tmp: Path) -> Outcome:
         unguarded=(f"new run's trial did nothing, its verifier ended by {ung['verifier_reason']}, yet "
                    f"the reward hook read {ung['passed']} passes -> reward {ung['reward']:.2f} "
                    f"(source {ung['source']}) from run-old's ctrf.json"),
-        guarded=Guarded(caught=len(errors) == 2, detection_s=detection_s, error=errors[0] if errors else ""),
+        guarded=Guarded(caught=len(errors) == 1, detection_s=detection_s, error=errors[0] if errors else ""),
         invariants={"unguarded_paid_a_stale_reward": fired and ung["reward"] > 0,
                     "fresh_dir_per_run": fresh.dir != old_dir and fresh.dir.parent.name == "run-new",
                     "no_stale_reward": verdict.reward.value == 0.0 and verdict.reward.source != "ctrf",

@@ -254,18 +254,3 @@ def _write_result(vdir: Path, result: VerifierResult) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(payload, indent=1, default=str))
-
-
-def read_verifier_result(trial_dir: str | Path, run_tag: str) -> dict[str, Any]:
-    """A trial's recorded verdict, refused unless it carries ``run_tag`` (never a stale one)."""
-    path = Path(trial_dir) / "verifier" / "result.json"
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ParseError(f"{path}: no readable verifier result ({e})", source=str(path)) from e
-    found = payload.get("run_tag") if isinstance(payload, dict) else None
-    if found != run_tag:
-        raise TrialDirError(f"{path}: result carries run tag {found!r}, expected {run_tag!r}; "
-                            "refusing another run's reward", path=str(path), found=found,
-                            expected=run_tag)
-    return payload

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -145,6 +146,7 @@ class EmbeddedEngine:
         self.weights_generation = 0  # bumped by every weight load: cached K/V of older weights is stale
         self.model_lock, self.running_event = self._model_lock, self._running_event  # for the scheduler
         self.scheduler: BatchScheduler | None = None
+        self.chaos_omit_routing: re.Pattern | None = None  # chaos mode only (--chaos-omit-routing-for)
         if batching:  # KV cache + continuous batching (docs/engine.md); else recompute per token
             per_slot = KVCache.bytes_per_slot(self.model, spec.max_seq_len)
             num_slots = max(1, min(kv_slots, KV_CACHE_BUDGET_BYTES // per_slot))
@@ -267,6 +269,9 @@ class EmbeddedEngine:
             end = len(request.input_ids) + len(output_ids) - 1
             rows = gen.rows[request.routed_experts_start_len:end]  # an array (batched) or a list of rows
             routing = (rows if isinstance(rows, np.ndarray) else np.stack(rows)).astype(np.int32, copy=False)
+            if self.chaos_omit_routing is not None and self.chaos_omit_routing.search(rid):
+                print(f"chaos: omitted meta_info.routed_experts for rid {rid}", flush=True)  # the fault's evidence
+                routing = None
         return P.GenerateResponse(
             output_ids=output_ids, finish_reason=gen.finish, weight_version=self.weight_version,
             prompt_tokens=len(request.input_ids), completion_tokens=len(output_ids), rid=rid,
@@ -443,12 +448,34 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads (CPU is shared).")
     parser.add_argument("--recompute", action="store_true",
                         help="Recompute the whole sequence per token, one request at a time (no K/V cache).")
+    parser.add_argument("--chaos", action="store_true",
+                        help="Chaos mode: allow the --chaos-* fault switches (never in a campaign).")
+    parser.add_argument("--chaos-omit-routing-for", default=None, metavar="RID_REGEX",
+                        help="Chaos mode only: answer requests whose rid matches without routed_experts.")
     parser.add_argument("--kv-slots", type=int, default=128,
                         help="K/V cache slots: running requests plus finished ones kept for prefix reuse.")
 
 
 def build_engine(args: argparse.Namespace, spec: ModelSpec | None = None) -> EmbeddedEngine:
     """An engine from parsed serve flags; ``spec`` overrides ``--spec-json``; ``--model-path`` overrides both."""
+    omit, pattern = getattr(args, "chaos_omit_routing_for", None), None
+    if omit is not None:  # a fault switch for the chaos harness (docs/failures.md, missing-routing)
+        if not getattr(args, "chaos", False):
+            raise InputError("--chaos-omit-routing-for is a chaos fault switch: add --chaos to start the engine "
+                             "in chaos mode (never in a campaign)", argument="--chaos-omit-routing-for")
+        try:
+            pattern = re.compile(omit)
+        except re.error as exc:
+            raise InputError(f"--chaos-omit-routing-for {omit!r} is not a regular expression: {exc}",
+                             argument="--chaos-omit-routing-for") from exc
+    engine = _build_engine(args, spec)
+    if pattern is not None:
+        engine.chaos_omit_routing = pattern
+        print(f"embedded engine in CHAOS mode: routed_experts omitted for rids matching {omit!r}", flush=True)
+    return engine
+
+
+def _build_engine(args: argparse.Namespace, spec: ModelSpec | None) -> EmbeddedEngine:
     if getattr(args, "model_path", None):
         from rl.hf.checkpoint import read_config
         from rl.hf.qwen3_moe import spec_from_config
@@ -494,11 +521,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def spawn(port: int, spec: ModelSpec, *, checkpoint: str | Path | None = None, vocab_path: str | Path | None = None,
           dtype: str = "bf16", seed: int = 0, host: str = "127.0.0.1", startup_timeout_s: float = 180.0,
-          log_path: str | Path | None = None, batching: bool = True) -> subprocess.Popen:
+          log_path: str | Path | None = None, batching: bool = True,
+          extra_args: list[str] | None = None) -> subprocess.Popen:
     """Start an engine process and return it once ``GET /health`` answers 200.
 
     The process's base URL is set as ``proc.url``. Output goes to
-    ``log_path`` (else discarded). Raises EngineError (and kills the child)
+    ``log_path`` (else discarded). ``extra_args`` are more serve flags (e.g. the chaos
+    harness's ``--chaos --chaos-omit-routing-for RID_REGEX``). Raises EngineError (and kills the child)
     if it exits or stays unhealthy past ``startup_timeout_s``.
     """
     command = [sys.executable, "-m", "rl.engines.embedded", "--host", host, "--port", str(port),
@@ -509,6 +538,7 @@ def spawn(port: int, spec: ModelSpec, *, checkpoint: str | Path | None = None, v
         command += ["--vocab", str(vocab_path)]
     if not batching:
         command.append("--recompute")
+    command += list(extra_args or [])
     log = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,

@@ -35,7 +35,7 @@ from rl import model as rmodel
 from rl.advantages import compute_gae, whiten_advantages
 from rl.errors import InputError
 from rl.losses import dppo_loss, ppo_clip_loss, reduction_weights, tis_weights, value_loss
-from rl.metrics import explained_variance, logprob_gap
+from rl.metrics import checked_logprob_gap, explained_variance
 from rl.trainer import rank_forward as rf
 from rl.trainer.batch import TrainBatch
 from rl.trainer.grads import comm_device, reduce_clip_step
@@ -302,7 +302,7 @@ class RankTrainer:
         old_BT = self.logprobs(batch, plan, behaviour=recompute)
         tis_BT, tis = tis_weights(old_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
                                   "token" if s.tis_mode == "off" else s.tis_mode)
-        gap = logprob_gap(old_BT, batch.rollout_logprobs_BT, mask_BT)
+        gap = checked_logprob_gap(old_BT, batch.rollout_logprobs_BT, mask_BT, s.gap_reducer)
         actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
         actor = self._actor_update(batch, plan, weights_BT, advantages, old_BT,
                                    None if s.tis_mode == "off" else tis_BT) if actor_updated else None

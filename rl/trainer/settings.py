@@ -48,6 +48,7 @@ class TrainerSettings:
     tis_cap: float = 2.0
     grpo_norm_by_std: bool = False
     advantage_whitening: bool = False
+    gap_reducer: str = "token_mean"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -61,6 +62,11 @@ class TrainerSettings:
         for key in ("gamma", "lam", "adam_beta1", "adam_beta2", "weight_decay"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"{key} must lie in [0, 1], got {getattr(self, key)!r}", key=key)
+        from rl.metrics import REDUCERS
+
+        if self.gap_reducer not in REDUCERS:
+            raise ConfigError(f"gap_reducer must be one of {sorted(REDUCERS)}, got {self.gap_reducer!r}",
+                              key="gap_reducer")
         if self.tis_mode not in TIS_MODES:
             raise ConfigError(f"tis_mode must be one of {TIS_MODES}, got {self.tis_mode!r}", key="tis_mode")
         if not self.tis_cap > 0:

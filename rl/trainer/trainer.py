@@ -40,7 +40,7 @@ import torch
 from rl import model as rmodel
 from rl.errors import InputError
 from rl.losses import tis_weights
-from rl.metrics import logprob_gap
+from rl.metrics import checked_logprob_gap
 from rl.trainer.batch import TrainBatch
 from rl.trainer.forward import actor_logprobs
 from rl.trainer.optim import build_optimizer
@@ -150,7 +150,7 @@ class Trainer:
         if old_logprobs_BT is None:  # GRPO without TIS: measure on the first epoch's forward
             old_logprobs_BT = actor.first_logprobs_BT
             _, tis = tis_weights(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap, "token")
-        gap = logprob_gap(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT)
+        gap = checked_logprob_gap(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT, s.gap_reducer)
         self.step += 1
         adv_BT = advantages if advantages.dim() == 2 else advantages[:, None].expand(mask_BT.shape)
         nan = math.nan

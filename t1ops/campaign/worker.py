@@ -81,6 +81,10 @@ def direct_engines(router, max_concurrency: int) -> DirectEngines:
 class RolloutWorker:
     """Runs trials for the coordinator (wrapped as a Ray actor by the runner)."""
 
+    #: Trial errors that abort the whole rollout instead of failing one trial: a dropped sample
+    #: would condition the batch on "capture succeeded" (docs/failures.md, missing-routing).
+    ABORT_ON: tuple[type[BaseException], ...] = (MissingRoutingError,)
+
     def __init__(self, *, run_id: str, trials_root: str, tasks_dir: str, settings: WorkerSettings,
                  router, node: str = "local", run_dir: str | None = None, index: int = 0,
                  telemetry_cfg: dict | None = None) -> None:
@@ -191,7 +195,7 @@ class RolloutWorker:
         kept = []
         for spec, out in zip(specs, outcomes):
             tid = f"{spec.group_id}/{spec.sample_idx}"
-            if isinstance(out, MissingRoutingError):
+            if isinstance(out, self.ABORT_ON):
                 ledger.fail(tid, out)
                 raise out
             if isinstance(out, Cancelled) or (not accepted and not isinstance(out, BaseException)):

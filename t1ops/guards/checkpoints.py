@@ -14,12 +14,10 @@ checkpoint held only a value head. The fix here is structural:
 - a save into a directory that already holds another role's checkpoints, and
   a load whose manifest names another role, raise :class:`CheckpointRoleError`;
 - a truncated or corrupt checkpoint raises :class:`CheckpointError` and is
-  left on disk untouched;
-- warm loads resolve the requested role's sibling directory
-  (:func:`resolve_warm_load`).
+  left on disk untouched.
 
 Checkpoints are weights-only, as the report chose at 122B scale ("a crash
-means restart"); resume = load the newest step both roles hold.
+means restart"); resume picks a verified step in ``t1ops.campaign.resume``.
 
 Layout: ``<role_dir>/step_00000004/{weights.pt, manifest.json}``. The file
 name ``weights.pt`` matches ``rl.model.save_weights`` so an engine can load a
@@ -291,32 +289,6 @@ def _verify_tensors(state: dict, manifest: dict, weights: Path) -> None:
                                   path=str(weights), tensor=name)
 
 
-def resolve_warm_load(path: str | Path, role: str) -> Path:
-    """The step directory ``role`` should warm-load from, given any of: a base
-    (``<base>/<role>`` is used), a role directory (another role's resolves to
-    its sibling ``<parent>/<role>``) or a step directory (another role's
-    resolves to ``<parent>/<role>/<same step>``). Newest step when not given.
-    """
-    _check_role(role)
-    p = Path(path)
-    if (p / MANIFEST_FILE).is_file():
-        if read_manifest(p)["role"] == role:
-            return p
-        p = p.parent.parent / role / p.name
-        if not p.is_dir():
-            raise CheckpointError(f"no {role} checkpoint at the sibling {p} of {path}", path=str(path), role=role)
-        return p
-    if (p / role).is_dir():
-        p = p / role
-    elif p.name in ROLES and p.name != role:
-        p = p.parent / role
-    steps = list_steps(p)
-    if not steps:
-        raise CheckpointError(f"no {role} checkpoint found for warm load from {path} (looked in {p})",
-                              path=str(path), role=role)
-    return p / step_dir_name(steps[-1])
-
-
 @dataclass
 class CheckpointManager:
     """Both roles' checkpoint directories, checked distinct at construction.
@@ -346,27 +318,6 @@ class CheckpointManager:
     def save(self, role: str, step: int, state_dict: Mapping[str, torch.Tensor]) -> Path:
         return save_checkpoint(self.dir_for(role), role, step, state_dict)
 
-    def maybe_save(self, step: int, actor_state: Mapping[str, torch.Tensor],
-                   critic_state: Mapping[str, torch.Tensor]) -> bool:
-        """Save both roles when ``step`` is a multiple of ``save_every``; True if saved."""
-        if step % self.save_every:
-            return False
-        self.save("actor", step, actor_state)
-        self.save("critic", step, critic_state)
-        return True
-
-    def latest_common_step(self) -> int | None:
-        """The newest step both roles saved (a weights-only resume point), or None."""
-        common = set(list_steps(self.actor_dir)) & set(list_steps(self.critic_dir))
-        return max(common) if common else None
-
     def load(self, role: str, step: int) -> dict[str, torch.Tensor]:
         state, _ = load_checkpoint(self.dir_for(role) / step_dir_name(step), role)
         return state
-
-    def resume(self) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
-        """(step, actor_state, critic_state) of the newest common step, or None for a fresh run."""
-        step = self.latest_common_step()
-        if step is None:
-            return None
-        return step, self.load("actor", step), self.load("critic", step)

@@ -187,3 +187,28 @@ def test_cli_serve_smoke() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_chaos_fault_switch_needs_chaos_mode() -> None:
+    """--chaos-omit-routing-for (the missing-routing scenario's fault) is refused without --chaos;
+    with it, the engine omits routing for matching rids only."""
+    import argparse
+
+    from rl.engines import embedded
+    from rl.errors import InputError
+
+    parser = argparse.ArgumentParser()
+    embedded.add_serve_arguments(parser)
+    args = parser.parse_args(["--port", "1", "--chaos-omit-routing-for=-t1$"])
+    with pytest.raises(InputError, match="add --chaos"):
+        embedded.build_engine(args)
+    args = parser.parse_args(["--port", "1", "--chaos", "--chaos-omit-routing-for", "(", "--recompute"])
+    with pytest.raises(InputError, match="not a regular expression"):
+        embedded.build_engine(args)
+    engine = embedded.build_engine(parser.parse_args(
+        ["--port", "1", "--chaos", "--chaos-omit-routing-for=-s1-t0$", "--recompute",
+         "--spec-json", '{"vocab_size": 512, "max_seq_len": 64}']))
+    for rid, has_routing in (("g0-s1-t0", False), ("g0-s0-t0", True)):
+        req = GenerateRequest(input_ids=(1, 2, 3), rid=rid, return_routed_experts=True,
+                              sampling_params=SamplingParams(max_new_tokens=2, sampling_seed=1))
+        assert (engine.generate(req).routed_experts_RLK is not None) == has_routing

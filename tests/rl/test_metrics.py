@@ -146,3 +146,22 @@ def test_explained_variance_is_nan_for_fp32_constant_returns():
     returns = torch.full((2, 5), 0.4, dtype=torch.float32) + torch.tensor([0.0, 3e-8]).view(2, 1)
     values = torch.randn(2, 5)
     assert math.isnan(explained_variance(values, returns, torch.ones(2, 5, dtype=torch.bool)))
+
+
+def test_checked_logprob_gap_runs_the_reducer_self_check(monkeypatch):
+    """The trainer's gap goes through a named reducer that verify_reducer checks on the step's own data."""
+    import pytest
+
+    from rl import metrics
+    from rl.errors import InputError, MetricError
+
+    g = torch.Generator().manual_seed(0)
+    train, rollout = torch.randn(3, 40, generator=g), torch.randn(3, 40, generator=g)
+    mask = torch.rand(3, 40, generator=g) > 0.3
+    assert metrics.checked_logprob_gap(train, rollout, mask) == pytest.approx(
+        metrics.logprob_gap(train, rollout, mask), rel=1e-9)
+    monkeypatch.setitem(metrics.REDUCERS, "per_sample", lambda vs, ms: sum(float((v * m).sum()) for v, m in zip(vs, ms)) / len(vs))
+    with pytest.raises(MetricError, match="per_sample reports"):
+        metrics.checked_logprob_gap(train, rollout, mask, "per_sample")
+    with pytest.raises(InputError, match="unknown gap reducer"):
+        metrics.checked_logprob_gap(train, rollout, mask, "nope")

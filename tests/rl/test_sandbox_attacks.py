@@ -19,7 +19,7 @@ import pytest
 
 from rl.agent.sandbox import Limits, Sandbox
 from rl.agent.tasks import load_task
-from rl.agent.verifier import read_verifier_result, run_tag_for, verify
+from rl.agent.verifier import run_tag_for, verify
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = REPO / "examples" / "tasks"
@@ -156,7 +156,8 @@ exit 0
         assert secret not in (v.output.stdout + v.output.stderr) and secret not in _everything_written(trial)
         assert "sort in.txt" not in v.output.stdout
         assert (sibling.dir / "verifier" / "result.json").read_text() == sib_result
-        assert read_verifier_result(sibling.dir, run_tag_for(sibling))["reward"]["value"] == pytest.approx(0.2)
+        recorded = json.loads(sib_result)
+        assert recorded["run_tag"] == run_tag_for(sibling) and recorded["reward"]["value"] == pytest.approx(0.2)
         with pytest.raises(socket.timeout):
             server.accept()
         assert victim.poll() is None                     # still alive
@@ -232,7 +233,8 @@ def test_9_a_deep_tree_ends_in_a_recorded_verdict(sandbox, tmp_path, depth, verd
     assert v.reason == verdict and v.reward.value == 0.0
     if verdict == "tamper":
         assert "scan-failed" in v.reward.source
-    assert read_verifier_result(trial.dir, run_tag_for(trial))["reason"] == verdict
+    recorded = json.loads((trial.dir / "verifier" / "result.json").read_text())
+    assert recorded["run_tag"] == run_tag_for(trial) and recorded["reason"] == verdict
     trial.close()
 
 

@@ -190,9 +190,10 @@ def test_trainer_resume_from_weights_checkpoint(tmp_path):
     batch = _toy_batch(trainer.actor, g, num_prompts=4, n_per_prompt=1)
     stats = trainer.train_step(batch)
     ckpt = CheckpointManager.from_base(tmp_path, save_every=1)
-    assert ckpt.maybe_save(stats.step, trainer.actor_state(), trainer.critic_state())
+    ckpt.save("actor", stats.step, trainer.actor_state())
+    ckpt.save("critic", stats.step, trainer.critic_state())
     fresh = Trainer(SPEC, TrainerSettings(mode="ppo", actor_lr=1e-2), seed=7)
-    step, actor_state, critic_state = ckpt.resume()
+    step, actor_state, critic_state = stats.step, ckpt.load("actor", stats.step), ckpt.load("critic", stats.step)
     fresh.load_weights(actor_state, critic_state, step)
     assert fresh.step == 1
     with torch.no_grad():

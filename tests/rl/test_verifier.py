@@ -10,7 +10,7 @@ import pytest
 
 from rl.agent.sandbox import Sandbox
 from rl.agent.tasks import load_task
-from rl.agent.verifier import accept_ctrf, read_verifier_result, run_tag_for, verify
+from rl.agent.verifier import accept_ctrf, run_tag_for, verify
 from rl.errors import TrialDirError
 
 POOL = Path(__file__).resolve().parents[2] / "examples" / "tasks"
@@ -39,7 +39,8 @@ def test_honest_solution_gets_full_ctrf_reward(sandbox, task):
     assert (v.reason, v.reward.source, v.reward.passed, v.reward.total) == ("ok", "ctrf", 4, 4)
     assert v.reward.value == pytest.approx(4 / 20)
     assert not v.tamper_events and (trial.dir / "tests" / "test.sh").stat().st_mode & 0o222 == 0
-    assert read_verifier_result(trial.dir, run_tag_for(trial))["reason"] == "ok"
+    recorded = json.loads((trial.dir / "verifier" / "result.json").read_text())
+    assert recorded["reason"] == "ok" and recorded["run_tag"] == run_tag_for(trial)
     with pytest.raises(TrialDirError, match="already verified"):
         verify(trial)
 
@@ -105,13 +106,6 @@ def test_stale_ctrf_from_another_run_is_refused(sandbox, task, tmp_path):
     (vdir / "run_tag").write_text("new-run/text-sort-0\n")      # right tag, old timestamps
     with pytest.raises(TrialDirError, match="stale"):
         accept_ctrf(vdir, "new-run/text-sort-0", now_ms - 1000, now_ms)
-
-
-def test_recorded_result_is_refused_under_another_run_tag(sandbox, task):
-    trial = sandbox.create(task, 5)
-    verify(trial)
-    with pytest.raises(TrialDirError, match="run tag"):
-        read_verifier_result(trial.dir, "some-other-run/" + trial.trial_id)
 
 
 def _script_task(tmp_path: Path, name: str, script: str):

@@ -59,13 +59,11 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
     assert (run_dir / "telemetry" / "events.jsonl").exists()
     for row in summary["steps"]:  # the trial-time split (docs/tracing.md)
         assert row["generate_s"] > 0 and row["verify_s"] > 0 and 0 < row["generate_share"] <= 1
-    spans = read_trial_spans(run_dir)  # every trial traced, under its step's rollout.submit span
-    # held-out eval trials (trial index >= 100000, t1ops.campaign.evaluation) run on their own loop
-    is_eval = {k: int(k.split("-")[-2]) >= 100_000 for k in spans}
-    assert sum(is_eval.values()) == sum(e["eval_expected"] for e in summary["eval"])
-    spans = {k: v for k, v in spans.items() if not is_eval[k]}
-    assert len(spans) == sum(r["num_trajectories"] for r in summary["steps"])
-    for trial in spans.values():
+    spans = read_trial_spans(run_dir)  # every trial traced: training trials under their step's rollout.submit
+    train = {k: v for k, v in spans.items() if v["root"] == "rollout.submit"}
+    assert len(train) == sum(r["num_trajectories"] for r in summary["steps"])
+    assert len(spans) - len(train) == sum(e["eval_expected"] for e in summary["eval"])  # eval trials: own roots
+    for trial in train.values():
         assert {"sandbox.create", "agent.turn", "generate", "verify", "reward"} <= set(trial["names"])
         assert trial["root"] == "rollout.submit" and trial["root_step"] == trial["step"]
 

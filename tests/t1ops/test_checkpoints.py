@@ -10,7 +10,7 @@ import torch
 
 from t1ops.errors import CheckpointError, CheckpointRoleError
 from t1ops.guards.checkpoints import (CheckpointManager, check_role_dirs, file_sha256, list_steps,
-                                      load_checkpoint, read_manifest, resolve_warm_load,
+                                      load_checkpoint, read_manifest,
                                       save_checkpoint, step_dir_name)
 
 
@@ -121,41 +121,6 @@ def test_trainer_checkpoint_manifest_tensor_mismatch_refused(tmp_path):
     (step_dir / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="embedding.weight"):
         load_checkpoint(step_dir, "actor")
-
-
-def test_trainer_checkpoint_weights_only_every_n_and_resume(tmp_path):
-    m = CheckpointManager.from_base(tmp_path, save_every=2)
-    saved = [s for s in range(1, 6) if m.maybe_save(s, _actor_state(s), _critic_state(s))]
-    assert saved == [2, 4]
-    assert list_steps(m.actor_dir) == [2, 4] == list_steps(m.critic_dir)
-    # a crash between the two roles' saves leaves the actor one step ahead: resume the common step
-    m.save("actor", 6, _actor_state(6))
-    step, actor, critic = CheckpointManager.from_base(tmp_path, save_every=2).resume()
-    assert step == 4
-    assert torch.equal(actor["embedding.weight"], _actor_state(4)["embedding.weight"])
-    assert "value_head.weight" in critic and "value_head.weight" not in actor
-
-
-def test_trainer_checkpoint_resume_of_fresh_dir_is_none(tmp_path):
-    assert CheckpointManager.from_base(tmp_path / "new").resume() is None
-
-
-def test_trainer_checkpoint_warm_load_resolves_sibling(tmp_path):
-    m = CheckpointManager.from_base(tmp_path / "prev")
-    m.maybe_save(1, _actor_state(), _critic_state())
-    m.maybe_save(2, _actor_state(), _critic_state())
-    critic_step2 = m.critic_dir / step_dir_name(2)
-    # given the base, the actor's role dir, or the actor's step dir, the critic gets its own sibling
-    assert resolve_warm_load(tmp_path / "prev", "critic") == critic_step2
-    assert resolve_warm_load(m.actor_dir, "critic") == critic_step2
-    assert resolve_warm_load(m.actor_dir / step_dir_name(1), "critic") == m.critic_dir / step_dir_name(1)
-    state, manifest = load_checkpoint(resolve_warm_load(m.actor_dir, "critic"), "critic")
-    assert manifest["role"] == "critic" and "value_head.weight" in state
-
-
-def test_trainer_checkpoint_warm_load_missing_is_clear(tmp_path):
-    with pytest.raises(CheckpointError, match="no critic checkpoint"):
-        resolve_warm_load(tmp_path / "nothing", "critic")
 
 
 def test_trainer_checkpoint_bad_role_and_step_named(tmp_path):
