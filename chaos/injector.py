@@ -24,7 +24,7 @@ import resource
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from t1ops import telemetry
@@ -76,6 +76,7 @@ class Injector:
     _thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _campaign: object = None
+    _engine_pids: list = field(default_factory=list)  # refreshed off the firing path (the router can be busy)
     error: str = ""
 
     def __call__(self, c, step: int) -> None:
@@ -84,6 +85,18 @@ class Injector:
             self._campaign = c
             self._thread = threading.Thread(target=self._watch, name="chaos-injector", daemon=True)
             self._thread.start()
+            threading.Thread(target=self._refresh_engines, name="chaos-engine-pids", daemon=True).start()
+
+    def _refresh_engines(self) -> None:
+        """Keep the engines' pids current (recreated engines get new ones) without ever blocking a firing."""
+        import ray
+
+        while not self._stop.is_set():
+            try:
+                self._engine_pids = ray.get(self._campaign.router.engine_pids.remote(), timeout=10)
+            except Exception:  # the router is busy or gone: keep the last known pids
+                pass
+            self._stop.wait(0.5)
 
     def stop(self) -> None:
         self._stop.set()
@@ -136,14 +149,14 @@ class Injector:
 
         work, t_wall = self._work(f), time.time()
         if f.kind in ("kill-engine", "stall-engine"):
-            pids = ray.get(c.router.engine_pids.remote())
-            pid = pids[f.target % len(pids)]
+            slot, pid = _live_engine(self._engine_pids or ray.get(c.router.engine_pids.remote()), f.target)
+            f = replace(f, target=slot)  # the evidence must name the engine really hit
             if f.kind == "kill-engine":
                 os.kill(pid, signal.SIGKILL)
-                observed, dur = f"engine slot {f.target} pid {pid} SIGKILLed", 0.0
+                observed, dur = f"engine slot {slot} pid {pid} SIGKILLed", 0.0
             else:
                 dur = stall_seconds(c, f)
-                observed = _stop_for(pid, dur, f"engine slot {f.target} pid {pid}")
+                observed = _stop_for(pid, dur, f"engine slot {slot} pid {pid}")
         elif f.kind == "kill-worker":
             pid = ray.get(c.workers[f.target % len(c.workers)].pid.remote())
             os.kill(pid, signal.SIGKILL)
@@ -187,6 +200,21 @@ def stall_seconds(c, f: Fault) -> float:
         e = c.cfg.engine
         bound = e.failure_threshold * e.health_interval_s + e.request_timeout_s
     return round(bound * 2 + 2, 1) if f.long else round(min(2.0, bound / 4), 1)
+
+
+def _live_engine(pids: list[int], target: int) -> tuple[int, int]:
+    """(slot, pid) of the target engine, or of the next live one if the target is already dead (a
+    killed engine is only recreated at the next weight sync)."""
+    import psutil
+
+    for k in range(len(pids)):
+        slot = (target + k) % len(pids)
+        try:
+            if psutil.Process(pids[slot]).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                return slot, pids[slot]
+        except psutil.NoSuchProcess:
+            continue
+    raise RuntimeError(f"no live engine to fault among pids {pids}")
 
 
 def _step_of(trial: str) -> int:

@@ -69,6 +69,7 @@ class AsyncDriver:
                                   first_step=first_step)
         self.planner = GroupPlanner(c.rollouts.task_names, r.n_samples_per_prompt, cfg.run.seed)
         self.in_flight: dict = {}  # ray ref -> (started_step, group_id)
+        self._sizes: dict = {}  # ray ref -> trials in the group (stall accounting at arrival)
         self._next_worker = itertools.count()
 
     def fill(self) -> None:
@@ -76,7 +77,8 @@ class AsyncDriver:
         while (tag := self.buffer.try_start()) is not None:
             specs = self.planner.next_group()
             worker = self.c.workers[next(self._next_worker) % len(self.c.workers)]
-            self.in_flight[worker.rollout_group.remote(specs, tag)] = (tag, specs[0].group_id)
+            ref = worker.rollout_group.remote(specs, tag)
+            self.in_flight[ref], self._sizes[ref] = (tag, specs[0].group_id), len(specs)
             self.c.guards.stall.on_submit(len(specs))
         telemetry.gauge("rollout.groups_in_flight", len(self.in_flight))
 
@@ -101,6 +103,8 @@ class AsyncDriver:
         import ray
 
         started, group_id = self.in_flight.pop(ref)
+        stall = self.c.guards.stall
+        stall.on_complete(min(self._sizes.pop(ref), stall.num_in_flight))  # arrived (or definitively failed)
         try:
             data = ray.get(ref)
         except ray.exceptions.RayTaskError as err:
@@ -131,6 +135,8 @@ class AsyncDriver:
         for ref in list(self.in_flight):  # still running after the grace: abandoned, booked as cancelled
             ray.cancel(ref, force=False)
             self.in_flight.pop(ref)
+            stall = self.c.guards.stall
+            stall.on_complete(min(self._sizes.pop(ref), stall.num_in_flight))
             self.buffer.on_done(None, 1, cancelled=True)
         return self.buffer.books()
 

@@ -35,6 +35,8 @@ class Rollouts:
         self.in_flight = 0
         self.pids = ray.get([w.pid.remote() for w in workers])
         self._finished = [0] * len(workers)  # last progress() seen per worker
+        self.num_sent = 0  # trials the workers report finished (their results sent), all steps
+        stall.set_num_sent(lambda: self.num_sent)
 
     def check_workers(self) -> list[int]:
         """Indices of workers Ray restarted since the last check (their rollouts were rerun)."""
@@ -66,15 +68,17 @@ class Rollouts:
         return Pending(step, refs, n)
 
     def _pulse(self, check: bool = True) -> None:
-        """Feed finished trials to the stall detector, then let it judge the silence."""
+        """Tell the stall detector about the workers' progress (trials they finished and sent), then
+        let it judge the silence. Completions are counted where results arrive (:meth:`collect`,
+        the async loop's settle), so a result lost on its way stays in flight and is named."""
         import ray
 
         now = ray.get([w.progress.remote() for w in self.workers])
         for i, n in enumerate(now):
             delta = n - self._finished[i] if n >= self._finished[i] else n  # a restarted worker counts anew
-            delta = min(delta, self.stall.num_in_flight)  # a rerun rollout repeats trials
             if delta > 0:
-                self.stall.on_complete(delta)
+                self.num_sent += delta
+                self.stall.on_progress()
             self._finished[i] = n
         if check:
             self.stall.check()
@@ -114,6 +118,7 @@ class Rollouts:
                     raise cause from None
                 raise
             results += out["results"]
+            self.stall.on_complete(min(out["ledger"]["expected"], self.stall.num_in_flight))
             for k in books:
                 books[k] += out["ledger"][k]
         self._pulse(check=False)

@@ -197,16 +197,20 @@ class StallStatus:
 class StallDetector:
     """Turn "collected 0/16" forever into an error that names its likely cause.
 
-    Call :meth:`on_submit` when work is launched and :meth:`on_complete` when a
-    result arrives; call :meth:`check` from the collection loop. It raises
+    Call :meth:`on_submit` when work is launched, :meth:`on_complete` when a
+    result *arrives at the collector* (never when a worker says it finished: a
+    delivery lost on the way must stay in flight), :meth:`on_progress` when the
+    workers report progress (it restarts the silence clock); call :meth:`check`
+    from the collection loop. It raises
     :class:`StallError` when work is in flight and nothing has completed for
     ``threshold_s`` (counted from the last completion, or from when work went
     in flight after an idle period). Optional probes name causes:
 
     - ``fd_guard``: fd usage of the watched processes at or near the limit;
     - ``dead_engines``: returns the names of engines that are down;
-    - ``num_sent``: results the workers say they sent; more sent than
-      received means deliveries were lost on the way.
+    - ``num_sent``: results the workers say they sent (settable later with
+      :meth:`set_num_sent`); every submitted item sent but some never received
+      means deliveries were lost on the way.
     """
 
     def __init__(self, threshold_s: float, clock: Callable[[], float] = time.monotonic, *,
@@ -230,6 +234,14 @@ class StallDetector:
         if self.num_in_flight == 0:  # the clock starts when work goes in flight
             self._last_progress = self._clock()
         self.num_submitted += n
+
+    def set_num_sent(self, num_sent: Callable[[], int]) -> None:
+        """The probe of results the workers say they sent (the collector is built after the guard)."""
+        self._num_sent = num_sent
+
+    def on_progress(self) -> None:
+        """Workers made progress (a trial finished there): the silence clock restarts."""
+        self._last_progress = self._clock()
 
     def on_complete(self, n: int = 1) -> None:
         if n > self.num_in_flight:
@@ -270,9 +282,9 @@ class StallDetector:
                 found.append(f"dead engines: {', '.join(dead)} (requests to them never return)")
         if self._num_sent is not None:
             sent = self._num_sent()
-            if sent > self.num_completed:
-                found.append(f"lost deliveries: workers sent {sent} {self.what}, {self.num_completed} "
-                             f"arrived ({sent - self.num_completed} lost between worker and collector)")
+            if sent >= self.num_submitted > self.num_completed:
+                found.append(f"lost deliveries: workers sent all {sent} {self.what}, {self.num_completed} "
+                             f"arrived ({self.num_in_flight} lost between worker and collector)")
         if not found:
             checked = [n for n, p in (("fds", self._fd_guard), ("engines", self._dead_engines),
                                       ("deliveries", self._num_sent)) if p is not None]

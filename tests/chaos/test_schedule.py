@@ -62,3 +62,21 @@ def test_seeded_schedule_of_five_faults_against_a_campaign(tmp_path):
     assert [f["id"] for f in res["schedule"]] == \
         [f.id for f in make_schedule(seed, 5, 4, 2, cfg.rollout.num_workers, 4)]
     assert all(f["work"] for f in res["fired"])
+
+
+def test_an_engine_fault_moves_to_a_live_engine_when_its_target_is_already_dead():
+    import subprocess
+
+    from chaos.injector import _live_engine
+
+    dead, live = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    dead.kill()
+    dead.wait()
+    try:
+        assert _live_engine([dead.pid, live.pid], 0) == (1, live.pid)
+        assert _live_engine([dead.pid, live.pid], 1) == (1, live.pid)
+        with pytest.raises(RuntimeError, match="no live engine"):
+            _live_engine([dead.pid], 0)
+    finally:
+        live.kill()
+        live.wait()

@@ -59,9 +59,11 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
     assert (run_dir / "telemetry" / "events.jsonl").exists()
     for row in summary["steps"]:  # the trial-time split (docs/tracing.md)
         assert row["generate_s"] > 0 and row["verify_s"] > 0 and 0 < row["generate_share"] <= 1
-    spans = read_trial_spans(run_dir)  # every trial traced, under its step's rollout.submit span
-    assert len(spans) == sum(r["num_trajectories"] for r in summary["steps"])
-    for trial in spans.values():
+    spans = read_trial_spans(run_dir)  # every trial traced: training trials under their step's rollout.submit
+    train = {k: v for k, v in spans.items() if v["root"] == "rollout.submit"}
+    assert len(train) == sum(r["num_trajectories"] for r in summary["steps"])
+    assert len(spans) - len(train) == sum(e["eval_expected"] for e in summary["eval"])  # eval trials: own roots
+    for trial in train.values():
         assert {"sandbox.create", "agent.turn", "generate", "verify", "reward"} <= set(trial["names"])
         assert trial["root"] == "rollout.submit" and trial["root_step"] == trial["step"]
 

@@ -121,7 +121,7 @@ def test_stall_names_every_checkable_cause():
     assert "collected 0/16" in text and "no completion for 10.5 s" in text
     assert "fd usage near the soft nofile limit" in text
     assert "dead engines: engine-1" in text
-    assert "lost deliveries: workers sent 16 results, 0 arrived" in text
+    assert "lost deliveries: workers sent all 16 results, 0 arrived" in text
     assert err.value.context["num_in_flight"] == 16
     assert telemetry.recent_events("stall.detected")[-1]["severity"] == "error"
 
@@ -155,3 +155,32 @@ def test_fd_usage_reports_a_full_table_as_at_the_limit():
                  "u = fd_usage()\nprint(json.dumps([u.num_open, u.soft_limit]))", soft=32)
     assert out == [32, 32]
 
+
+
+def test_a_result_lost_after_the_worker_sent_it_stays_in_flight_and_is_named():
+    # The collector counts arrivals; the workers' progress only restarts the silence clock. Four
+    # trials finish at the worker (progress), two results arrive, two are lost on the way.
+    clock, sent = FakeClock(), [0]
+    det = fds.StallDetector(10.0, clock)
+    det.set_num_sent(lambda: sent[0])
+    det.on_submit(4)
+    for _ in range(4):
+        clock.t += 3
+        sent[0] += 1
+        det.on_progress()
+    det.on_complete(2)
+    clock.t += 9
+    assert det.check().num_in_flight == 2  # inside the threshold since the last progress
+    clock.t += 2
+    with pytest.raises(StallError, match=r"lost deliveries: workers sent all 4 results, 2 arrived \(2 lost"):
+        det.check()
+
+
+def test_still_running_work_is_not_called_a_lost_delivery():
+    clock = FakeClock()
+    det = fds.StallDetector(1.0, clock, num_sent=lambda: 3)
+    det.on_submit(4)  # 3 sent, 1 still running and silent
+    clock.t += 2
+    with pytest.raises(StallError) as err:
+        det.check()
+    assert "lost deliveries" not in str(err.value)
