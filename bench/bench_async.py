@@ -53,7 +53,8 @@ def make_pool(root: Path) -> Path:
 
 def config(pool: Path, mode: str, steps: int):
     cfg = load_toml(REPO / "examples" / "tiny" / "campaign.toml")
-    cfg.run.mode, cfg.run.steps, cfg.run.num_cpus = mode, steps, 2
+    cfg.run.mode, cfg.run.steps = mode, steps
+    cfg.run.ray_address = "local"  # a fresh local Ray per run, never another job's cluster left on this host
     cfg.rollout.tasks_dir, cfg.rollout.num_train_tasks = str(pool), None
     cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt, cfg.rollout.temperature = 4, 2, 0.0
     cfg.trainer.warm_start_steps, cfg.trainer.warm_start_noise, cfg.trainer.ppo_epochs = 150, 0.0, 1

@@ -77,7 +77,9 @@ def make_schedule(seed: int, num_faults: int, num_steps: int, num_engines: int, 
 # Faults the guardrails must notice, the events that prove they did, and the event field that must
 # name the fault's target. The other faults must be absorbed: the step completes, no hang declared.
 EVIDENCE = {"kill-engine": (("engine.dead",), "slot"),
-            "stall-engine": (("engine.dead",), "slot"),
+            # an engine still in its warm-up grace (recreated at the last sync) is graced, not killed:
+            # the guard's notice is then engine.ping_missed_in_grace, which is the right call
+            "stall-engine": (("engine.dead", "engine.ping_missed_in_grace"), "slot"),
             "kill-worker": (("campaign.worker_restarted",), "worker"),
             "stall-trainer": (("watchdog.hung", "campaign.trainer_hung"), None),
             "fd-pressure": (("fd.near_limit",), "pid")}

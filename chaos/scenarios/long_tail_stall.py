@@ -57,7 +57,8 @@ def campaign_config(pool: Path, mode: str, steps: int):
     from t1ops.config import load_toml
 
     cfg = load_toml(REPO / "examples" / "tiny" / "campaign.toml")
-    cfg.run.mode, cfg.run.steps, cfg.run.num_cpus = mode, steps, 2
+    cfg.run.mode, cfg.run.steps = mode, steps
+    cfg.run.ray_address = "local"  # a fresh local Ray per run, never another job's cluster left on this host
     cfg.rollout.tasks_dir, cfg.rollout.num_train_tasks = str(pool), None
     cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt = 2, 1   # two groups of one trial per step
     cfg.rollout.temperature = 0.0                                      # greedy: the policy runs the solutions

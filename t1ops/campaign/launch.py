@@ -271,6 +271,17 @@ def _shutdown(c: Campaign | None) -> None:
             telemetry.event("campaign.shutdown_error", severity="warn", error=str(err))
     if c is not None and c.guards is not None:
         c.guards.stop()
+    for w in (c.workers if c is not None else []):   # in-flight trials: unmount before the kill
+        try:
+            ray.get(w.close_trials.remote(), timeout=30)
+        except Exception as err:
+            telemetry.event("campaign.shutdown_error", severity="warn", error=f"close_trials: {err}")
     if ray.is_initialized():
         ray.shutdown()
     os.environ.pop("RAY_ADDRESS", None)
+    if c is not None:   # trials of workers killed mid-trial (chaos, crashes): every worker is gone now
+        from rl.agent.sandbox.trial import release_under
+
+        freed = release_under(c.run.trials_root)
+        if freed:
+            telemetry.event("campaign.trials_released", severity="warn", count=freed)

@@ -114,6 +114,11 @@ class RolloutWorker:
     def ping(self) -> str:
         return self.node
 
+    def close_trials(self) -> int:
+        """Close the trials still open (unmount their tmpfs, drop their cgroups) before the
+        actor is killed at shutdown; returns how many there were."""
+        return self.sandbox.close_all()
+
     def pid(self) -> int:
         import os
 

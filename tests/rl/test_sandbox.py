@@ -262,3 +262,21 @@ def test_an_agent_that_locks_its_own_workspace_fails_its_command_not_the_sandbox
     v = verify(t)                      # the verifier owns (and may read) what the agent left
     assert v.reward.passed >= 1, v
     t.close()
+
+
+def test_close_all_releases_every_open_trial(tmp_path):
+    sb = Sandbox(tmp_path, "run-close")
+    trials = [sb.create(load_task(TASK), i) for i in range(3)]
+    trials[0].close()
+    assert sb.close_all() == 2
+    assert not [t for t in trials if os.path.ismount(t.fs)] and all(t.closed for t in trials)
+
+
+def test_release_under_frees_trials_a_dead_worker_left(tmp_path):
+    from rl.agent.sandbox.trial import release_under
+
+    t = Sandbox(tmp_path, "run-dead").create(load_task(TASK), 0)
+    cg = t.cgroup.dirs
+    assert os.path.ismount(t.fs) and all(d.exists() for d in cg.values())
+    assert release_under(tmp_path) == 1            # as if its worker had been SIGKILLed
+    assert not os.path.ismount(t.fs) and not [d for d in cg.values() if d.exists()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 import uuid
 from pathlib import Path
 from typing import Mapping
@@ -60,6 +61,15 @@ class Sandbox:
         self.override_s, self.allow_lower = agent_timeout_override_s, allow_lower_timeout
         self.environ = os.environ if environ is None else environ
         self.allow_internet = allow_internet or not isolate_network
+        self._open: "weakref.WeakSet[Trial]" = weakref.WeakSet()
+
+    def close_all(self) -> int:
+        """Close every trial of this sandbox still open (a shutting-down worker's in-flight
+        trials: a SIGKILLed process cannot unmount its trials' tmpfs). Returns how many."""
+        trials = [t for t in list(self._open) if not t.closed]
+        for t in trials:
+            t.close()
+        return len(trials)
 
     def create(self, task: Task, trial_idx: int, *, oracle: bool = False, workdir: str | None = None,
                limits: Limits | None = None, env: Mapping[str, str] | None = None) -> Trial:
@@ -78,12 +88,14 @@ class Sandbox:
         if wants_net and not self.allow_internet:
             log.warning("sandbox: task %s asks for the network; this sandbox gives none "
                         "(allow_internet = false)", task.name)
-        return create_trial(
+        trial = create_trial(
             task=task, run_id=self.run_id, trial_idx=trial_idx, tdir=tdir, budget=budget,
             limits=task_limits(limits or self.limits, task), isolation=self.isolation,
             secrets=secrets, network=wants_net and self.allow_internet,
             workdir=workdir or LocalEnvironment().check(task).workdir, oracle=oracle,
             env=env if env is not None else task.agent_env)
+        self._open.add(trial)
+        return trial
 
 
 def require_isolation(level: str) -> Isolation:

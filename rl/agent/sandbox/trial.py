@@ -299,3 +299,24 @@ def task_limits(base: Limits, task: Task) -> Limits:
     changes = {k: getattr(task, k) for k in ("memory_mb", "cpus", "storage_mb")
                if getattr(task, k, None) is not None}
     return replace(base, **changes) if changes else base
+
+
+def release_under(root: Path) -> int:
+    """Unmount every trial tmpfs under ``root`` and remove those trials' cgroups: for a run whose
+    workers are all gone (a SIGKILLed worker cannot close its trials). Returns the mounts freed."""
+    from rl.agent.sandbox.cgroup import _mounts
+
+    prefix = str(Path(root).resolve()) + "/"
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.startswith("t1ops-trial ") and line.split()[1].startswith(prefix)]
+    for m in mounts:
+        _LIBC.umount2(os.fsencode(m), MNT_DETACH)
+    names = {Path(m).parent.name for m in mounts}
+    for base in set(_mounts().values()):
+        for name in names:
+            for d in (*Path(base).glob(f"t1ops-{name}*"), *Path(base).glob(f"*/*/t1ops-{name}*")):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+    return len(mounts)
