@@ -196,9 +196,10 @@ def stall_seconds(c, f: Fault) -> float:
     """A stall inside the guard's bound (absorbed) or past it (must be caught), from the live guard."""
     if f.kind == "stall-trainer":
         bound = c.guards.watchdog.bound_s(0) if c.guards.watchdog is not None else 60.0
-    else:  # an engine is dead after failure_threshold missed pings
-        e = c.cfg.engine
-        bound = e.failure_threshold * e.health_interval_s + e.request_timeout_s
+    else:  # an engine is dead after failure_threshold missed pings; one ping can take its whole
+        e = c.cfg.engine  # bounded-HTTP deadline (attempts x (timeout + backoff)) before it counts as missed
+        ping_s = e.request_attempts * (e.request_timeout_s + e.retry_backoff_s * 2 ** (e.request_attempts - 1))
+        bound = e.failure_threshold * (e.health_interval_s + ping_s)
     return round(bound * 2 + 2, 1) if f.long else round(min(2.0, bound / 4), 1)
 
 

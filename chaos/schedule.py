@@ -163,6 +163,9 @@ def schedule_config(base, steps: int):
     cfg.engine.health_interval_s = 1.0
     cfg.engine.failure_threshold = 2
     cfg.engine.warmup_grace_s = 30.0
+    cfg.engine.request_timeout_s = 2.0  # a missed ping is decided within ~4.5 s, so a long stall stays short
+    cfg.engine.request_attempts = 2
+    cfg.engine.retry_backoff_s = 0.1
     cfg.rollout.batch_size = 4
     cfg.trainer.warm_start_steps = 2
     cfg.guards.fd_warn_fraction = 0.5
