@@ -31,6 +31,30 @@ _instruments: dict[tuple[str, str], Any] = {}
 _events: collections.deque = collections.deque(maxlen=4096)
 
 
+class _RunFile:
+    """A JSON-lines file that ignores writes once closed: an exporter thread the SDK could not stop
+    within its shutdown timeout (a loaded host) must not write into a closed file of a past run."""
+
+    def __init__(self, path: Path) -> None:
+        self._f: TextIO | None = open(path, "a", buffering=1)
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            return self._f.write(text) if self._f is not None else 0
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._f is not None:
+                self._f.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._f is not None:
+                self._f.close()
+                self._f = None
+
+
 def setup(run_dir: str | Path, *, service: str = "t1ops", role: str | None = None,
           otlp_endpoint: str | None = None, export_interval_s: float = 5.0) -> Path:
     """Install meter and tracer providers writing JSON lines under ``run_dir/telemetry``.
@@ -46,9 +70,7 @@ def setup(run_dir: str | Path, *, service: str = "t1ops", role: str | None = Non
             return Path(_state["dir"])
         out = Path(run_dir) / "telemetry" / (role or "")
         out.mkdir(parents=True, exist_ok=True)
-        mfile: TextIO = open(out / "metrics.jsonl", "a", buffering=1)
-        sfile: TextIO = open(out / "spans.jsonl", "a", buffering=1)
-        efile: TextIO = open(out / "events.jsonl", "a", buffering=1)
+        mfile, sfile, efile = (_RunFile(out / f"{n}.jsonl") for n in ("metrics", "spans", "events"))
         resource = Resource.create({"service.name": service, "t1ops.role": role or "coordinator"})
         readers = [PeriodicExportingMetricReader(
             ConsoleMetricExporter(out=mfile, formatter=lambda d: d.to_json(indent=None) + "\n"),

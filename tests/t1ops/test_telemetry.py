@@ -53,3 +53,15 @@ for run in ("a", "b"):
         assert [s["attributes"]["run"] for s in spans] == [run]
         metrics = (tel / "metrics.jsonl").read_text()
         assert "runs.started" in metrics and f'"run": "{run}"' in metrics
+
+
+def test_a_write_after_close_is_dropped_not_raised(tmp_path):
+    # An exporter thread the SDK could not stop within its shutdown timeout may still write.
+    from t1ops.telemetry import _RunFile
+
+    f = _RunFile(tmp_path / "m.jsonl")
+    f.write("a\n")
+    f.close()
+    assert f.write("late\n") == 0
+    f.flush()
+    assert (tmp_path / "m.jsonl").read_text() == "a\n"
