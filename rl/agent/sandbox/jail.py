@@ -75,7 +75,6 @@ def system_entries() -> tuple[list[list[str]], list[list[str]]]:
             links.append([os.readlink(p), p])
         elif os.path.isdir(p):
             binds.append([p, p, "ro"])
-    binds += [[d, d, "ro"] for d in interpreter_dirs()]
     binds += [[d, d, "dev"] for d in DEVICES if os.path.exists(d)]
     return links, binds
 
@@ -99,6 +98,9 @@ def build_spec(argv: list[str], view: View, *, env: Mapping[str, str], uid: int,
     links, binds = system_entries()
     binds += [[str(host), dst, "ro"] for dst, host in view.ro]
     binds += [[str(host), dst, "rw"] for dst, host in view.rw]
+    # Last, so that an interpreter or venv living under /tmp (a CI checkout in /tmp) stays
+    # visible on top of the trial's private /tmp instead of being hidden by it.
+    binds += [[d, d, "ro"] for d in interpreter_dirs()]
     return {"root": str(view.root_mountpoint), "symlinks": links, "binds": binds,
             "files": [list(f) for f in view.files], "uid": uid, "gid": uid, "cwd": view.cwd,
             "argv": argv, "env": dict(env), "rlimits": [list(r) for r in rlimits],
