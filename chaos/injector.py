@@ -184,11 +184,15 @@ class Injector:
         return any(e["name"] == done and e.get("step") == f.step for e in telemetry.recent_events(done))
 
     def _release_fds(self) -> None:
-        held, self._held_fds = self._held_fds, []
+        # The release timer and stop() can race: without the lock both could close the same fd
+        # numbers, the second time closing whatever the process had reopened there (its stdout).
+        with _FD_LOCK:
+            held, self._held_fds = self._held_fds, []
         for fd in held:
             os.close(fd)
 
 
+_FD_LOCK = threading.Lock()
 FD_HOLD_S = 6.0  # three of the fd guard's sampling periods in the schedule's config
 
 
