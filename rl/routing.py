@@ -101,6 +101,18 @@ def decode_routed_experts(b64: str | None, num_layers: int, topk: int,
 
 
 # --- stitching ------------------------------------------------------------------
+def _checked_segment(sample: str, i: int, start: int, seg: np.ndarray, shape_LK: tuple, num_tokens: int) -> int:
+    """The end of segment ``i``; RoutingError if its rows have another shape or it leaves [0, num_tokens)."""
+    if seg.shape[1:] != shape_LK:
+        raise RoutingError(f"sample {sample}: segment {i} rows are {seg.shape[1:]}, expected {shape_LK}",
+                           sample=sample, segment=i)
+    end = start + seg.shape[0]
+    if start < 0 or end > num_tokens:
+        raise RoutingError(f"sample {sample}: segment {i} covers [{start}, {end}) outside "
+                           f"[0, {num_tokens})", sample=sample, segment=i)
+    return end
+
+
 def stitch_rows(segments: Sequence[tuple[int, np.ndarray]], num_tokens: int,
                 *, sample: str = "?") -> tuple[np.ndarray, np.ndarray]:
     """Place ``(start_position, rows)`` segments into one (num_tokens, L, K) array.
@@ -116,13 +128,7 @@ def stitch_rows(segments: Sequence[tuple[int, np.ndarray]], num_tokens: int,
     rows = np.zeros((num_tokens, L, K), dtype=np.int32)
     has = np.zeros(num_tokens, dtype=bool)
     for i, (start, seg) in enumerate(segments):
-        if seg.shape[1:] != (L, K):
-            raise RoutingError(f"sample {sample}: segment {i} rows are {seg.shape[1:]}, expected {(L, K)}",
-                               sample=sample, segment=i)
-        end = start + seg.shape[0]
-        if start < 0 or end > num_tokens:
-            raise RoutingError(f"sample {sample}: segment {i} covers [{start}, {end}) outside "
-                               f"[0, {num_tokens})", sample=sample, segment=i)
+        end = _checked_segment(sample, i, start, seg, (L, K), num_tokens)
         new = ~has[start:end]
         if new.all():  # the common case: a turn routes only positions not seen before
             rows[start:end] = seg
@@ -316,13 +322,7 @@ def stitch_zigzag(segments: Sequence[tuple[int, np.ndarray]], num_tokens: int, c
     out = ZigzagRows(np.empty((padded, L, K), dtype=np.int32), np.zeros(num_tokens, dtype=bool), num_tokens, cp_size)
     c = out.chunk
     for i, (start, seg) in enumerate(segments):
-        if seg.shape[1:] != (L, K):
-            raise RoutingError(f"sample {sample}: segment {i} rows are {seg.shape[1:]}, expected {(L, K)}",
-                               sample=sample, segment=i)
-        end = start + seg.shape[0]
-        if start < 0 or end > num_tokens:
-            raise RoutingError(f"sample {sample}: segment {i} covers [{start}, {end}) outside "
-                               f"[0, {num_tokens})", sample=sample, segment=i)
+        end = _checked_segment(sample, i, start, seg, (L, K), num_tokens)
         pos = start
         while pos < end:  # one piece per zig-zag chunk the segment crosses
             stop = min(end, (pos // c + 1) * c)
