@@ -81,8 +81,12 @@ class Compactor:
         return budget.compaction_threshold(s.context_window, reserve)
 
     def due(self, history_len: int, observation_len: int, last_id: int) -> bool:
-        """Compact now: after one more turn the summary request might no longer fit."""
-        return history_len + observation_len > self.threshold(last_id)
+        """Compact now: after one more turn the summary request might no longer fit (also when no
+        history could leave room for a turn and the summary: the fit check then says so)."""
+        try:
+            return history_len + observation_len > self.threshold(last_id)
+        except BudgetError:
+            return True
 
     def compact(self, turn: int, builder, ep, generate, routed_upto: int, last_id: int,
                 last_output: str, clock: Callable[[], float]) -> tuple[int, bool]:

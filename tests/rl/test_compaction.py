@@ -146,11 +146,13 @@ def test_naive_reserve_overflows_and_the_summary_fails(renderer, monkeypatch):
     assert not [r for r in seen if "-summary" in r.rid]  # the engine refused it
 
 
-def test_summary_that_cannot_fit_is_never_sent(renderer):
-    """A task prompt too long for one turn and a summary: counted, not sent, episode ends."""
+@pytest.mark.parametrize("instruction,summary_max_new", [("x " * 250, 300), ("List the files.", 600)])
+def test_summary_that_cannot_fit_is_never_sent(renderer, instruction, summary_max_new):
+    """A task prompt too long for a turn and a summary, or a summary request that leaves no room
+    for a turn: counted, not sent, the episode ends."""
     seen = []
-    ep = run_episode("x " * 250, _execute, _engine(renderer, seen), renderer,
-                     _settings(summary_max_new_tokens=300), sample_id="s1", group_id="g", prompt_id="t")
+    ep = run_episode(instruction, _execute, _engine(renderer, seen), renderer,
+                     _settings(summary_max_new_tokens=summary_max_new), sample_id="s1", group_id="g", prompt_id="t")
     assert ep.summary_failures == 1 and ep.end_reason == "summary_failed"
     assert all("-summary" not in r.rid for r in seen)
 
@@ -171,8 +173,8 @@ def test_config_field_is_validated_and_reaches_the_agent():
     from t1ops.config import parse_config
     from t1ops.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"summary_max_new_tokens \(1024\) must be below rollout.context_window"):
-        parse_config({"rollout": {"summary_max_new_tokens": 1024, "context_window": 1024}})
+    with pytest.raises(ConfigError, match=r"summary_max_new_tokens \(1000\) \+ max_new_tokens \(64\) must be below"):
+        parse_config({"rollout": {"summary_max_new_tokens": 1000, "context_window": 1024}})
     with pytest.raises(ConfigError, match="summary_max_new_tokens"):
         parse_config({"rollout": {"summary_max_new_tokens": -1}})
     cfg = parse_config({"rollout": {"summary_max_new_tokens": 96}})
