@@ -38,7 +38,8 @@ from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, EngineError
-from t1ops.guards.engines import ENGINE_FAILURES, RUNBOOK, response_versions_ok
+from t1ops.guards.engine_slots import ENGINE_FAILURES, RUNBOOK
+from t1ops.guards.engines import response_versions_ok
 
 AFFINITY_ENTRIES = 4096   # trajectories whose last engine is remembered (LRU)
 AFFINITY_SLACK = 2        # a trajectory stays on its engine while it has at most this many more requests
