@@ -60,6 +60,7 @@ import numpy as np
 import torch
 
 from rl.engines import protocol as P
+from rl.engines import protocol_control as PC
 from rl.engines import weight_updates
 from rl.engines.weight_updates import update_from_hf_dir
 from rl.hf.checkpoint import is_hf_dir
@@ -157,7 +158,7 @@ class EmbeddedEngine:
             self.scheduler = BatchScheduler(self, CachedForward(self.model, cache),
                                             SlotPool(cache, spec.num_layers, spec.moe_router_topk), max_batch=max_batch)
         if checkpoint is not None:
-            self.update_weights(P.UpdateWeightsFromDiskRequest(model_path=checkpoint, weight_version=None))
+            self.update_weights(PC.UpdateWeightsFromDiskRequest(model_path=checkpoint, weight_version=None))
 
     # --- control ----------------------------------------------------------------
     @property
@@ -188,7 +189,7 @@ class EmbeddedEngine:
         with self._state_lock:
             return len(self._requests)
 
-    def update_weights(self, request: P.UpdateWeightsFromDiskRequest) -> None:
+    def update_weights(self, request: PC.UpdateWeightsFromDiskRequest) -> None:
         if is_hf_dir(request.model_path):  # a Hugging Face export (what SGLang loads): rl.engines.weight_updates
             return update_from_hf_dir(self, request)
         manifest = check_actor_checkpoint(request.model_path)
@@ -368,9 +369,9 @@ def _make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
             self._dispatch({
                 **self._extra("POST"),
                 P.GENERATE: lambda: (HTTPStatus.OK, engine.generate(P.GenerateRequest.from_json(self._body())).to_json()),
-                P.PAUSE_GENERATION: lambda: _ok(engine.pause(P.PauseGenerationRequest.from_json(self._body()).mode)),
+                P.PAUSE_GENERATION: lambda: _ok(engine.pause(PC.PauseGenerationRequest.from_json(self._body()).mode)),
                 P.CONTINUE_GENERATION: lambda: _continue(engine, self._body()),
-                P.ABORT_REQUEST: lambda: _abort(engine, P.AbortRequest.from_json(self._body())),
+                P.ABORT_REQUEST: lambda: _abort(engine, PC.AbortRequest.from_json(self._body())),
                 P.FLUSH_CACHE: lambda: _flush(engine),
                 P.UPDATE_WEIGHTS_FROM_DISK: lambda: _update_weights(engine, self._body()),
                 P.UPDATE_WEIGHT_VERSION: lambda: _update_version(engine, self._body()),
@@ -386,7 +387,7 @@ def _ok(_: Any = None) -> tuple[int, Any]:
 
 
 def _continue(engine: EmbeddedEngine, body: Any) -> tuple[int, Any]:
-    P.ContinueGenerationRequest.from_json(body)  # validates; torch_empty_cache has no CPU meaning
+    PC.ContinueGenerationRequest.from_json(body)  # validates; torch_empty_cache has no CPU meaning
     engine.resume()
     return _ok()
 
@@ -397,13 +398,13 @@ def _health_generate(engine: EmbeddedEngine) -> tuple[int, Any]:
 
 
 def _model_info(engine: EmbeddedEngine) -> dict:
-    info = P.ModelInfo(weight_version=engine.weight_version, model_path=engine.model_path).to_json()
+    info = PC.ModelInfo(weight_version=engine.weight_version, model_path=engine.model_path).to_json()
     info.update(spec=engine.spec.to_dict(), dtype=str(engine.dtype).removeprefix("torch."), engine="embedded",
                 num_running_requests=engine.num_running(), is_paused=engine.paused)
     return info
 
 
-def _abort(engine: EmbeddedEngine, request: P.AbortRequest) -> tuple[int, Any]:
+def _abort(engine: EmbeddedEngine, request: PC.AbortRequest) -> tuple[int, Any]:
     return HTTPStatus.OK, {"success": True, "num_aborted": engine.abort(request.rid, request.abort_all)}
 
 
@@ -417,13 +418,13 @@ def _flush(engine: EmbeddedEngine) -> tuple[int, Any]:
 
 
 def _update_weights(engine: EmbeddedEngine, body: Any) -> tuple[int, Any]:
-    request = P.UpdateWeightsFromDiskRequest.from_json(body)
+    request = PC.UpdateWeightsFromDiskRequest.from_json(body)
     try:
         engine.update_weights(request)
     except (CheckpointError, InputError) as exc:
-        return HTTPStatus.BAD_REQUEST, P.UpdateWeightsFromDiskResponse(False, str(exc)).to_json()
+        return HTTPStatus.BAD_REQUEST, PC.UpdateWeightsFromDiskResponse(False, str(exc)).to_json()
     message = f"loaded {request.model_path} as weight version {engine.weight_version}"
-    return HTTPStatus.OK, P.UpdateWeightsFromDiskResponse(True, message).to_json()
+    return HTTPStatus.OK, PC.UpdateWeightsFromDiskResponse(True, message).to_json()
 
 
 def _update_version(engine: EmbeddedEngine, body: Any) -> tuple[int, Any]:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from rl.engines import protocol as P
+from rl.engines import protocol_control as PC
 from rl.engines import protocol_weights as PW
 from rl.errors import CheckpointError, InputError, T1OpsError
 from rl.hf import qwen3_moe
@@ -46,7 +46,7 @@ def load_partial(engine, state: dict[str, torch.Tensor]) -> None:
             engine.weights_generation += 1
 
 
-def update_from_hf_dir(engine, request: P.UpdateWeightsFromDiskRequest) -> None:
+def update_from_hf_dir(engine, request: PC.UpdateWeightsFromDiskRequest) -> None:
     """Load a Hugging Face export into the engine (``/update_weights_from_disk``)."""
     meta = check_actor_export(request.model_path)
     spec, state = import_hf(request.model_path)

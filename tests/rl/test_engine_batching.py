@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from rl.engines import protocol as P
+from rl.engines import protocol_control as PC
 from rl.engines.embedded import EmbeddedEngine
 from rl.model import ModelSpec, save_weights, build_policy
 from rl.vocab import CompactVocab
@@ -112,7 +113,7 @@ def test_weight_update_between_turns_recomputes_the_cache(engines, tmp_path):
     first = new.generate(request(ids))
     ckpt = write_checkpoint(tmp_path, seed=7, qkv_gain=6.0)
     for engine in (new, old):
-        engine.update_weights(P.UpdateWeightsFromDiskRequest(model_path=ckpt, weight_version="1"))
+        engine.update_weights(PC.UpdateWeightsFromDiskRequest(model_path=ckpt, weight_version="1"))
     follow = list(ids) + list(first.output_ids) + [7, 8]
     assert_same(new.generate(request(follow, len(follow) - 3)), old.generate(request(follow, len(follow) - 3)))
 
