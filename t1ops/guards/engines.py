@@ -256,10 +256,7 @@ class EnginePool(WeightSyncBarrier):
                 self._exited(s)  # a refused connection from a killed process: dead now, not in N pings
                 return f"{type(e).__name__}: {e}"
             if not resp.finish_reason.is_abort and not self._versions_ok(ticket, resp):
-                self._declare_dead(s, f"answered with weight version {resp.weight_version!r} "
-                                      f"(spans {[v.version for v in resp.weight_versions]}) for a request "
-                                      f"admitted under {ticket.version!r} (pool now {self.version!r}): it "
-                                      "missed a weight sync")
+                self._declare_dead(s, missed_sync_reason(resp, ticket.version, self.version))
                 return f"version mismatch on engine {s.index}"
             return resp
         finally:
@@ -287,3 +284,10 @@ def response_versions_ok(resp: P.GenerateResponse, admitted: str, history: Seque
     seen = [sp.version for sp in resp.weight_versions] or [resp.weight_version]
     positions = [since.index(v) if v in since else -1 for v in seen]
     return min(positions) >= 0 and positions == sorted(positions) and seen[-1] == resp.weight_version
+
+
+def missed_sync_reason(resp: P.GenerateResponse, admitted: str, current: str) -> str:
+    """Why a response that fails :func:`response_versions_ok` takes its engine out of rotation."""
+    return (f"answered with weight version {resp.weight_version!r} (spans "
+            f"{[v.version for v in resp.weight_versions]}) for a request admitted under "
+            f"{admitted!r} (pool now {current!r}): it missed a weight sync")
