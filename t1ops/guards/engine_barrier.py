@@ -7,6 +7,7 @@ barrier"; section 08: dead engines are recreated "at the next weight sync".
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -38,6 +39,8 @@ class WeightSyncBarrier(EngineHealth):
     _gate_open: bool
     _num_syncs: int
     _history: list[str]
+    _spawner: cf.ThreadPoolExecutor
+    _spawn_into: Callable[[int], None]  # the pool's: start the engine of a slot (spawner thread)
 
     def sync_weights(self, checkpoint_dir: str, version: str,
                      rotate_snapshot: Callable[[str], None] | None = None) -> SyncReport:

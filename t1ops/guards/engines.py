@@ -38,6 +38,11 @@ Contract of :class:`EnginePool`:
 
 Replacements start as ``starting``; the pinger admits one on its first healthy
 ping after loading the pool's current checkpoint into it.
+
+Modules: :mod:`t1ops.guards.engine_slots` (handles, slots, factories),
+:mod:`t1ops.guards.engine_health` (pinger, admission, death),
+:mod:`t1ops.guards.engine_barrier` (the weight-sync barrier); this one holds the pool, its
+lifecycle and its traffic (admission of requests, resubmission, the version check).
 """
 from __future__ import annotations
 
