@@ -91,7 +91,7 @@ class Injector:
         """Keep the engines' pids current (recreated engines get new ones) without ever blocking a firing."""
         import ray
 
-        while not self._stop.is_set():
+        while not self._stop.is_set() and ray.is_initialized():  # never after the campaign's shutdown
             try:
                 self._engine_pids = ray.get(self._campaign.router.engine_pids.remote(), timeout=10)
             except Exception:  # the router is busy or gone: keep the last known pids

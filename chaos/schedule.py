@@ -31,6 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from chaos.injector import Fault, Injector
+from t1ops.errors import ConfigError
 
 FAULTS = ("kill-engine", "stall-engine", "kill-worker", "stall-trainer", "fd-pressure")
 TRIGGERS = {"kill-engine": ("mid-rollout", "in-sync"), "stall-engine": ("mid-rollout", "in-sync"),
@@ -157,6 +158,13 @@ def check_invariants(run_dir: Path, injector: Injector, batch_size: int, stopped
 def schedule_config(base, steps: int):
     """A short campaign for schedules: two engines (so one can die), guards with short bounds so a
     long stall is caught inside the run, and the fd guard sampling on its own every 2 s."""
+    if base.run.mode == "fully_async":
+        # Mid-rollout faults count a step's trials by their ``st{step}-`` ids; fully async group
+        # workers have no step until the trainer takes their group (``ag{k}-`` ids).
+        raise ConfigError("fault schedules run on the sync and one_step pipelines only: a fully_async "
+                          "trial belongs to no step until the trainer takes its group. Set run.mode to "
+                          "'one_step' for `t1ops chaos schedule`; the fully async path has its own "
+                          "scenario (long-tail-stall).", key="run.mode")
     cfg = base.model_copy(deep=True)
     cfg.run.steps = steps
     cfg.engine.num_engines = 2

@@ -13,7 +13,8 @@ Two ways in:
 
 - token-in (we own both ends): ``add_observation(ids)`` then
   ``add_generation(...)``; the next prompt *is* ``tokens``. Per-turn cost is
-  the turn's own size, never the history's.
+  the turn's own size, never the history's. ``start_chunk(ids)`` starts a
+  new chunk when the context is replaced (history compaction).
 - harness mode: ``add_turn(prompt_ids, ...)`` with the ids the harness fed
   the engine. The prompt is compared with the stream by four relations,
   strongest first (:data:`RELATIONS`): ``strict`` (the stream is a token
@@ -185,6 +186,19 @@ class TitoBuilder:
         # identity prompt map (None): the cost stays the turn's size, not the history's
         self._record_generation("strict", None, len(self._tok), output_ids, output_logprobs,
                                 policy_version, routing_rows, routing_start)
+
+    def start_chunk(self, prompt_ids: Sequence[int]) -> None:
+        """Close the current chunk and start a new one whose stream is ``prompt_ids``.
+
+        Token-in mode's explicit split: the context was replaced (history
+        compaction, docs/compaction.md), so the next prompt does not extend the
+        stream. The chunks share the group id; each is trained on its own.
+        """
+        prompt = np.asarray(prompt_ids, dtype=np.int64)
+        if prompt.shape[0] == 0:
+            raise InputError(f"sample {self.sample_id}: the new chunk's prompt is empty", sample=self.sample_id)
+        self.chunks.append(self._finish_chunk())
+        self._new_chunk(prompt)
 
     # -- harness mode
     def add_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int],

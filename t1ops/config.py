@@ -130,6 +130,7 @@ class RolloutConfig(Section):
     max_turns: int = Field(4, ge=1, le=1000, description="Agent turns per trial.")
     max_new_tokens: int = Field(64, ge=1, description="Tokens one turn may generate.")
     context_window: int = Field(1024, ge=64, description="Context window in tokens; prompt + max_new_tokens never exceeds it.")
+    summary_max_new_tokens: int = Field(0, ge=0, description="History compaction (builtin agent, docs/compaction.md): the summary request's max_new_tokens; the loop summarises before the history leaves too little room for it (the trigger is derived from this request, never a separate reserve) and continues from system + task + summary as a new trajectory chunk. 0: off (a full context ends the trial with 'context_exhausted'). summary_max_new_tokens + max_new_tokens must be below context_window.")
     temperature: float = Field(1.0, ge=0, le=4, description="Sampling temperature.")
     max_concurrency: int = Field(8, ge=1, description="Trials in flight at once.")
     sandbox_rate_per_s: float = Field(20.0, gt=0, description="Sandbox creations per second (token bucket).")
@@ -263,6 +264,11 @@ class CampaignConfig(Section):
             raise ValueError(f"rollout.batch_size ({r.batch_size}) must be a multiple of "
                              f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a partial group would "
                              "silently shrink every batch")
+        if r.summary_max_new_tokens and r.summary_max_new_tokens + r.max_new_tokens >= r.context_window:
+            raise ValueError(f"rollout.summary_max_new_tokens ({r.summary_max_new_tokens}) + max_new_tokens "
+                             f"({r.max_new_tokens}) must be below rollout.context_window ({r.context_window}): "
+                             "the loop keeps room for one more turn and the summary request; lower it (the "
+                             "report: 8,192 of 86,016) or set 0 to turn compaction off")
         if r.context_window > m.max_seq_len:
             raise ValueError(f"rollout.context_window ({r.context_window}) exceeds model.max_seq_len "
                              f"({m.max_seq_len}): the engine would refuse long prompts")

@@ -24,3 +24,17 @@ _hyp_settings.load_profile("repro")
 # tests/fixtures/ holds task directories whose tests are run by the sandbox's verifier,
 # never by this suite
 collect_ignore_glob = ["fixtures/*"]
+
+
+@pytest.fixture(autouse=True)
+def _no_ray_left_running():
+    """Fail the test that leaves Ray initialised: a cluster started by a stray thread dies with that
+    thread and takes the whole pytest process down a minute later, tests away (docs/campaign.md)."""
+    yield
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail("the test left Ray initialised (a campaign not shut down, or a Ray call after "
+                    "ray.shutdown() that auto-started a cluster)")

@@ -51,12 +51,17 @@ def fit_generation(prompt_tokens: int, max_new_tokens: int, context_window: int,
         prompt_tokens=prompt_tokens, context_window=context_window, min_new_tokens=min_new_tokens)
 
 
-def compaction_threshold(context_window: int, summary_max_new_tokens: int) -> int:
-    """The prompt length at which history must be compacted before the summary call.
+def compaction_threshold(context_window: int, request_tokens: int) -> int:
+    """The prompt length past which history must be compacted before the summary call.
 
-    Derived from the summary request itself, so the reserve can never be smaller
-    than what the summary asks for (the report's 4,000 vs 8,192).
+    ``request_tokens`` is derived from the requests it protects, never configured on its own
+    (the report's 4,000 vs 8,192): at least the summary's ``max_new_tokens``. Its production
+    caller, ``rl.agent.compaction``, passes one more turn's reply + the summarise instruction +
+    the summary request (docs/compaction.md).
     """
-    if summary_max_new_tokens >= context_window:
-        raise BudgetError(f"summary max_new_tokens {summary_max_new_tokens} >= context window {context_window}")
-    return context_window - summary_max_new_tokens
+    if request_tokens >= context_window:
+        raise BudgetError(f"compaction needs {request_tokens} tokens (summary request and what it protects) "
+                          f">= context window {context_window}; lower rollout.summary_max_new_tokens or "
+                          "max_new_tokens, or raise context_window",
+                          context_window=context_window, request_tokens=request_tokens)
+    return context_window - request_tokens

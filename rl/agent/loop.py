@@ -15,7 +15,10 @@ trajectory (a truncated turn cannot be followed by an observation).
 
 Context budget: every request satisfies ``prompt + max_new_tokens <=
 context_window`` (``rl.agent.budget``); a prompt that no longer leaves room
-for a useful turn ends the episode with reason ``context_exhausted``.
+for a useful turn ends the episode with reason ``context_exhausted``. With
+``summary_max_new_tokens > 0`` the loop compacts the history before that
+point: a summary turn, then a new chunk from a fresh context
+(``rl.agent.compaction``, docs/compaction.md).
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from typing import Any, Callable
 
 from opentelemetry import trace
 
-from rl.agent.budget import fit_generation
+from rl.agent import budget
+from rl.agent.compaction import Compactor
 from rl.chat import IM_END_ID, STOP_IDS, ChatRenderer, parse_assistant
 from rl.engines.protocol import GenerateRequest, SamplingParams
 from rl.errors import BudgetError
@@ -51,6 +55,7 @@ class AgentSettings:
     num_layers: int | None = None      # set both to require routing on every turn (R3)
     topk: int | None = None
     command_timeout_s: float = 20.0
+    summary_max_new_tokens: int = 0    # > 0: compact the history with a summary of this size (0: off)
 
 
 @dataclass
@@ -60,9 +65,12 @@ class Episode:
     chunks: list[Trajectory]
     num_turns: int
     end_reason: str                    # done | max_turns | truncated | context_exhausted | budget_exhausted
+    #                                    | summary_failed
     commands: list[str] = field(default_factory=list)
     parse_failures: int = 0
     budget_clamps: int = 0
+    compactions: int = 0               # summaries served (each starts a new chunk)
+    summary_failures: int = 0          # summaries that could not fit or that the engine refused
     generate_s: float = 0.0
 
 
@@ -125,9 +133,13 @@ def run_episode(instruction: str, execute: Callable[[str], Any], generate: Calla
     if tools is not None:
         from rl.harness.template import render
 
-        first = renderer.encode(render(initial_messages(instruction), [BASH_TOOL, *tools.openai_tools]))
+        def encode_prompt(messages):
+            return renderer.encode(render(messages, [BASH_TOOL, *tools.openai_tools]))
     else:
-        first = renderer.render_prompt(initial_messages(instruction))
+        encode_prompt = renderer.render_prompt
+    first = encode_prompt(initial_messages(instruction))
+    compactor = None if settings.summary_max_new_tokens <= 0 else Compactor(
+        initial_messages(instruction), encode_prompt, renderer, settings, sample_id)
     builder = TitoBuilder(first, sample_id=sample_id,
                           group_id=group_id, prompt_id=prompt_id, tokenizer=renderer.tokenizer,
                           num_layers=settings.num_layers, topk=settings.topk)
@@ -137,26 +149,27 @@ def run_episode(instruction: str, execute: Callable[[str], Any], generate: Calla
         turn_span = (tracer or _NO_TRACER).start_as_current_span("agent.turn", attributes={"turn": turn})
         with turn_span:
             routed_upto, stop = _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id,
-                                      routed_upto, clock, tools)
+                                      routed_upto, clock, tools, compactor)
         if stop:
             break
     ep.chunks = builder.finish()
     return ep
 
 
-def _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id, routed_upto, clock, tools=None):
+def _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id, routed_upto, clock, tools=None,
+          compactor=None):
     """One agent turn; returns (routed_upto, whether the episode ends)."""
     prompt = builder.tokens
     try:
-        budget = fit_generation(len(prompt), settings.max_new_tokens, settings.context_window,
-                                settings.min_new_tokens, where=f"{sample_id} turn {turn}")
+        fit = budget.fit_generation(len(prompt), settings.max_new_tokens, settings.context_window,
+                                    settings.min_new_tokens, where=f"{sample_id} turn {turn}")
     except BudgetError:
         ep.end_reason = "context_exhausted"
         return routed_upto, True
-    ep.budget_clamps += budget.clamped
+    ep.budget_clamps += fit.clamped
     req = GenerateRequest(
         input_ids=tuple(prompt), rid=f"{sample_id}-t{turn}",
-        sampling_params=SamplingParams(max_new_tokens=budget.max_new_tokens, temperature=settings.temperature,
+        sampling_params=SamplingParams(max_new_tokens=fit.max_new_tokens, temperature=settings.temperature,
                                        stop_token_ids=tuple(sorted(STOP_IDS))),
         return_logprob=True, return_routed_experts=settings.num_layers is not None,
         routed_experts_start_len=routed_upto)
@@ -192,8 +205,10 @@ def _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id, r
             ep.end_reason = "budget_exhausted"
             return routed_upto, True
     if turn + 1 < settings.max_turns:
-        builder.add_observation(renderer.observation_ids([{"role": "tool", "content": obs}], last,
-                                                         sample=sample_id, turn=turn))
+        obs_ids = renderer.observation_ids([{"role": "tool", "content": obs}], last, sample=sample_id, turn=turn)
+        if compactor is not None and compactor.due(len(builder.tokens), len(obs_ids), last):
+            return compactor.compact(turn, builder, ep, generate, routed_upto, last, obs, clock)
+        builder.add_observation(obs_ids)
     return routed_upto, False
 
 

@@ -212,7 +212,8 @@ def train_task_names(tasks, cfg: CampaignConfig) -> list[str]:
 def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
     r = cfg.rollout
     agent = AgentSettings(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, context_window=r.context_window,
-                          temperature=r.temperature, num_layers=cfg.model.num_layers if cfg.trainer.r3 else None,
+                          temperature=r.temperature, summary_max_new_tokens=r.summary_max_new_tokens,
+                          num_layers=cfg.model.num_layers if cfg.trainer.r3 else None,
                           topk=cfg.model.moe_router_topk if cfg.trainer.r3 else None)
     return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
                           skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,

@@ -63,7 +63,9 @@ def _metrics_row(step: int, results: list[dict], stats: dict, rollout_s: float, 
             "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
             "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
             "reward_sources": _count(r["reward_source"] for r in results),
-            "end_reasons": _count(r["end_reason"] for r in results)}
+            "end_reasons": _count(r["end_reason"] for r in results),
+            "compactions": sum(r.get("compactions", 0) for r in results),
+            "summary_failures": sum(r.get("summary_failures", 0) for r in results)}
 
 
 def _count(items) -> dict:

@@ -297,6 +297,7 @@ class RolloutWorker:
                 "passed": verdict.reward.passed, "total": verdict.reward.total, "num_turns": ep.num_turns,
                 "end_reason": ep.end_reason, "commands": getattr(ep, "commands", []),
                 "parse_failures": ep.parse_failures, "harness": getattr(ep, "stats", None),
+                "compactions": getattr(ep, "compactions", 0), "summary_failures": getattr(ep, "summary_failures", 0),
                 "tamper": [asdict(e) for e in verdict.tamper_events], "chunks": ep.chunks}
 
 

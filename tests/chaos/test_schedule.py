@@ -80,3 +80,15 @@ def test_an_engine_fault_moves_to_a_live_engine_when_its_target_is_already_dead(
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_fully_async_config_is_refused_by_name():
+    from chaos.schedule import schedule_config
+    from t1ops.errors import ConfigError
+
+    cfg = load_toml(REPO / "examples" / "tiny" / "campaign.toml")
+    cfg.run.mode = "fully_async"
+    with pytest.raises(ConfigError, match="one_step"):
+        schedule_config(cfg, 4)
+    cfg.run.mode = "one_step"
+    assert schedule_config(cfg, 4).run.steps == 4
