@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from rl.engines import protocol as P
-from rl.engines.embedded import EmbeddedEngine
+from rl.engines.embedded_engine import EmbeddedEngine
 from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 

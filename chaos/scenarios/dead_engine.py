@@ -31,9 +31,11 @@ import httpx
 from chaos.harness import Guarded, Outcome, register
 from rl.engines import protocol as P
 from rl.engines.client import EngineClient
+from rl.engines.ports import free_port
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.guards.engines import EngineHandle, EnginePool, free_port
+from t1ops.guards.engine_slots import EngineHandle
+from t1ops.guards.engines import EnginePool
 from t1ops.guards.http import BoundedHttp
 
 PING_S = 0.5          # health interval, scaled down from production seconds

@@ -62,7 +62,8 @@ def _start(tmp: Path):
     from t1ops.campaign.launch import build_vocab
     from t1ops.config import EngineConfig
     from t1ops.guards.engine_direct import DirectEngines
-    from t1ops.guards.engines import EnginePool, spawn_factory
+    from t1ops.guards.engine_slots import spawn_factory
+    from t1ops.guards.engines import EnginePool
     from t1ops.guards.http import BoundedHttp
 
     vocab = build_vocab(load_pool(REPO / "examples" / "tasks"), ChatRenderer.default(), 248_320)

@@ -123,7 +123,7 @@ class BatchScheduler:
     """Runs every request's forward passes on one thread; ``run`` blocks its caller until done.
 
     ``engine`` provides ``model_lock``, ``running_event``, ``paused``, ``weight_version``,
-    ``weights_generation`` and ``vocab`` (``rl.engines.embedded.EmbeddedEngine``).
+    ``weights_generation`` and ``vocab`` (``rl.engines.embedded_engine.EmbeddedEngine``).
     """
 
     def __init__(self, engine, forward: CachedForward, pool: SlotPool, *, max_batch: int = 64,

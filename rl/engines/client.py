@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from rl.engines import protocol as P
+from rl.engines import protocol_control as PC
 from rl.engines import protocol_weights as PW
 from rl.errors import EngineError, ParseError
 
@@ -79,53 +80,53 @@ class EngineClient:
     # --- health ----------------------------------------------------------------------
     def health(self) -> bool:
         """``GET /health``: the server process answers (200) or is starting/unhealthy (503)."""
-        return P.ok_status(self._call("GET", P.HEALTH).status_code)
+        return PC.ok_status(self._call("GET", P.HEALTH).status_code)
 
     def health_generate(self) -> bool:
         """``GET /health_generate``: the server can still run a one-token generation."""
-        return P.ok_status(self._call("GET", P.HEALTH_GENERATE).status_code)
+        return PC.ok_status(self._call("GET", P.HEALTH_GENERATE).status_code)
 
     # --- control -------------------------------------------------------------------
-    def pause_generation(self, mode: P.PauseMode = "abort") -> None:
+    def pause_generation(self, mode: PC.PauseMode = "abort") -> None:
         """``POST /pause_generation``; ``abort`` returns every in-flight request as aborted."""
-        self._json(self._call("POST", P.PAUSE_GENERATION, P.PauseGenerationRequest(mode).to_json()),
+        self._json(self._call("POST", P.PAUSE_GENERATION, PC.PauseGenerationRequest(mode).to_json()),
                    P.PAUSE_GENERATION)
 
     def continue_generation(self) -> None:
         """``POST /continue_generation``."""
-        self._json(self._call("POST", P.CONTINUE_GENERATION, P.ContinueGenerationRequest().to_json()),
+        self._json(self._call("POST", P.CONTINUE_GENERATION, PC.ContinueGenerationRequest().to_json()),
                    P.CONTINUE_GENERATION)
 
     def abort_request(self, rid: str = "", *, abort_all: bool = False) -> None:
         """``POST /abort_request`` for one ``rid`` or, with ``abort_all``, every request."""
-        resp = self._call("POST", P.ABORT_REQUEST, P.AbortRequest(rid=rid, abort_all=abort_all).to_json())
+        resp = self._call("POST", P.ABORT_REQUEST, PC.AbortRequest(rid=rid, abort_all=abort_all).to_json())
         if resp.status_code != 200:
             raise EngineError(f"{self.base_url}{P.ABORT_REQUEST}: HTTP {resp.status_code}: {resp.text[:300]}",
                               url=self.base_url, endpoint=P.ABORT_REQUEST, status_code=resp.status_code)
 
     def flush_cache(self) -> bool:
         """``POST /flush_cache``; False when the engine refused (requests still running)."""
-        return P.ok_status(self._call("POST", P.FLUSH_CACHE).status_code)
+        return PC.ok_status(self._call("POST", P.FLUSH_CACHE).status_code)
 
     def weight_version(self) -> str:
         """The engine's current weight version (``GET /model_info``)."""
-        return P.ModelInfo.from_json(self._json(self._call("GET", P.MODEL_INFO), P.MODEL_INFO)).weight_version
+        return PC.ModelInfo.from_json(self._json(self._call("GET", P.MODEL_INFO), P.MODEL_INFO)).weight_version
 
     def update_weight_version(self, new_version: str, *, abort_all_requests: bool = True) -> None:
         """``POST /update_weight_version``: relabel the current weights (no transfer)."""
-        body = P.UpdateWeightVersionRequest(new_version, abort_all_requests).to_json()
+        body = PC.UpdateWeightVersionRequest(new_version, abort_all_requests).to_json()
         self._json(self._call("POST", P.UPDATE_WEIGHT_VERSION, body), P.UPDATE_WEIGHT_VERSION)
 
-    def update_weights_from_disk(self, model_path: str, weight_version: str) -> P.UpdateWeightsFromDiskResponse:
+    def update_weights_from_disk(self, model_path: str, weight_version: str) -> PC.UpdateWeightsFromDiskResponse:
         """``POST /update_weights_from_disk``: load ``model_path`` and report ``weight_version``.
 
         A refusal (``success: false``, HTTP 400) raises :class:`EngineError`
         carrying the engine's message.
         """
-        body = P.UpdateWeightsFromDiskRequest(model_path=model_path, weight_version=weight_version).to_json()
+        body = PC.UpdateWeightsFromDiskRequest(model_path=model_path, weight_version=weight_version).to_json()
         resp = self._call("POST", P.UPDATE_WEIGHTS_FROM_DISK, body)
         # SGLang answers a refusal with HTTP 400 and the same JSON body as a success.
-        out = P.UpdateWeightsFromDiskResponse.from_json(self._json(resp, P.UPDATE_WEIGHTS_FROM_DISK, (200, 400)))
+        out = PC.UpdateWeightsFromDiskResponse.from_json(self._json(resp, P.UPDATE_WEIGHTS_FROM_DISK, (200, 400)))
         if not out.success:
             raise EngineError(f"{self.base_url}: weight update from {model_path} refused: {out.message}",
                               url=self.base_url, model_path=model_path, weight_version=weight_version)

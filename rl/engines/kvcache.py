@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from rl.errors import InputError
-from rl.model import _masked_logits, _router_replays
+from rl.model.forward import masked_logits
+from rl.model.routing import router_replays
 
 _MASKED_SCORE = -10000.0  # megatron's attention_mask_func fill value
 
@@ -81,7 +82,7 @@ class CachedForward:
         self.model, self.cache = model, cache
         self.config = model.config
         self.layers = list(model.decoder.layers)
-        self.replays = _router_replays(model)
+        self.replays = router_replays(model)
         self._rope = apply_rotary_pos_emb
         self._freqs = None  # [max_seq_len, 1, 1, rot_dim], computed on first use
         heads = self.config.num_attention_heads
@@ -132,7 +133,7 @@ class CachedForward:
                 hidden_TBH = layer._forward_mlp(hidden_TBH)
             hidden_TBH = self.model.decoder.final_layernorm(hidden_TBH)
             last_1BH = hidden_TBH[lengths_B - 1, torch.arange(batch)].unsqueeze(0)
-            logits_BV = _masked_logits(self.model.output_layer, self.model.t1_unk_id, last_1BH)[0]
+            logits_BV = masked_logits(self.model.output_layer, self.model.t1_unk_id, last_1BH)[0]
             per_layer = [replay.get_recorded_indices() for replay in self.replays]
         finally:
             for replay in self.replays:

@@ -18,6 +18,11 @@ Contract of ``/generate`` (non-streaming, one prompt):
   token), ``meta_info.routed_experts`` (base64 of little-endian int32,
   ``rows x num_moe_layers x topk`` flattened).
 
+The control endpoints (pause, continue, weight loads, abort, model info) are typed in
+:mod:`rl.engines.protocol_control`, the distributed weight-update ones in
+:mod:`rl.engines.protocol_weights`; the strict JSON readers all three use are in
+:mod:`rl.engines.wire`.
+
 Parsers never fill in a default for a missing field: a malformed payload
 raises :class:`~rl.errors.ParseError` (or :class:`~rl.errors.RoutingError` /
 :class:`~rl.errors.MissingRoutingError` for routing) naming the field and the
@@ -31,6 +36,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rl.engines.wire import as_bool, as_ids, as_int, as_num, as_obj, as_str, no_unknown, opt_str, or_default, require
 from rl.errors import MissingRoutingError, ParseError
 from rl.routing import decode_routed_experts, encode_routed_experts, expected_num_rows
 
@@ -49,76 +55,7 @@ ABORT_REQUEST = "/abort_request"
 FLUSH_CACHE = "/flush_cache"
 MODEL_INFO = "/model_info"
 
-PauseMode = Literal["abort", "retract", "in_place"]
 FinishType = Literal["stop", "length", "abort"]
-
-
-# --- small strict readers -------------------------------------------------------
-def _req(d: Any, key: str, where: str) -> Any:
-    if not isinstance(d, dict):
-        raise ParseError(f"{where}: expected a JSON object, got {type(d).__name__}", field=where)
-    if key not in d:
-        raise ParseError(f"{where}: missing field {key!r} (present: {sorted(d)})",
-                         field=f"{where}.{key}")
-    return d[key]
-
-
-def _int(v: Any, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ParseError(f"{name}: expected an integer, got {v!r}", field=name)
-    return v
-
-
-def _count(v: Any, name: str) -> int:
-    if _int(v, name) < 0:
-        raise ParseError(f"{name}: expected a count >= 0, got {v!r}", field=name)
-    return v
-
-
-def _bool(v: Any, name: str) -> bool:
-    if not isinstance(v, bool):
-        raise ParseError(f"{name}: expected true/false, got {v!r}", field=name)
-    return v
-
-
-def _num(v: Any, name: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ParseError(f"{name}: expected a finite number, got {v!r}", field=name)
-    return float(v)
-
-
-def _str(v: Any, name: str) -> str:
-    if not isinstance(v, str):
-        raise ParseError(f"{name}: expected a string, got {v!r}", field=name)
-    return v
-
-
-def _ids(v: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(v, list):
-        raise ParseError(f"{name}: expected a list of token ids, got {type(v).__name__}", field=name)
-    for i, t in enumerate(v):
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ParseError(f"{name}[{i}]: expected a non-negative token id, got {t!r}", field=name,
-                             index=i)
-    return tuple(v)
-
-
-def _or(v: Any, default: Any) -> Any:
-    """``default`` for a JSON null only: a falsy value of the wrong type (0, "", false) stays an error."""
-    return default if v is None else v
-
-
-def _obj(d: Any, where: str) -> dict:
-    if not isinstance(d, dict):
-        raise ParseError(f"{where}: expected a JSON object, got {type(d).__name__}", field=where)
-    return d
-
-
-def _no_unknown(d: dict, allowed: set[str], where: str) -> None:
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise ParseError(f"{where}: unsupported field(s) {unknown}; supported: {sorted(allowed)}",
-                         field=where, unknown=unknown)
 
 
 # --- /generate --------------------------------------------------------------------
@@ -164,16 +101,16 @@ class SamplingParams:
     @classmethod
     def from_json(cls, d: Any) -> "SamplingParams":
         w = "sampling_params"
-        _no_unknown(_obj(d, w), {f for f in cls.__dataclass_fields__}, w)
+        no_unknown(as_obj(d, w), {f for f in cls.__dataclass_fields__}, w)
         seed = d.get("sampling_seed")
         return cls(
-            max_new_tokens=_int(_req(d, "max_new_tokens", w), f"{w}.max_new_tokens"),
-            temperature=_num(d.get("temperature", 1.0), f"{w}.temperature"),
-            top_p=_num(d.get("top_p", 1.0), f"{w}.top_p"),
-            top_k=_int(d.get("top_k", -1), f"{w}.top_k"),
-            stop_token_ids=_ids(_or(d.get("stop_token_ids"), []), f"{w}.stop_token_ids"),
-            ignore_eos=_bool(d.get("ignore_eos", False), f"{w}.ignore_eos"),
-            sampling_seed=None if seed is None else _int(seed, f"{w}.sampling_seed"),
+            max_new_tokens=as_int(require(d, "max_new_tokens", w), f"{w}.max_new_tokens"),
+            temperature=as_num(d.get("temperature", 1.0), f"{w}.temperature"),
+            top_p=as_num(d.get("top_p", 1.0), f"{w}.top_p"),
+            top_k=as_int(d.get("top_k", -1), f"{w}.top_k"),
+            stop_token_ids=as_ids(or_default(d.get("stop_token_ids"), []), f"{w}.stop_token_ids"),
+            ignore_eos=as_bool(d.get("ignore_eos", False), f"{w}.ignore_eos"),
+            sampling_seed=None if seed is None else as_int(seed, f"{w}.sampling_seed"),
         )
 
 
@@ -211,7 +148,7 @@ class GenerateRequest:
     def from_json(cls, d: Any) -> "GenerateRequest":
         """Server side: parse and validate a request body; streaming and text prompts are refused."""
         w = "generate"
-        _no_unknown(_obj(d, w), {
+        no_unknown(as_obj(d, w), {
             "input_ids", "sampling_params", "return_logprob", "return_routed_experts",
             "routed_experts_start_len", "rid", "stream"}, w)
         if d.get("stream", False):
@@ -219,12 +156,12 @@ class GenerateRequest:
                              field="generate.stream")
         rid = d.get("rid")
         return cls(
-            input_ids=_ids(_req(d, "input_ids", w), "input_ids"),
-            sampling_params=SamplingParams.from_json(_req(d, "sampling_params", w)),
-            return_logprob=_bool(d.get("return_logprob", False), "return_logprob"),
-            return_routed_experts=_bool(d.get("return_routed_experts", False), "return_routed_experts"),
-            routed_experts_start_len=_int(d.get("routed_experts_start_len", 0), "routed_experts_start_len"),
-            rid=None if rid is None else _str(rid, "rid"),
+            input_ids=as_ids(require(d, "input_ids", w), "input_ids"),
+            sampling_params=SamplingParams.from_json(require(d, "sampling_params", w)),
+            return_logprob=as_bool(d.get("return_logprob", False), "return_logprob"),
+            return_routed_experts=as_bool(d.get("return_routed_experts", False), "return_routed_experts"),
+            routed_experts_start_len=as_int(d.get("routed_experts_start_len", 0), "routed_experts_start_len"),
+            rid=None if rid is None else as_str(rid, "rid"),
         )
 
     def num_routing_rows(self, num_output_tokens: int) -> int:
@@ -259,7 +196,7 @@ class FinishReason:
         if d is None:
             raise ParseError(f"{w}: null (request unfinished); a non-streaming response must be finished",
                              field=w)
-        kind = _req(d, "type", w)
+        kind = require(d, "type", w)
         if kind not in ("stop", "length", "abort"):
             raise ParseError(f"{w}.type: {kind!r} is not one of stop/length/abort", field=f"{w}.type")
         status, matched = d.get("status_code"), d.get("matched")
@@ -267,9 +204,9 @@ class FinishReason:
             raise ParseError(f"{w}.matched: expected a token id, a stop string or null, got {matched!r}",
                              field=f"{w}.matched")
         return cls(type=kind, matched=matched,
-                   length=None if d.get("length") is None else _int(d["length"], f"{w}.length"),
-                   message=None if d.get("message") is None else _str(d["message"], f"{w}.message"),
-                   status_code=None if status is None else _int(status, f"{w}.status_code"))
+                   length=None if d.get("length") is None else as_int(d["length"], f"{w}.length"),
+                   message=None if d.get("message") is None else as_str(d["message"], f"{w}.message"),
+                   status_code=None if status is None else as_int(status, f"{w}.status_code"))
 
 
 @dataclass(frozen=True)
@@ -321,7 +258,7 @@ class GenerateResponse:
 
 def _parse_logprobs(meta: dict, output_ids: tuple[int, ...]) -> tuple[float, ...]:
     name = "meta_info.output_token_logprobs"
-    rows = _req(meta, "output_token_logprobs", "meta_info")
+    rows = require(meta, "output_token_logprobs", "meta_info")
     if not isinstance(rows, list) or len(rows) != len(output_ids):
         n = len(rows) if isinstance(rows, list) else type(rows).__name__
         raise ParseError(f"{name}: {n} entries for {len(output_ids)} output ids (must be one per token)",
@@ -331,18 +268,14 @@ def _parse_logprobs(meta: dict, output_ids: tuple[int, ...]) -> tuple[float, ...
         if not isinstance(row, (list, tuple)) or len(row) < 2:
             raise ParseError(f"{name}[{i}]: expected [logprob, token_id, text], got {row!r}", field=name,
                              index=i)
-        lp = _num(row[0], f"{name}[{i}][0]")
+        lp = as_num(row[0], f"{name}[{i}][0]")
         if lp > 0:
             raise ParseError(f"{name}[{i}][0]: log-prob {lp} > 0", field=name, index=i)
-        if _int(row[1], f"{name}[{i}][1]") != tok:
+        if as_int(row[1], f"{name}[{i}][1]") != tok:
             raise ParseError(f"{name}[{i}]: token id {row[1]} differs from output_ids[{i}] = {tok}",
                              field=name, index=i)
         out.append(lp)
     return tuple(out)
-
-
-def _opt_str(v: Any, name: str) -> str | None:
-    return None if v is None else _str(v, name)
 
 
 def _parse_spans(spans: Any, num_output: int) -> tuple[WeightVersionSpan, ...]:
@@ -352,9 +285,9 @@ def _parse_spans(spans: Any, num_output: int) -> tuple[WeightVersionSpan, ...]:
     if not isinstance(spans, list):
         raise ParseError(f"{w}: expected a list of {{version, start, end}} objects, got {type(spans).__name__}",
                          field=w)
-    out = tuple(WeightVersionSpan(version=_str(_req(s, "version", f"{w}[{i}]"), f"{w}[{i}].version"),
-                                  start=_int(_req(s, "start", f"{w}[{i}]"), f"{w}[{i}].start"),
-                                  end=_int(_req(s, "end", f"{w}[{i}]"), f"{w}[{i}].end"))
+    out = tuple(WeightVersionSpan(version=as_str(require(s, "version", f"{w}[{i}]"), f"{w}[{i}].version"),
+                                  start=as_int(require(s, "start", f"{w}[{i}]"), f"{w}[{i}].start"),
+                                  end=as_int(require(s, "end", f"{w}[{i}]"), f"{w}[{i}].end"))
                 for i, s in enumerate(spans))
     for i, span in enumerate(out):
         if not 0 <= span.start <= span.end <= num_output:
@@ -375,16 +308,16 @@ def parse_generate_response(payload: Any, request: GenerateRequest, *, num_moe_l
     fails it; it never enters training. A finished response that asked for
     routing and carries none raises :class:`MissingRoutingError`.
     """
-    meta = _req(payload, "meta_info", "response")
-    output_ids = _ids(_req(payload, "output_ids", "response"), "output_ids")
-    finish = FinishReason.from_json(_req(meta, "finish_reason", "meta_info"))
+    meta = require(payload, "meta_info", "response")
+    output_ids = as_ids(require(payload, "output_ids", "response"), "output_ids")
+    finish = FinishReason.from_json(require(meta, "finish_reason", "meta_info"))
     spans = _parse_spans(meta.get("weight_versions"), len(output_ids))
     base = dict(output_ids=output_ids, finish_reason=finish,
-                weight_version=_str(_req(meta, "weight_version", "meta_info"), "meta_info.weight_version"),
-                prompt_tokens=_int(_req(meta, "prompt_tokens", "meta_info"), "meta_info.prompt_tokens"),
-                completion_tokens=_int(_req(meta, "completion_tokens", "meta_info"),
-                                       "meta_info.completion_tokens"),
-                rid=_opt_str(meta.get("id"), "meta_info.id"), text=_opt_str(payload.get("text"), "text"),
+                weight_version=as_str(require(meta, "weight_version", "meta_info"), "meta_info.weight_version"),
+                prompt_tokens=as_int(require(meta, "prompt_tokens", "meta_info"), "meta_info.prompt_tokens"),
+                completion_tokens=as_int(require(meta, "completion_tokens", "meta_info"),
+                                         "meta_info.completion_tokens"),
+                rid=opt_str(meta.get("id"), "meta_info.id"), text=opt_str(payload.get("text"), "text"),
                 weight_versions=spans)
     if finish.is_abort:
         return GenerateResponse(**base)
@@ -409,165 +342,3 @@ def parse_generate_response(payload: Any, request: GenerateRequest, *, num_moe_l
                                         request.num_routing_rows(len(output_ids)),
                                         num_experts=num_experts, sample=str(meta.get("id")))
     return GenerateResponse(**base, output_token_logprobs=logprobs, routed_experts_RLK=routing)
-
-
-# --- control endpoints ---------------------------------------------------------------
-@dataclass(frozen=True)
-class PauseGenerationRequest:
-    """``POST /pause_generation`` (``PauseGenerationReqInput``).
-
-    ``abort``: in-flight requests return with finish_reason abort (callers
-    resubmit); ``retract``: back to the waiting queue, KV recomputed later;
-    ``in_place``: frozen with their KV. Only ``abort`` guarantees that no
-    request spans two weight versions.
-    """
-
-    mode: PauseMode = "abort"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode}
-
-    @classmethod
-    def from_json(cls, d: Any) -> "PauseGenerationRequest":
-        d = _obj(_or(d, {}), "pause_generation")
-        _no_unknown(d, {"mode", "rid"}, "pause_generation")
-        mode = d.get("mode", "abort")
-        if mode not in ("abort", "retract", "in_place"):
-            raise ParseError(f"pause_generation.mode: {mode!r} is not abort/retract/in_place",
-                             field="pause_generation.mode")
-        return cls(mode=mode)
-
-
-@dataclass(frozen=True)
-class ContinueGenerationRequest:
-    """``POST /continue_generation`` (``ContinueGenerationReqInput``)."""
-
-    torch_empty_cache: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        return {"torch_empty_cache": self.torch_empty_cache}
-
-    @classmethod
-    def from_json(cls, d: Any) -> "ContinueGenerationRequest":
-        d = _obj(_or(d, {}), "continue_generation")
-        _no_unknown(d, {"torch_empty_cache", "rid"}, "continue_generation")
-        return cls(torch_empty_cache=_bool(d.get("torch_empty_cache", True),
-                                           "continue_generation.torch_empty_cache"))
-
-
-@dataclass(frozen=True)
-class UpdateWeightsFromDiskRequest:
-    """``POST /update_weights_from_disk`` (``UpdateWeightFromDiskReqInput``).
-
-    ``model_path`` is the checkpoint directory; ``weight_version`` becomes the
-    version every later response reports.
-    """
-
-    model_path: str
-    weight_version: str | None = None
-    load_format: str | None = None
-    abort_all_requests: bool = False
-    flush_cache: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"model_path": self.model_path, "abort_all_requests": self.abort_all_requests,
-                             "flush_cache": self.flush_cache}
-        if self.weight_version is not None:
-            d["weight_version"] = self.weight_version
-        if self.load_format is not None:
-            d["load_format"] = self.load_format
-        return d
-
-    @classmethod
-    def from_json(cls, d: Any) -> "UpdateWeightsFromDiskRequest":
-        w = "update_weights_from_disk"
-        _no_unknown(_obj(d, w), {f for f in cls.__dataclass_fields__} | {"rid"}, w)
-        ver, fmt = d.get("weight_version"), d.get("load_format")
-        return cls(model_path=_str(_req(d, "model_path", w), f"{w}.model_path"),
-                   weight_version=None if ver is None else _str(ver, f"{w}.weight_version"),
-                   load_format=None if fmt is None else _str(fmt, f"{w}.load_format"),
-                   abort_all_requests=_bool(d.get("abort_all_requests", False), f"{w}.abort_all_requests"),
-                   flush_cache=_bool(d.get("flush_cache", True), f"{w}.flush_cache"))
-
-
-@dataclass(frozen=True)
-class UpdateWeightsFromDiskResponse:
-    """``UpdateWeightFromDiskReqOutput``; HTTP 200 on success, 400 otherwise."""
-
-    success: bool
-    message: str
-    num_paused_requests: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"success": self.success, "message": self.message,
-                "num_paused_requests": self.num_paused_requests}
-
-    @classmethod
-    def from_json(cls, d: Any) -> "UpdateWeightsFromDiskResponse":
-        w = "update_weights_from_disk response"
-        return cls(success=_bool(_req(d, "success", w), "success"),
-                   message=_str(_req(d, "message", w), "message"),
-                   num_paused_requests=_count(d.get("num_paused_requests", 0), "num_paused_requests"))
-
-
-@dataclass(frozen=True)
-class UpdateWeightVersionRequest:
-    """``POST /update_weight_version`` (``UpdateWeightVersionReqInput``): relabel without new weights."""
-
-    new_version: str
-    abort_all_requests: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        return {"new_version": self.new_version, "abort_all_requests": self.abort_all_requests}
-
-    @classmethod
-    def from_json(cls, d: Any) -> "UpdateWeightVersionRequest":
-        w = "update_weight_version"
-        _no_unknown(_obj(d, w), {"new_version", "abort_all_requests", "rid"}, w)
-        return cls(new_version=_str(_req(d, "new_version", w), f"{w}.new_version"),
-                   abort_all_requests=_bool(d.get("abort_all_requests", True), f"{w}.abort_all_requests"))
-
-
-@dataclass(frozen=True)
-class AbortRequest:
-    """``POST /abort_request`` (``AbortReq``): one ``rid``, or every request with ``abort_all``."""
-
-    rid: str = ""
-    abort_all: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.rid and not self.abort_all:
-            raise ParseError("abort_request: give a rid or abort_all=true (SGLang ignores neither)",
-                             field="abort_request.rid")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"rid": self.rid, "abort_all": self.abort_all}
-
-    @classmethod
-    def from_json(cls, d: Any) -> "AbortRequest":
-        d = _obj(_or(d, {}), "abort_request")
-        _no_unknown(d, {"rid", "abort_all", "finished_reason", "abort_message"}, "abort_request")
-        return cls(rid=_str(_or(d.get("rid"), ""), "abort_request.rid"),
-                   abort_all=_bool(d.get("abort_all", False), "abort_request.abort_all"))
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """``GET /model_info``: where a client reads the engine's current ``weight_version``."""
-
-    weight_version: str
-    model_path: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"weight_version": self.weight_version, "model_path": self.model_path}
-
-    @classmethod
-    def from_json(cls, d: Any) -> "ModelInfo":
-        path = d.get("model_path") if isinstance(d, dict) else None
-        return cls(weight_version=_str(_req(d, "weight_version", "model_info"), "model_info.weight_version"),
-                   model_path=None if path is None else _str(path, "model_info.model_path"))
-
-
-def ok_status(status_code: int) -> bool:
-    """``/health``, ``/health_generate``, ``/flush_cache`` answer by status code only (200 / 503 / 400)."""
-    return status_code == 200

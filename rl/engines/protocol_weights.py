@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rl.engines.protocol import _bool, _int, _no_unknown, _obj, _req, _str
+from rl.engines.wire import as_bool, as_int, as_obj, as_str, no_unknown, require
 from rl.errors import ParseError
 
 INIT_WEIGHTS_UPDATE_GROUP = "/init_weights_update_group"
@@ -48,15 +48,15 @@ class InitWeightsUpdateGroupRequest:
     @classmethod
     def from_json(cls, d: Any) -> "InitWeightsUpdateGroupRequest":
         w = "init_weights_update_group"
-        _no_unknown(_obj(d, w), set(cls.__dataclass_fields__) | {"rid"}, w)
+        no_unknown(as_obj(d, w), set(cls.__dataclass_fields__) | {"rid"}, w)
         backend = d.get("backend", "nccl")
         if backend not in ("nccl", "gloo"):
             raise ParseError(f"{w}.backend: {backend!r} is not nccl/gloo", field=f"{w}.backend")
-        return cls(master_address=_str(_req(d, "master_address", w), f"{w}.master_address"),
-                   master_port=_int(_req(d, "master_port", w), f"{w}.master_port"),
-                   rank_offset=_int(_req(d, "rank_offset", w), f"{w}.rank_offset"),
-                   world_size=_int(_req(d, "world_size", w), f"{w}.world_size"),
-                   group_name=_str(d.get("group_name", DEFAULT_GROUP), f"{w}.group_name"), backend=backend)
+        return cls(master_address=as_str(require(d, "master_address", w), f"{w}.master_address"),
+                   master_port=as_int(require(d, "master_port", w), f"{w}.master_port"),
+                   rank_offset=as_int(require(d, "rank_offset", w), f"{w}.rank_offset"),
+                   world_size=as_int(require(d, "world_size", w), f"{w}.world_size"),
+                   group_name=as_str(d.get("group_name", DEFAULT_GROUP), f"{w}.group_name"), backend=backend)
 
 
 @dataclass(frozen=True)
@@ -88,22 +88,22 @@ class UpdateWeightsFromDistributedRequest:
     @classmethod
     def from_json(cls, d: Any) -> "UpdateWeightsFromDistributedRequest":
         w = "update_weights_from_distributed"
-        _no_unknown(_obj(d, w), set(cls.__dataclass_fields__) | {"rid", "load_format", "selector",
-                                                                 "torch_empty_cache"}, w)
+        no_unknown(as_obj(d, w), set(cls.__dataclass_fields__) | {"rid", "load_format", "selector",
+                                                                  "torch_empty_cache"}, w)
         if d.get("load_format") is not None:
             raise ParseError(f"{w}.load_format: {d['load_format']!r} is not supported (per-tensor broadcasts only)",
                              field=f"{w}.load_format")
-        names, dtypes, shapes = (_req(d, k, w) for k in ("names", "dtypes", "shapes"))
+        names, dtypes, shapes = (require(d, k, w) for k in ("names", "dtypes", "shapes"))
         if not all(isinstance(x, list) for x in (names, dtypes, shapes)):
             raise ParseError(f"{w}: names, dtypes and shapes must be lists", field=w)
         version = d.get("weight_version")
-        return cls(names=tuple(_str(n, f"{w}.names[{i}]") for i, n in enumerate(names)),
-                   dtypes=tuple(_str(t, f"{w}.dtypes[{i}]") for i, t in enumerate(dtypes)),
+        return cls(names=tuple(as_str(n, f"{w}.names[{i}]") for i, n in enumerate(names)),
+                   dtypes=tuple(as_str(t, f"{w}.dtypes[{i}]") for i, t in enumerate(dtypes)),
                    shapes=tuple(_shape(s, f"{w}.shapes[{i}]") for i, s in enumerate(shapes)),
-                   group_name=_str(d.get("group_name", DEFAULT_GROUP), f"{w}.group_name"),
-                   flush_cache=_bool(d.get("flush_cache", True), f"{w}.flush_cache"),
-                   abort_all_requests=_bool(d.get("abort_all_requests", False), f"{w}.abort_all_requests"),
-                   weight_version=None if version is None else _str(version, f"{w}.weight_version"))
+                   group_name=as_str(d.get("group_name", DEFAULT_GROUP), f"{w}.group_name"),
+                   flush_cache=as_bool(d.get("flush_cache", True), f"{w}.flush_cache"),
+                   abort_all_requests=as_bool(d.get("abort_all_requests", False), f"{w}.abort_all_requests"),
+                   weight_version=None if version is None else as_str(version, f"{w}.weight_version"))
 
 
 def _shape(v: Any, name: str) -> tuple[int, ...]:
@@ -124,8 +124,8 @@ class DestroyWeightsUpdateGroupRequest:
     @classmethod
     def from_json(cls, d: Any) -> "DestroyWeightsUpdateGroupRequest":
         w = "destroy_weights_update_group"
-        _no_unknown(_obj(d, w), {"group_name", "rid"}, w)
-        return cls(group_name=_str(d.get("group_name", DEFAULT_GROUP), f"{w}.group_name"))
+        no_unknown(as_obj(d, w), {"group_name", "rid"}, w)
+        return cls(group_name=as_str(d.get("group_name", DEFAULT_GROUP), f"{w}.group_name"))
 
 
 @dataclass(frozen=True)
@@ -141,4 +141,4 @@ class WeightsResponse:
     @classmethod
     def from_json(cls, d: Any) -> "WeightsResponse":
         w = "weights response"
-        return cls(success=_bool(_req(d, "success", w), "success"), message=_str(_req(d, "message", w), "message"))
+        return cls(success=as_bool(require(d, "success", w), "success"), message=as_str(require(d, "message", w), "message"))

@@ -2,7 +2,7 @@
 
 - ``/update_weights_from_disk`` of a Hugging Face directory (``rl.hf.checkpoint``: what a real
   server loads; a ``t1ops.json`` naming another role than actor is refused). The legacy t1ops
-  step directory (``weights.pt`` + ``manifest.json``) stays with :mod:`rl.engines.embedded`.
+  step directory (``weights.pt`` + ``manifest.json``) stays with :mod:`rl.engines.embedded_engine`.
 - ``/init_weights_update_group``, ``/update_weights_from_distributed``,
   ``/destroy_weights_update_group`` (:mod:`rl.engines.protocol_weights`): join the trainer's
   group (:mod:`rl.weights.group`, gloo on CPU), receive one broadcast per Hugging Face tensor,
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from rl.engines import protocol as P
+from rl.engines import protocol_control as PC
 from rl.engines import protocol_weights as PW
 from rl.errors import CheckpointError, InputError, T1OpsError
 from rl.hf import qwen3_moe
@@ -46,7 +46,7 @@ def load_partial(engine, state: dict[str, torch.Tensor]) -> None:
             engine.weights_generation += 1
 
 
-def update_from_hf_dir(engine, request: P.UpdateWeightsFromDiskRequest) -> None:
+def update_from_hf_dir(engine, request: PC.UpdateWeightsFromDiskRequest) -> None:
     """Load a Hugging Face export into the engine (``/update_weights_from_disk``)."""
     meta = check_actor_export(request.model_path)
     spec, state = import_hf(request.model_path)
@@ -117,7 +117,7 @@ def _answer(call: Callable[[], str]) -> tuple[int, Any]:
 
 
 def routes(engine, body: Callable[[], Any]) -> dict[str, Callable[[], tuple[int, Any]]]:
-    """POST routes for :mod:`rl.engines.embedded`'s handler (``body()`` reads the request JSON)."""
+    """POST routes for :mod:`rl.engines.embedded_http`'s handler (``body()`` reads the request JSON)."""
     receiver = engine.__dict__.setdefault("_weight_receiver", WeightReceiver(engine))
     return {
         PW.INIT_WEIGHTS_UPDATE_GROUP: lambda: _answer(

@@ -16,7 +16,8 @@ import httpx
 
 from rl.chat import ChatRenderer
 from rl.engines.client import EngineClient
-from rl.engines.embedded import EmbeddedEngine, serve
+from rl.engines.embedded import serve
+from rl.engines.embedded_engine import EmbeddedEngine
 from rl.engines.ports import free_port
 from rl.harness.server import OpenAIServer, SessionRegistry
 from rl.harness.session import HarnessSession, SessionLimits

@@ -7,6 +7,7 @@ plain call, so a Ray actor exposes them as remote methods unchanged.
 """
 from __future__ import annotations
 
+import abc
 import shutil
 import socket
 import time
@@ -21,7 +22,9 @@ from rl.weights.buckets import Bucket, hf_buckets
 from rl.weights.group import destroy_update_group, init_update_group, send_tensors
 
 
-class WeightSender:
+class WeightSender(abc.ABC):
+    """Publishes the owner's weights to the engines; the owner implements :meth:`_published_weights`."""
+
     _ws_group = None
     _ws_cache: tuple[str, list] | None = None
 
@@ -34,8 +37,9 @@ class WeightSender:
         self._ws_export_dir = Path(export_dir) if export_dir else None
         self._ws_keep = keep_exports
 
+    @abc.abstractmethod
     def _published_weights(self, version: str) -> tuple[Mapping[str, torch.Tensor], ModelSpec]:
-        raise NotImplementedError
+        """The weights published as ``version``: the megatron state (full, by name) and its ModelSpec."""
 
     # --- disk --------------------------------------------------------------------------
     def weight_export(self, version: str) -> str:

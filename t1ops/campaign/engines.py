@@ -17,7 +17,8 @@ from functools import partial
 
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.guards.engines import EnginePool, spawn_factory, url_factory
+from t1ops.guards.engine_slots import spawn_factory, url_factory
+from t1ops.guards.engines import EnginePool
 from t1ops.guards.http import BoundedHttp
 from t1ops.guards.weight_sync import CheckpointDirSync, DiskSync, DistributedSync
 

@@ -38,7 +38,8 @@ from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, EngineError
-from t1ops.guards.engines import ENGINE_FAILURES, RUNBOOK, response_versions_ok
+from t1ops.guards.engine_slots import ENGINE_FAILURES, RUNBOOK
+from t1ops.guards.engines import missed_sync_reason, response_versions_ok
 
 AFFINITY_ENTRIES = 4096   # trajectories whose last engine is remembered (LRU)
 AFFINITY_SLACK = 2        # a trajectory stays on its engine while it has at most this many more requests
@@ -188,10 +189,8 @@ class DirectEngines:
             if not resp.finish_reason.is_abort and not self._versions_ok(t, resp):
                 self.refresh()  # the view may predate the sync that explains the response
                 if not self._versions_ok(t, resp):
-                    reason = (f"answered with weight version {resp.weight_version!r} (spans "
-                              f"{[v.version for v in resp.weight_versions]}) for a request admitted under "
-                              f"{t.version!r} (pool now {self._view['version']!r}): it missed a weight sync")
-                    self.report(t.slot, t.url, reason, wrong_version=True)
+                    self.report(t.slot, t.url, missed_sync_reason(resp, t.version, self._view["version"]),
+                                wrong_version=True)
                     return f"version mismatch on engine {t.slot}"
             return resp
         finally:

@@ -38,109 +38,31 @@ Contract of :class:`EnginePool`:
 
 Replacements start as ``starting``; the pinger admits one on its first healthy
 ping after loading the pool's current checkpoint into it.
+
+Modules: :mod:`t1ops.guards.engine_slots` (handles, slots, factories),
+:mod:`t1ops.guards.engine_health` (pinger, admission, death),
+:mod:`t1ops.guards.engine_barrier` (the weight-sync barrier); this one holds the pool, its
+lifecycle and its traffic (admission of requests, resubmission, the version check).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
-import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
-
-import httpx
+from typing import Callable, Literal, Sequence
 
 from rl.engines import protocol as P
-from rl.engines.client import EngineClient
-from rl.engines.ports import free_port
 from t1ops import telemetry
 from t1ops.config import EngineConfig
+from t1ops.errors import EngineDeadError, EngineError, InputError
+from t1ops.guards.engine_barrier import WeightSyncBarrier
+from t1ops.guards.engine_slots import (ENGINE_FAILURES, RUNBOOK, EngineFactory, EngineHandle, Slot, Status, Ticket,
+                                       kill_engine)
 from t1ops.guards.weight_sync import CheckpointDirSync, WeightSync
-from t1ops.errors import ControlPlaneTimeout, EngineDeadError, EngineError, InputError
-
-RUNBOOK = "runbooks/dead-engine.md"
-#: Errors that mean "this engine failed the call" (as opposed to bad data).
-ENGINE_FAILURES = (EngineError, ControlPlaneTimeout, httpx.TransportError)
-Status = Literal["starting", "live", "dead"]
 
 
-@dataclass
-class EngineHandle:
-    """A started engine: its client and, when the pool owns it, its process."""
-
-    url: str
-    client: EngineClient
-    process: subprocess.Popen | None = None
-
-
-EngineFactory = Callable[[int], EngineHandle]  # slot -> a freshly started engine (may still be compiling)
-
-
-@dataclass
-class _Ticket:
-    """One request in flight on one engine; ``wake`` is set when it finishes or its engine dies."""
-
-    version: str
-    num_syncs: int  # barriers begun before admission: a later one explains an abort
-    wake: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass
-class _Slot:
-    index: int
-    handle: EngineHandle | None  # None while the factory is still starting the engine
-    started_at: float
-    status: Status = "starting"
-    consecutive_failures: int = 0
-    ping_pending: bool = False
-    last_used: int = -1
-    dead_reason: str = ""
-    awaiting_weights: bool = False  # healthy, at another version; the next barrier brings it in
-    in_flight: dict[int, _Ticket] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SyncReport:
-    """What one weight sync did."""
-
-    version: str
-    live_slots: tuple[int, ...]
-    dead_slots: tuple[int, ...]
-    recreated_slots: tuple[int, ...]
-    num_aborted_in_flight: int
-    duration_s: float
-
-
-def spawn_factory(spawn: Callable[[int], subprocess.Popen], http: Any, *, host: str = "127.0.0.1",
-                  **client_kw: Any) -> EngineFactory:
-    """Factory starting each engine as ``spawn(port)`` on a fresh loopback port.
-
-    ``http`` is the transport shared by the clients (a ``BoundedHttp`` when guarded);
-    ``client_kw`` goes to :class:`EngineClient` (``num_moe_layers``, ``topk``, ``num_experts``).
-    """
-    def make(slot: int) -> EngineHandle:
-        port = free_port(host)
-        url = f"http://{host}:{port}"
-        return EngineHandle(url=url, client=EngineClient(url, http, **client_kw), process=spawn(port))
-    return make
-
-
-def url_factory(urls: Sequence[str], http: Any, **client_kw: Any) -> EngineFactory:
-    """Factory for external SGLang servers (``engine.kind = "sglang"``): slot ``i`` is ``urls[i]``.
-
-    The pool does not own these processes, so "recreating" a dead slot means
-    re-admitting the same URL once it answers again (its operator restarts it).
-    """
-    def make(slot: int) -> EngineHandle:
-        if not 0 <= slot < len(urls):
-            raise InputError(f"engine slot {slot} has no URL: {len(urls)} urls given; set engine.urls to "
-                             "one URL per engine (engine.num_engines)", slot=slot, num_urls=len(urls))
-        return EngineHandle(url=urls[slot], client=EngineClient(urls[slot], http, **client_kw))
-    return make
-
-
-class EnginePool:
+class EnginePool(WeightSyncBarrier):
     """Engines behind one ``generate`` call, guarded as the module docstring says.
 
     ``version`` is the weight version the engines start with (SGLang's default
@@ -163,7 +85,7 @@ class EnginePool:
         self._cond = threading.Condition()
         self._sync_lock = threading.Lock()
         self._gate_open, self._syncing, self._num_syncs = True, False, 0
-        self._slots: list[_Slot] = []
+        self._slots: list[Slot] = []
         self._tickets = itertools.count()
         self._gen_pool = cf.ThreadPoolExecutor(max_concurrency, thread_name_prefix="engine-gen")
         self._ping_pool = cf.ThreadPoolExecutor(max(4, cfg.num_engines), thread_name_prefix="engine-ping")
@@ -179,7 +101,7 @@ class EnginePool:
         engines join rotation when the pinger admits them (:meth:`wait_until_live`).
         """
         with self._cond:
-            self._slots = [_Slot(index=i, handle=None, started_at=self.clock())
+            self._slots = [Slot(index=i, handle=None, started_at=self.clock())
                            for i in range(self.cfg.num_engines)]
         cf.wait([self._spawner.submit(self._spawn_into, i) for i in range(self.cfg.num_engines)])
         if pinger:
@@ -207,12 +129,9 @@ class EnginePool:
             self._pinger.join(timeout=self.cfg.request_timeout_s * self.cfg.request_attempts + 5)
         self._spawner.shutdown(wait=True, cancel_futures=True)
         for s in self._slots:
-            _kill(s.handle.process if s.handle else None)
+            kill_engine(s.handle.process if s.handle else None)
         self._gen_pool.shutdown(wait=False, cancel_futures=True)
         self._ping_pool.shutdown(wait=False, cancel_futures=True)
-
-    def live_slots(self) -> list[int]:
-        return [s.index for s in self._slots if s.status == "live"]
 
     @property
     def gate_open(self) -> bool:
@@ -265,109 +184,13 @@ class EnginePool:
             self._declare_dead(self._slots[index], f"start failed: {type(err).__name__}: {err}")
             return
         if self._stop.is_set():
-            _kill(handle.process)
+            kill_engine(handle.process)
             return
         with self._cond:
             s = self._slots[index]
             s.handle, s.started_at = handle, self.clock()
         telemetry.event("engine.started", slot=index, url=handle.url,
                         pid=handle.process.pid if handle.process else None)
-
-    # --- health ----------------------------------------------------------------------
-    def _ping_loop(self) -> None:
-        while not self._stop.wait(self.cfg.health_interval_s):
-            self.ping_round(wait=False)
-
-    def ping_round(self, *, wait: bool = True) -> None:
-        """Ping every starting/live engine that has no ping pending (the pinger calls this)."""
-        futures = []
-        with self._cond:
-            for s in self._slots:
-                if s.status != "dead" and s.handle is not None and not s.ping_pending and not self._syncing:
-                    s.ping_pending = True
-                    futures.append(self._ping_pool.submit(self._ping, s))
-        if wait:
-            cf.wait(futures)
-
-    def _ping(self, s: _Slot) -> None:
-        try:
-            if self._exited(s):
-                return
-            try:
-                healthy, err = s.handle.client.health_generate(), "HTTP 503"
-            except ENGINE_FAILURES as e:
-                healthy, err = False, f"{type(e).__name__}: {e}"
-            if healthy:
-                s.consecutive_failures = 0
-                if s.status == "starting":
-                    self._admit(s)
-                return
-            self._missed_ping(s, err)
-        finally:
-            s.ping_pending = False
-
-    def _missed_ping(self, s: _Slot, err: str) -> None:
-        age_s = self.clock() - s.started_at
-        if self._syncing:
-            return  # paused engines do not generate; the barrier checks them itself
-        if age_s < self.cfg.warmup_grace_s:
-            telemetry.event("engine.ping_missed_in_grace", severity="warning", slot=s.index, age_s=round(age_s, 2),
-                            grace_s=self.cfg.warmup_grace_s, error=err[:200])
-            return
-        s.consecutive_failures += 1
-        telemetry.count("engine.ping_failed", slot=s.index)
-        if s.consecutive_failures >= self.cfg.failure_threshold:
-            self._declare_dead(s, f"{s.consecutive_failures} consecutive failed health pings "
-                                  f"(threshold {self.cfg.failure_threshold}); last: {err[:200]}")
-
-    def _exited(self, s: _Slot) -> bool:
-        proc = s.handle.process if s.handle else None
-        if proc is not None and proc.poll() is not None:
-            code = proc.returncode
-            how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            self._declare_dead(s, f"engine process {proc.pid} {how}")
-            return True
-        return False
-
-    def _admit(self, s: _Slot) -> None:
-        """First healthy ping of a starting engine: bring it to the pool's version, then rotate it in."""
-        with self._sync_lock:  # never interleave with a barrier
-            try:
-                if s.handle.client.weight_version() != self.version:
-                    if not self.weight_sync.admits_alone:  # joins at the next barrier (weight_sync.py)
-                        if not s.awaiting_weights:
-                            with self._cond:
-                                s.awaiting_weights = True
-                                self._cond.notify_all()
-                            telemetry.event("engine.awaiting_weights", slot=s.index, url=s.handle.url)
-                        return
-                    self.weight_sync.admit(s.handle.client, self.checkpoint_dir, self.version)
-            except ENGINE_FAILURES as e:
-                self._declare_dead(s, f"admission failed: {e}")
-                return
-            with self._cond:
-                if s.status == "starting":
-                    s.status = "live"
-                    self._cond.notify_all()
-        telemetry.event("engine.admitted", slot=s.index, url=s.handle.url, version=self.version,
-                        startup_s=round(self.clock() - s.started_at, 3))
-        telemetry.gauge("engine.live", len(self.live_slots()))
-
-    def _declare_dead(self, s: _Slot, reason: str) -> None:
-        with self._cond:
-            if s.status == "dead":
-                return
-            s.status, s.dead_reason = "dead", reason
-            tickets = list(s.in_flight.values())
-            self._cond.notify_all()
-        for t in tickets:
-            t.wake.set()  # callers abandon the call and resubmit
-        _kill(s.handle.process if s.handle else None)
-        telemetry.count("engine.dead", slot=s.index)
-        telemetry.gauge("engine.live", len(self.live_slots()))
-        telemetry.event("engine.dead", severity="error", slot=s.index, url=s.handle.url if s.handle else None,
-                        reason=reason,
-                        num_in_flight=len(tickets), age_s=round(self.clock() - s.started_at, 3))
 
     # --- generation --------------------------------------------------------------------
     def generate(self, request: P.GenerateRequest) -> P.GenerateResponse:
@@ -405,9 +228,9 @@ class EnginePool:
             telemetry.event("engine.request_resubmitted", severity="warning", slot=s.index, rid=request.rid,
                             reason=str(outcome)[:200], attempt=num_failures)
 
-    def _admit_request(self, avoid: set[int]) -> tuple[_Slot, int, _Ticket]:
+    def _admit_request(self, avoid: set[int]) -> tuple[Slot, int, Ticket]:
         """Wait for an open gate and a live engine; register the request as in flight on it."""
-        def pick() -> _Slot | None:
+        def pick() -> Slot | None:
             live = [s for s in self._slots if s.status == "live"]
             if not self._gate_open or not live:
                 return None
@@ -419,11 +242,11 @@ class EnginePool:
                                       f"(gate {'open' if self._gate_open else 'closed'}): {self.describe()}; "
                                       f"dead engines are recreated at the next weight sync. See {RUNBOOK}")
             s = pick()
-            ticket_id, ticket = next(self._tickets), _Ticket(version=self.version, num_syncs=self._num_syncs)
+            ticket_id, ticket = next(self._tickets), Ticket(version=self.version, num_syncs=self._num_syncs)
             s.in_flight[ticket_id], s.last_used = ticket, ticket_id
             return s, ticket_id, ticket
 
-    def _run(self, s: _Slot, ticket_id: int, ticket: _Ticket,
+    def _run(self, s: Slot, ticket_id: int, ticket: Ticket,
              request: P.GenerateRequest) -> P.GenerateResponse | str:
         """Run on ``s``; return the response, or a string saying why the engine failed."""
         fut = self._gen_pool.submit(s.handle.client.generate, request)
@@ -438,10 +261,7 @@ class EnginePool:
                 self._exited(s)  # a refused connection from a killed process: dead now, not in N pings
                 return f"{type(e).__name__}: {e}"
             if not resp.finish_reason.is_abort and not self._versions_ok(ticket, resp):
-                self._declare_dead(s, f"answered with weight version {resp.weight_version!r} "
-                                      f"(spans {[v.version for v in resp.weight_versions]}) for a request "
-                                      f"admitted under {ticket.version!r} (pool now {self.version!r}): it "
-                                      "missed a weight sync")
+                self._declare_dead(s, missed_sync_reason(resp, ticket.version, self.version))
                 return f"version mismatch on engine {s.index}"
             return resp
         finally:
@@ -449,139 +269,8 @@ class EnginePool:
                 s.in_flight.pop(ticket_id, None)
                 self._cond.notify_all()
 
-    def _versions_ok(self, ticket: _Ticket, resp: P.GenerateResponse) -> bool:
+    def _versions_ok(self, ticket: Ticket, resp: P.GenerateResponse) -> bool:
         return response_versions_ok(resp, ticket.version, self._history, self.pause_mode)
-
-    # --- the weight-sync barrier -----------------------------------------------------------
-    def sync_weights(self, checkpoint_dir: str, version: str,
-                     rotate_snapshot: Callable[[str], None] | None = None) -> SyncReport:
-        """Publish ``checkpoint_dir`` as ``version`` to every live engine, inside one barrier.
-
-        On return every live engine serves ``version`` and ``rotate_snapshot(version)``
-        has run while no request was in flight. Replacements for dead engines are
-        started here and admitted by the pinger once they load ``checkpoint_dir``.
-        If no engine took the new weights, raises :class:`EngineDeadError` and leaves
-        the gate closed (no request may be served by stale weights).
-        """
-        if not version or version == self.version:
-            raise InputError(f"sync_weights(version={version!r}): must be new (current {self.version!r})")
-        t0 = self.clock()
-        with self._sync_lock:
-            with self._cond:
-                self._gate_open, self._syncing = False, True
-                self._num_syncs += 1
-                live = [s for s in self._slots if s.status == "live"]
-                num_in_flight = sum(len(s.in_flight) for s in live)
-            for s in live:
-                self._control(s, "pause", lambda c: c.pause_generation(self.pause_mode))
-            if self.pause_mode == "abort":
-                self._drain()  # in place: paused requests stay on their engine and resume after the sync
-            waiting = [s for s in self._slots if s.status == "starting" and s.awaiting_weights]
-            failures = self.weight_sync.publish([(s.index, s.handle.client) for s in self._live_of(live) + waiting],
-                                                checkpoint_dir, version)
-            for s in self._live_of(live) + waiting:
-                if s.index in failures:
-                    self._declare_dead(s, f"publish failed during weight sync: {failures[s.index]}")
-            self._admit_waiting(waiting)
-            published = self._live_of(live)
-            if live and not published:
-                raise EngineDeadError(f"weight sync to {version!r} from {checkpoint_dir} failed on every engine: "
-                                      f"{self.describe()}; generation stays paused. See {RUNBOOK}")
-            self.version, self.checkpoint_dir = version, checkpoint_dir
-            self._history.append(version)
-            if rotate_snapshot is not None:
-                rotate_snapshot(version)  # inside the barrier: the ratio's denominator = the sampling policy
-            recreated = self._recreate_dead()
-            for s in published:
-                self._control(s, "resume", lambda c: c.continue_generation())
-            with self._cond:
-                self._gate_open, self._syncing = True, False
-                self._cond.notify_all()
-        report = SyncReport(version=version, live_slots=tuple(self.live_slots()),
-                            dead_slots=tuple(s.index for s in self._slots if s.status == "dead"),
-                            recreated_slots=recreated, num_aborted_in_flight=num_in_flight,
-                            duration_s=self.clock() - t0)
-        telemetry.observe("engine.sync_s", report.duration_s)
-        telemetry.event("engine.weight_sync", version=version, num_live=len(report.live_slots),
-                        recreated=str(list(recreated)), num_aborted=num_in_flight)
-        return report
-
-    def _live_of(self, slots: list[_Slot]) -> list[_Slot]:
-        return [s for s in slots if s.status == "live"]
-
-    def _control(self, s: _Slot, what: str, call: Callable[[EngineClient], Any]) -> None:
-        if s.status != "live":
-            return
-        try:
-            call(s.handle.client)
-        except ENGINE_FAILURES as e:
-            self._declare_dead(s, f"{what} failed during weight sync: {e}")
-
-    def _admit_waiting(self, waiting: list[_Slot]) -> None:
-        """Engines that received this barrier's weights join rotation (resumed with the others)."""
-        for s in waiting:
-            with self._cond:
-                if s.status != "starting":
-                    continue
-                s.status = "live"
-                self._cond.notify_all()
-            telemetry.event("engine.admitted", slot=s.index, url=s.handle.url, at_barrier=True,
-                            startup_s=round(self.clock() - s.started_at, 3))
-
-    def publish_to_waiting(self) -> tuple[int, ...]:
-        """Bring engines that await weights to the pool's current version now (start-up of distributed
-        sync: no request is in flight on them, so no pause is needed); returns the slots admitted."""
-        with self._sync_lock:
-            waiting = [s for s in self._slots if s.status == "starting" and s.awaiting_weights]
-            if not waiting:
-                return ()
-            failures = self.weight_sync.publish([(s.index, s.handle.client) for s in waiting], self.checkpoint_dir,
-                                                self.version)
-            for s in waiting:
-                if s.index in failures:
-                    self._declare_dead(s, f"publish failed at admission: {failures[s.index]}")
-            self._admit_waiting([s for s in waiting if s.index not in failures])
-        return tuple(s.index for s in waiting if s.index not in failures)
-
-    def wait_until_ready(self, timeout_s: float | None = None) -> None:
-        """Block until every slot is live or healthy and awaiting weights (distributed sync's start-up)."""
-        limit_s = self.cfg.warmup_grace_s + self.cfg.failure_threshold * self.cfg.health_interval_s \
-            if timeout_s is None else timeout_s
-        ready = lambda: all(s.status == "live" or (s.status == "starting" and s.awaiting_weights)  # noqa: E731
-                            for s in self._slots)
-        with self._cond:
-            if not self._cond.wait_for(lambda: ready() or any(s.status == "dead" for s in self._slots),
-                                       timeout=limit_s) or not ready():
-                raise EngineDeadError(f"engines not ready within {limit_s:g} s: {self.describe()}. See {RUNBOOK}")
-
-    def _drain(self) -> None:
-        """Wait (bounded) for the aborted requests to come back.
-
-        A request sent just as the gate closed can reach an engine after its pause
-        and wait there until ``continue_generation``; it then runs wholly under the
-        new version, so the barrier does not wait for it (nor kill its engine).
-        """
-        limit_s = self.cfg.request_timeout_s * self.cfg.request_attempts
-        with self._cond:
-            drained = self._cond.wait_for(lambda: not any(s.in_flight for s in self._slots), timeout=limit_s)
-            num_waiting = sum(len(s.in_flight) for s in self._slots)
-        if not drained:
-            telemetry.event("engine.sync_requests_held", severity="info", num_requests=num_waiting,
-                            waited_s=limit_s)
-
-    def _recreate_dead(self) -> tuple[int, ...]:
-        """Start a replacement for every dead slot (in the background; admitted by the pinger)."""
-        recreated = []
-        for old in list(self._slots):
-            if old.status != "dead":
-                continue
-            with self._cond:
-                self._slots[old.index] = _Slot(index=old.index, handle=None, started_at=self.clock())
-            self._spawner.submit(self._spawn_into, old.index)
-            recreated.append(old.index)
-            telemetry.count("engine.recreated", slot=old.index)
-            telemetry.event("engine.recreated", severity="warning", slot=old.index, previous=old.dead_reason[:200])
-        return tuple(recreated)
 
 
 def response_versions_ok(resp: P.GenerateResponse, admitted: str, history: Sequence[str],
@@ -602,12 +291,8 @@ def response_versions_ok(resp: P.GenerateResponse, admitted: str, history: Seque
     return min(positions) >= 0 and positions == sorted(positions) and seen[-1] == resp.weight_version
 
 
-def _kill(proc: subprocess.Popen | None) -> None:
-    """SIGKILL an owned engine process (it may be hung or stopped) and reap it."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.kill()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        telemetry.event("engine.kill_unreaped", severity="error", pid=proc.pid)
+def missed_sync_reason(resp: P.GenerateResponse, admitted: str, current: str) -> str:
+    """Why a response that fails :func:`response_versions_ok` takes its engine out of rotation."""
+    return (f"answered with weight version {resp.weight_version!r} (spans "
+            f"{[v.version for v in resp.weight_versions]}) for a request admitted under "
+            f"{admitted!r} (pool now {current!r}): it missed a weight sync")

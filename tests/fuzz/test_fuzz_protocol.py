@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from fuzz_common import FAST, json_values, mutate, mutations, names_one_of, only_t1ops_errors
 from rl.engines import protocol as P
+from rl.engines import protocol_control as PC
 from rl.engines.client import EngineClient
 from rl.errors import EngineError, InputError, MissingRoutingError, ParseError, RoutingError
 from rl.routing import decode_routed_experts, encode_routed_experts
@@ -165,18 +166,18 @@ def test_finish_reason_is_parsed_or_refused(d):
         assert P.FinishReason.from_json(fr.to_json()).type == fr.type
 
 
-PARSERS = [P.SamplingParams, P.GenerateRequest, P.PauseGenerationRequest, P.ContinueGenerationRequest,
-           P.UpdateWeightsFromDiskRequest, P.UpdateWeightsFromDiskResponse, P.AbortRequest, P.ModelInfo]
+PARSERS = [P.SamplingParams, P.GenerateRequest, PC.PauseGenerationRequest, PC.ContinueGenerationRequest,
+           PC.UpdateWeightsFromDiskRequest, PC.UpdateWeightsFromDiskResponse, PC.AbortRequest, PC.ModelInfo]
 VALID = [P.SamplingParams(max_new_tokens=4, temperature=0.5, top_k=3, stop_token_ids=(2,), sampling_seed=1),
-         REQ, P.PauseGenerationRequest("retract"), P.ContinueGenerationRequest(False),
-         P.UpdateWeightsFromDiskRequest("/ckpt", "5", "auto"), P.UpdateWeightsFromDiskResponse(False, "no", 2),
-         P.AbortRequest(rid="r9"), P.ModelInfo("5", "/m")]
+         REQ, PC.PauseGenerationRequest("retract"), PC.ContinueGenerationRequest(False),
+         PC.UpdateWeightsFromDiskRequest("/ckpt", "5", "auto"), PC.UpdateWeightsFromDiskResponse(False, "no", 2),
+         PC.AbortRequest(rid="r9"), PC.ModelInfo("5", "/m")]
 
 
 @FAST
 @given(st.sampled_from(PARSERS), json_values)
 @example(P.GenerateRequest, {"input_ids": [1], "sampling_params": {"max_new_tokens": 1, "top_p": float("nan")}})
-@example(P.UpdateWeightsFromDiskResponse, {"success": True, "message": "ok", "num_paused_requests": -1})
+@example(PC.UpdateWeightsFromDiskResponse, {"success": True, "message": "ok", "num_paused_requests": -1})
 def test_control_payloads_are_parsed_or_refused(cls, d):
     with only_t1ops_errors(ParseError) as caught:
         obj = cls.from_json(d)
@@ -243,9 +244,9 @@ def test_client_turns_any_answer_into_a_result_or_an_engine_error(status, conten
 def test_falsy_values_of_the_wrong_type_are_not_read_as_absent(falsy):
     """``x or default`` would turn 0 / "" / false into an empty default: only null means absent."""
     cases = [(P.SamplingParams, {"max_new_tokens": 1, "stop_token_ids": falsy}),
-             (P.PauseGenerationRequest, falsy), (P.ContinueGenerationRequest, falsy), (P.AbortRequest, falsy),
-             (P.AbortRequest, {"rid": falsy, "abort_all": True}),
-             (P.UpdateWeightsFromDiskResponse, {"success": True, "message": "", "num_paused_requests": -1})]
+             (PC.PauseGenerationRequest, falsy), (PC.ContinueGenerationRequest, falsy), (PC.AbortRequest, falsy),
+             (PC.AbortRequest, {"rid": falsy, "abort_all": True}),
+             (PC.UpdateWeightsFromDiskResponse, {"success": True, "message": "", "num_paused_requests": -1})]
     for cls, body in cases:
         if (cls is P.SamplingParams and falsy == []) or (isinstance(body, dict) and body.get("rid") == ""):
             continue  # an empty list is a valid stop_token_ids, an empty string a valid (absent) rid
@@ -253,4 +254,4 @@ def test_falsy_values_of_the_wrong_type_are_not_read_as_absent(falsy):
             cls.from_json(body)
         assert caught, f"{cls.__name__}.from_json({body!r}) was accepted"
     assert P.SamplingParams.from_json({"max_new_tokens": 1, "stop_token_ids": None}).stop_token_ids == ()
-    assert P.PauseGenerationRequest.from_json(None) == P.PauseGenerationRequest()
+    assert PC.PauseGenerationRequest.from_json(None) == PC.PauseGenerationRequest()

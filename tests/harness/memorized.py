@@ -16,7 +16,8 @@ import torch
 
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.engines.client import EngineClient
-from rl.engines.embedded import EmbeddedEngine, serve
+from rl.engines.embedded import serve
+from rl.engines.embedded_engine import EmbeddedEngine
 from rl.engines.ports import free_port
 from rl.harness.template import render
 from rl.model import ModelSpec, build_policy, load_state, policy_forward, weights_state_dict

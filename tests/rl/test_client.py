@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rl.engines import protocol as P
+from rl.engines import protocol_control as PC
 from rl.engines.client import EngineClient
 from rl.errors import EngineError, MissingRoutingError, ParseError
 
@@ -39,13 +40,13 @@ class FakeServer:
                 routed_experts_RLK=np.ones((rows, L, K), np.int32) if req.return_routed_experts else None)
             return httpx.Response(200, json=resp.to_json())
         if path == P.UPDATE_WEIGHTS_FROM_DISK:
-            upd = P.UpdateWeightsFromDiskRequest.from_json(body)
+            upd = PC.UpdateWeightsFromDiskRequest.from_json(body)
             self.version = upd.weight_version
-            return httpx.Response(200, json=P.UpdateWeightsFromDiskResponse(True, "ok").to_json())
+            return httpx.Response(200, json=PC.UpdateWeightsFromDiskResponse(True, "ok").to_json())
         if path == P.MODEL_INFO:
-            return httpx.Response(200, json=P.ModelInfo(self.version, "m").to_json())
+            return httpx.Response(200, json=PC.ModelInfo(self.version, "m").to_json())
         if path == P.UPDATE_WEIGHT_VERSION:
-            self.version = P.UpdateWeightVersionRequest.from_json(body).new_version
+            self.version = PC.UpdateWeightVersionRequest.from_json(body).new_version
             return httpx.Response(200, json={"success": True, "message": "ok", "new_version": self.version})
         if path in (P.PAUSE_GENERATION, P.CONTINUE_GENERATION):
             return httpx.Response(200, json={"message": "ok", "status": "ok"})

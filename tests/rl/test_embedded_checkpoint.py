@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rl.engines.embedded import check_actor_checkpoint
+from rl.engines.embedded_engine import check_actor_checkpoint
 from rl.errors import CheckpointError, CheckpointRoleError
 
 

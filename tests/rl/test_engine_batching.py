@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from rl.engines import protocol as P
-from rl.engines.embedded import EmbeddedEngine
+from rl.engines import protocol_control as PC
+from rl.engines.embedded_engine import EmbeddedEngine
 from rl.model import ModelSpec, save_weights, build_policy
 from rl.vocab import CompactVocab
 
@@ -112,7 +113,7 @@ def test_weight_update_between_turns_recomputes_the_cache(engines, tmp_path):
     first = new.generate(request(ids))
     ckpt = write_checkpoint(tmp_path, seed=7, qkv_gain=6.0)
     for engine in (new, old):
-        engine.update_weights(P.UpdateWeightsFromDiskRequest(model_path=ckpt, weight_version="1"))
+        engine.update_weights(PC.UpdateWeightsFromDiskRequest(model_path=ckpt, weight_version="1"))
     follow = list(ids) + list(first.output_ids) + [7, 8]
     assert_same(new.generate(request(follow, len(follow) - 3)), old.generate(request(follow, len(follow) - 3)))
 
@@ -145,10 +146,10 @@ def test_an_endpoint_registered_from_another_module_is_served():
     import urllib.request
     from http.server import ThreadingHTTPServer
 
-    from rl.engines import embedded
+    from rl.engines import embedded_http
     from rl.engines.ports import free_port
 
-    @embedded.route("POST", "/echo_version")
+    @embedded_http.route("POST", "/echo_version")
     def _echo(engine, read_body):
         return 200, {"weight_version": engine.weight_version, "body": read_body()}
 
@@ -156,7 +157,7 @@ def test_an_endpoint_registered_from_another_module_is_served():
         weight_version = "v7"
 
     port = free_port()
-    server = ThreadingHTTPServer(("127.0.0.1", port), embedded._make_handler(Stub()))
+    server = ThreadingHTTPServer(("127.0.0.1", port), embedded_http.make_handler(Stub()))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         req = urllib.request.Request(f"http://127.0.0.1:{port}/echo_version", data=b'{"x": 1}', method="POST",
@@ -165,4 +166,4 @@ def test_an_endpoint_registered_from_another_module_is_served():
             assert json.loads(resp.read()) == {"weight_version": "v7", "body": {"x": 1}}
     finally:
         server.shutdown()
-        embedded.EXTRA_ROUTES.pop(("POST", "/echo_version"))
+        embedded_http.EXTRA_ROUTES.pop(("POST", "/echo_version"))

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rl.engines import protocol as P
+from rl.engines import protocol_control as PC
 from rl.errors import MissingRoutingError, ParseError, RoutingError
 
 L, K = 2, 2  # moe layers, topk
@@ -153,27 +154,27 @@ def test_weight_version_spans_flag_a_request_across_two_versions():
 
 
 def test_control_payloads_match_sglang():
-    assert P.PauseGenerationRequest().to_json() == {"mode": "abort"}
-    assert P.PauseGenerationRequest.from_json({"mode": "in_place"}).mode == "in_place"
+    assert PC.PauseGenerationRequest().to_json() == {"mode": "abort"}
+    assert PC.PauseGenerationRequest.from_json({"mode": "in_place"}).mode == "in_place"
     with pytest.raises(ParseError, match="mode"):
-        P.PauseGenerationRequest.from_json({"mode": "sleep"})
-    assert P.ContinueGenerationRequest.from_json({}) == P.ContinueGenerationRequest()
-    upd = P.UpdateWeightsFromDiskRequest(model_path="/ckpt/step3", weight_version="3")
-    assert P.UpdateWeightsFromDiskRequest.from_json(upd.to_json()) == upd
+        PC.PauseGenerationRequest.from_json({"mode": "sleep"})
+    assert PC.ContinueGenerationRequest.from_json({}) == PC.ContinueGenerationRequest()
+    upd = PC.UpdateWeightsFromDiskRequest(model_path="/ckpt/step3", weight_version="3")
+    assert PC.UpdateWeightsFromDiskRequest.from_json(upd.to_json()) == upd
     with pytest.raises(ParseError, match="model_path"):
-        P.UpdateWeightsFromDiskRequest.from_json({"weight_version": "3"})
-    out = P.UpdateWeightsFromDiskResponse.from_json({"success": False, "message": "no such dir",
-                                                     "num_paused_requests": 0})
+        PC.UpdateWeightsFromDiskRequest.from_json({"weight_version": "3"})
+    out = PC.UpdateWeightsFromDiskResponse.from_json({"success": False, "message": "no such dir",
+                                                      "num_paused_requests": 0})
     assert not out.success and out.message == "no such dir"
-    ver = P.UpdateWeightVersionRequest("7")
+    ver = PC.UpdateWeightVersionRequest("7")
     assert ver.to_json() == {"new_version": "7", "abort_all_requests": True}
-    assert P.UpdateWeightVersionRequest.from_json(ver.to_json()) == ver
+    assert PC.UpdateWeightVersionRequest.from_json(ver.to_json()) == ver
     with pytest.raises(ParseError, match="new_version"):
-        P.UpdateWeightVersionRequest.from_json({"abort_all_requests": False})
-    assert P.AbortRequest(abort_all=True).to_json() == {"rid": "", "abort_all": True}
+        PC.UpdateWeightVersionRequest.from_json({"abort_all_requests": False})
+    assert PC.AbortRequest(abort_all=True).to_json() == {"rid": "", "abort_all": True}
     with pytest.raises(ParseError, match="rid or abort_all"):
-        P.AbortRequest.from_json({})
-    assert P.ModelInfo.from_json({"weight_version": "default", "model_path": "m"}).weight_version == "default"
+        PC.AbortRequest.from_json({})
+    assert PC.ModelInfo.from_json({"weight_version": "default", "model_path": "m"}).weight_version == "default"
     with pytest.raises(ParseError, match="weight_version"):
-        P.ModelInfo.from_json({"model_path": "m"})
-    assert P.ok_status(200) and not P.ok_status(503)
+        PC.ModelInfo.from_json({"model_path": "m"})
+    assert PC.ok_status(200) and not PC.ok_status(503)

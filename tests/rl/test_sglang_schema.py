@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from rl.engines import protocol as P
+from rl.engines import protocol_control as PC
 from rl.engines import protocol_weights as PW
 from tests.rl.sglang_schema import check_payload, find_wheel, read_classes
 
@@ -33,12 +34,12 @@ SAMPLING = P.SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9, top_k=
 PAYLOADS = {
     "GenerateReqInput": P.GenerateRequest(input_ids=(1, 2, 3), sampling_params=SAMPLING, return_routed_experts=True,
                                           routed_experts_start_len=1, rid="r1").to_json(),
-    "PauseGenerationReqInput": P.PauseGenerationRequest("abort").to_json(),
-    "ContinueGenerationReqInput": P.ContinueGenerationRequest().to_json(),
-    "AbortReq": P.AbortRequest(rid="r1").to_json(),
-    "UpdateWeightFromDiskReqInput": P.UpdateWeightsFromDiskRequest(model_path="/x", weight_version="3",
+    "PauseGenerationReqInput": PC.PauseGenerationRequest("abort").to_json(),
+    "ContinueGenerationReqInput": PC.ContinueGenerationRequest().to_json(),
+    "AbortReq": PC.AbortRequest(rid="r1").to_json(),
+    "UpdateWeightFromDiskReqInput": PC.UpdateWeightsFromDiskRequest(model_path="/x", weight_version="3",
                                                                    load_format="auto").to_json(),
-    "UpdateWeightVersionReqInput": P.UpdateWeightVersionRequest("3").to_json(),
+    "UpdateWeightVersionReqInput": PC.UpdateWeightVersionRequest("3").to_json(),
     "InitWeightsUpdateGroupReqInput": PW.InitWeightsUpdateGroupRequest(
         master_address="10.0.0.1", master_port=29600, rank_offset=1, world_size=3, group_name="g",
         backend="nccl").to_json(),

@@ -13,7 +13,8 @@ import pytest
 from rl.agent.loop import _version
 from rl.engines import protocol as P
 from t1ops.config import EngineConfig
-from t1ops.guards.engines import EnginePool, spawn_factory
+from t1ops.guards.engine_slots import spawn_factory
+from t1ops.guards.engines import EnginePool
 from t1ops.guards.http import BoundedHttp
 
 pytestmark = pytest.mark.slow

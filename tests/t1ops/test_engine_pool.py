@@ -19,7 +19,8 @@ from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, EngineError, InputError
-from t1ops.guards.engines import EngineHandle, EnginePool, spawn_factory, url_factory
+from t1ops.guards.engine_slots import EngineHandle, spawn_factory, url_factory
+from t1ops.guards.engines import EnginePool
 from t1ops.guards.http import BoundedHttp
 
 pytestmark = pytest.mark.slow

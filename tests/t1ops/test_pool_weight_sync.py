@@ -9,7 +9,8 @@ from __future__ import annotations
 
 
 from t1ops.config import EngineConfig
-from t1ops.guards.engines import EngineHandle, EnginePool
+from t1ops.guards.engine_slots import EngineHandle
+from t1ops.guards.engines import EnginePool
 
 
 class _FakeClient:

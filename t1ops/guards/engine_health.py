@@ -1,0 +1,133 @@
+"""Engine health for the pool: the pinger, admission of a started engine, and declaring one dead.
+
+A mixin of :class:`t1ops.guards.engines.EnginePool` (whose docstring holds the contract): a
+background pinger sends ``/health_generate`` to every engine every ``health_interval_s``;
+``failure_threshold`` consecutive misses (outside the warm-up grace) declare an engine dead,
+as does its owned process exiting. A starting engine is admitted on its first healthy ping
+once it holds the pool's weights. A dead engine's process is killed and the callers of its
+requests in flight are woken to resubmit.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from typing import Callable
+
+from t1ops import telemetry
+from t1ops.config import EngineConfig
+from t1ops.guards.engine_slots import ENGINE_FAILURES, Slot, kill_engine
+from t1ops.guards.weight_sync import WeightSync
+
+
+class EngineHealth:
+    """Pinging, admission and death of the pool's engines (state lives on :class:`EnginePool`)."""
+
+    cfg: EngineConfig
+    clock: Callable[[], float]
+    version: str
+    checkpoint_dir: str | None
+    weight_sync: WeightSync
+    _cond: threading.Condition
+    _sync_lock: threading.Lock
+    _syncing: bool
+    _slots: list[Slot]
+    _ping_pool: cf.ThreadPoolExecutor
+    _stop: threading.Event
+
+    def live_slots(self) -> list[int]:
+        return [s.index for s in self._slots if s.status == "live"]
+
+    def _ping_loop(self) -> None:
+        while not self._stop.wait(self.cfg.health_interval_s):
+            self.ping_round(wait=False)
+
+    def ping_round(self, *, wait: bool = True) -> None:
+        """Ping every starting/live engine that has no ping pending (the pinger calls this)."""
+        futures = []
+        with self._cond:
+            for s in self._slots:
+                if s.status != "dead" and s.handle is not None and not s.ping_pending and not self._syncing:
+                    s.ping_pending = True
+                    futures.append(self._ping_pool.submit(self._ping, s))
+        if wait:
+            cf.wait(futures)
+
+    def _ping(self, s: Slot) -> None:
+        try:
+            if self._exited(s):
+                return
+            try:
+                healthy, err = s.handle.client.health_generate(), "HTTP 503"
+            except ENGINE_FAILURES as e:
+                healthy, err = False, f"{type(e).__name__}: {e}"
+            if healthy:
+                s.consecutive_failures = 0
+                if s.status == "starting":
+                    self._admit(s)
+                return
+            self._missed_ping(s, err)
+        finally:
+            s.ping_pending = False
+
+    def _missed_ping(self, s: Slot, err: str) -> None:
+        age_s = self.clock() - s.started_at
+        if self._syncing:
+            return  # paused engines do not generate; the barrier checks them itself
+        if age_s < self.cfg.warmup_grace_s:
+            telemetry.event("engine.ping_missed_in_grace", severity="warning", slot=s.index, age_s=round(age_s, 2),
+                            grace_s=self.cfg.warmup_grace_s, error=err[:200])
+            return
+        s.consecutive_failures += 1
+        telemetry.count("engine.ping_failed", slot=s.index)
+        if s.consecutive_failures >= self.cfg.failure_threshold:
+            self._declare_dead(s, f"{s.consecutive_failures} consecutive failed health pings "
+                                  f"(threshold {self.cfg.failure_threshold}); last: {err[:200]}")
+
+    def _exited(self, s: Slot) -> bool:
+        proc = s.handle.process if s.handle else None
+        if proc is not None and proc.poll() is not None:
+            code = proc.returncode
+            how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            self._declare_dead(s, f"engine process {proc.pid} {how}")
+            return True
+        return False
+
+    def _admit(self, s: Slot) -> None:
+        """First healthy ping of a starting engine: bring it to the pool's version, then rotate it in."""
+        with self._sync_lock:  # never interleave with a barrier
+            try:
+                if s.handle.client.weight_version() != self.version:
+                    if not self.weight_sync.admits_alone:  # joins at the next barrier (weight_sync.py)
+                        if not s.awaiting_weights:
+                            with self._cond:
+                                s.awaiting_weights = True
+                                self._cond.notify_all()
+                            telemetry.event("engine.awaiting_weights", slot=s.index, url=s.handle.url)
+                        return
+                    self.weight_sync.admit(s.handle.client, self.checkpoint_dir, self.version)
+            except ENGINE_FAILURES as e:
+                self._declare_dead(s, f"admission failed: {e}")
+                return
+            with self._cond:
+                if s.status == "starting":
+                    s.status = "live"
+                    self._cond.notify_all()
+        telemetry.event("engine.admitted", slot=s.index, url=s.handle.url, version=self.version,
+                        startup_s=round(self.clock() - s.started_at, 3))
+        telemetry.gauge("engine.live", len(self.live_slots()))
+
+    def _declare_dead(self, s: Slot, reason: str) -> None:
+        with self._cond:
+            if s.status == "dead":
+                return
+            s.status, s.dead_reason = "dead", reason
+            tickets = list(s.in_flight.values())
+            self._cond.notify_all()
+        for t in tickets:
+            t.wake.set()  # callers abandon the call and resubmit
+        kill_engine(s.handle.process if s.handle else None)
+        telemetry.count("engine.dead", slot=s.index)
+        telemetry.gauge("engine.live", len(self.live_slots()))
+        telemetry.event("engine.dead", severity="error", slot=s.index, url=s.handle.url if s.handle else None,
+                        reason=reason,
+                        num_in_flight=len(tickets), age_s=round(self.clock() - s.started_at, 3))

@@ -1,0 +1,102 @@
+"""What the engine pool holds: a started engine's handle, its slot, the requests in flight on it.
+
+Also how engines start (:func:`spawn_factory` for processes the pool owns, :func:`url_factory`
+for external SGLang servers) and how an owned one is killed (:func:`kill_engine`). The pool
+and its contract: :class:`t1ops.guards.engines.EnginePool`.
+"""
+from __future__ import annotations
+
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+import httpx
+
+from rl.engines.client import EngineClient
+from rl.engines.ports import free_port
+from t1ops import telemetry
+from t1ops.errors import ControlPlaneTimeout, EngineError, InputError
+
+RUNBOOK = "runbooks/dead-engine.md"
+#: Errors that mean "this engine failed the call" (as opposed to bad data).
+ENGINE_FAILURES = (EngineError, ControlPlaneTimeout, httpx.TransportError)
+Status = Literal["starting", "live", "dead"]
+
+
+@dataclass
+class EngineHandle:
+    """A started engine: its client and, when the pool owns it, its process."""
+
+    url: str
+    client: EngineClient
+    process: subprocess.Popen | None = None
+
+
+EngineFactory = Callable[[int], EngineHandle]  # slot -> a freshly started engine (may still be compiling)
+
+
+@dataclass
+class Ticket:
+    """One request in flight on one engine; ``wake`` is set when it finishes or its engine dies."""
+
+    version: str
+    num_syncs: int  # barriers begun before admission: a later one explains an abort
+    wake: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Slot:
+    """One place in the pool: the engine now in it, its health, and the requests in flight on it."""
+
+    index: int
+    handle: EngineHandle | None  # None while the factory is still starting the engine
+    started_at: float
+    status: Status = "starting"
+    consecutive_failures: int = 0
+    ping_pending: bool = False
+    last_used: int = -1
+    dead_reason: str = ""
+    awaiting_weights: bool = False  # healthy, at another version; the next barrier brings it in
+    in_flight: dict[int, Ticket] = field(default_factory=dict)
+
+
+
+def spawn_factory(spawn: Callable[[int], subprocess.Popen], http: Any, *, host: str = "127.0.0.1",
+                  **client_kw: Any) -> EngineFactory:
+    """Factory starting each engine as ``spawn(port)`` on a fresh loopback port.
+
+    ``http`` is the transport shared by the clients (a ``BoundedHttp`` when guarded);
+    ``client_kw`` goes to :class:`EngineClient` (``num_moe_layers``, ``topk``, ``num_experts``).
+    """
+    def make(slot: int) -> EngineHandle:
+        port = free_port(host)
+        url = f"http://{host}:{port}"
+        return EngineHandle(url=url, client=EngineClient(url, http, **client_kw), process=spawn(port))
+    return make
+
+
+def url_factory(urls: Sequence[str], http: Any, **client_kw: Any) -> EngineFactory:
+    """Factory for external SGLang servers (``engine.kind = "sglang"``): slot ``i`` is ``urls[i]``.
+
+    The pool does not own these processes, so "recreating" a dead slot means
+    re-admitting the same URL once it answers again (its operator restarts it).
+    """
+    def make(slot: int) -> EngineHandle:
+        if not 0 <= slot < len(urls):
+            raise InputError(f"engine slot {slot} has no URL: {len(urls)} urls given; set engine.urls to "
+                             "one URL per engine (engine.num_engines)", slot=slot, num_urls=len(urls))
+        return EngineHandle(url=urls[slot], client=EngineClient(urls[slot], http, **client_kw))
+    return make
+
+
+def kill_engine(proc: subprocess.Popen | None) -> None:
+    """SIGKILL an owned engine process (it may be hung or stopped) and reap it."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        telemetry.event("engine.kill_unreaped", severity="error", pid=proc.pid)
+
