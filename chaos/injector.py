@@ -78,11 +78,12 @@ class Injector:
     _campaign: object = None
     _engine_pids: list = field(default_factory=list)  # refreshed off the firing path (the router can be busy)
     error: str = ""
+    _t0: float = 0.0  # wall time watching began: older in-process events belong to earlier campaigns
 
     def __call__(self, c, step: int) -> None:
         """The campaign's ``on_step`` seam: only used to start watching (at step 1)."""
         if self._thread is None:
-            self._campaign = c
+            self._campaign, self._t0 = c, time.time()
             self._thread = threading.Thread(target=self._watch, name="chaos-injector", daemon=True)
             self._thread.start()
             threading.Thread(target=self._refresh_engines, name="chaos-engine-pids", daemon=True).start()
@@ -108,7 +109,6 @@ class Injector:
         c = self._campaign
         tail = _EventTail(Path(c.run.path) / "telemetry")
         pending = list(self.schedule)
-        seen_coord = 0
         try:
             while pending and not self._stop.is_set():
                 for ev in tail.poll():
@@ -116,11 +116,7 @@ class Injector:
                         books = self._started if ev["name"] == "trial.started" else self._finished
                         step = _step_of(ev.get("trial", ""))
                         books[step] = books.get(step, 0) + 1
-                coord = telemetry.recent_events()
-                for ev in coord[seen_coord:]:
-                    if ev["name"] in ("campaign.train_submitted", "campaign.sync_barrier"):
-                        self._coord[(ev["name"], int(ev["step"]))] = ev["time"]
-                seen_coord = len(coord)
+                self._observe_coord()
                 for f in [f for f in pending if self._due(f)]:
                     pending.remove(f)
                     self._fire(c, f)
@@ -181,7 +177,17 @@ class Injector:
     def _after(self, f: Fault) -> bool:
         """The work ``f`` targets already ended when it fired (the train result / the sync came back)."""
         done = "campaign.train_done" if f.trigger == "in-train" else "campaign.sync_done"
-        return any(e["name"] == done and e.get("step") == f.step for e in telemetry.recent_events(done))
+        return any(e.get("step") == f.step for e in self._coord_events(done))
+
+    def _observe_coord(self) -> None:
+        for ev in self._coord_events("campaign.train_submitted", "campaign.sync_barrier"):
+            self._coord.setdefault((ev["name"], int(ev["step"])), ev["time"])
+
+    def _coord_events(self, *names: str) -> list[dict]:
+        """This campaign's coordinator events called ``names``. The in-process ring is shared by
+        every campaign the process ran (the test suite runs many), and it is bounded, so events are
+        selected by time, never by position."""
+        return [e for e in telemetry.recent_events(since=self._t0) if e["name"] in names]
 
     def _release_fds(self) -> None:
         # The release timer and stop() can race: without the lock both could close the same fd

@@ -160,9 +160,17 @@ def event(name: str, severity: str = "info", **attrs: Any) -> dict:
     return rec
 
 
-def recent_events(name: str | None = None) -> list[dict]:
-    """Events recorded in this process (newest last), optionally by name."""
-    return [e for e in list(_events) if name is None or e["name"] == name]
+def forget_recent_events() -> None:
+    """Empty this process's event ring (the test suite does it before each test, so a test only
+    ever sees the events it caused)."""
+    _events.clear()
+
+
+def recent_events(name: str | None = None, since: float | None = None) -> list[dict]:
+    """Events recorded in this process (newest last), optionally by name and from wall time
+    ``since`` (``time.time()``). The ring is bounded and shared by everything the process ran:
+    select what is new by time, never by counting (a full ring drops old events as new ones come)."""
+    return [e for e in list(_events) if (name is None or e["name"] == name) and (since is None or e["time"] >= since)]
 
 
 def span(name: str, *, parent: dict | None = None, **attrs: Any):

@@ -38,3 +38,13 @@ def _no_ray_left_running():
         ray.shutdown()
         pytest.fail("the test left Ray initialised (a campaign not shut down, or a Ray call after "
                     "ray.shutdown() that auto-started a cluster)")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_event_ring():
+    """Each test sees only the events it caused: the in-process ring outlives tests, and an earlier
+    test's event would satisfy a later test's ``recent_events(...)[-1]`` check."""
+    from t1ops import telemetry
+
+    telemetry.forget_recent_events()
+    yield

@@ -133,7 +133,7 @@ def _guarded(procs: list[subprocess.Popen], tmp: Path) -> dict:
             killed_at = time.time()
             os.kill(victim.process.pid, signal.SIGKILL)
             results = [f.result() for f in futures]  # an error here is a lost sample: it propagates
-        dead = [e for e in telemetry.recent_events("engine.dead") if e.get("url") == victim.url]
+        dead = [e for e in telemetry.recent_events("engine.dead", since=killed_at) if e.get("url") == victim.url]
         live_after_kill = pool.live_slots()
         rotated: list[str] = []
         report = pool.sync_weights(make_checkpoint(tmp, 1), "1", rotated.append)

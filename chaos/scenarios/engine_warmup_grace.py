@@ -22,9 +22,9 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
 
 from chaos.harness import Guarded, Outcome, register
+from chaos.procs import wait_stopped
 from chaos.scenarios.dead_engine import kill_all, prestarted_factory, spawn_engines
 from rl.engines import protocol as P
 from t1ops import telemetry
@@ -42,10 +42,10 @@ def _phase(proc, tmp: Path, grace_s: float) -> dict:
     cfg = EngineConfig(num_engines=1, health_interval_s=PING_S, failure_threshold=THRESHOLD, warmup_grace_s=grace_s,
                        request_timeout_s=0.3, request_attempts=1, retry_backoff_s=0.0, generate_timeout_s=60.0)
     pool = EnginePool(prestarted_factory([proc], BoundedHttp.from_config(cfg), tmp), cfg)
-    num_events = len(telemetry.recent_events("engine.ping_missed_in_grace"))
+    since = time.time()
     try:
         os.kill(proc.pid, signal.SIGSTOP)  # frozen as in a first compile, before the pool's first ping
-        frozen = _wait_stopped(proc.pid)
+        frozen = wait_stopped(proc.pid)
         pool.start()
         time.sleep(FREEZE_S)
         status_frozen = pool.slot_state(0)[0]
@@ -58,23 +58,13 @@ def _phase(proc, tmp: Path, grace_s: float) -> dict:
             admitted_s = time.monotonic() - thawed_at
             req = P.GenerateRequest(input_ids=(5, 6, 7), sampling_params=P.SamplingParams(max_new_tokens=3))
             served = len(pool.generate(req).output_ids) == 3
-        dead = [e for e in telemetry.recent_events("engine.dead") if e.get("url") == proc.url]
+        dead = [e for e in telemetry.recent_events("engine.dead", since=since) if e.get("url") == proc.url]
         return {"frozen": frozen, "status_after_freeze": status_frozen, "killed": proc.poll() == -signal.SIGKILL,
                 "dead_reason": dead[-1]["reason"] if dead else "", "dead_age_s": dead[-1]["age_s"] if dead else None,
-                "misses_in_grace": len(telemetry.recent_events("engine.ping_missed_in_grace")) - num_events,
+                "misses_in_grace": len(telemetry.recent_events("engine.ping_missed_in_grace", since=since)),
                 "admitted_after_thaw_s": admitted_s, "served": served}
     finally:
         pool.close()
-
-
-def _wait_stopped(pid: int, limit_s: float = 2.0) -> bool:
-    """SIGSTOP is delivered asynchronously: observe the stop rather than read the state once."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @register("engine-warmup-grace", "an engine frozen in its first compile is killed by health pings")

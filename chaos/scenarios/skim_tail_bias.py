@@ -79,11 +79,11 @@ def run(tmp: Path) -> Outcome:
                            settings=settings, router=None)
     worker.engines = _Scripted(worker)
     groups = [[TrialSpec(t, f"st1-g{i}-{t}", 0)] for i, t in enumerate(names)]
-    before = len(telemetry.recent_events("skim.tail_bias"))
+    since = time.time()
     t0 = time.monotonic()
     out = asyncio.run(worker.rollout(1, groups, accept_groups=ACCEPT))
     rollout_s = time.monotonic() - t0
-    alarms = telemetry.recent_events("skim.tail_bias")[before:]
+    alarms = telemetry.recent_events("skim.tail_bias", since=since)
     kept = [r["family"] for r in out["results"]]
     hard_launch = GROUPS_PER_FAMILY / len(names)
     hard_kept = kept.count("hardbuild") / max(1, len(kept))

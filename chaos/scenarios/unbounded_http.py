@@ -27,6 +27,7 @@ import httpx
 import psutil
 
 from chaos.harness import Guarded, Outcome, register
+from chaos.procs import wait_stopped
 from chaos.scenarios.dead_engine import engine_client, kill_all, spawn_engines
 from t1ops.errors import ControlPlaneTimeout, T1OpsError
 from t1ops.guards.http import BoundedHttp
@@ -60,8 +61,8 @@ def run(tmp: Path) -> Outcome:
     bounded = BoundedHttp(timeout_s=0.5, attempts=3, generate_timeout_s=5.0, backoff_s=0.1)
     try:
         os.kill(proc.pid, signal.SIGSTOP)
+        fault_fired = wait_stopped(proc.pid) and _accepts_connection(proc.url)
         state = psutil.Process(proc.pid).status()
-        fault_fired = state == psutil.STATUS_STOPPED and _accepts_connection(proc.url)
 
         # Unguarded: no timeout; the watchdog observes the hang.
         plain = engine_client(proc.url, httpx.Client(timeout=None))

@@ -92,3 +92,24 @@ def test_a_fully_async_config_is_refused_by_name():
         schedule_config(cfg, 4)
     cfg.run.mode = "one_step"
     assert schedule_config(cfg, 4).run.steps == 4
+
+
+def test_an_earlier_campaigns_events_never_trigger_a_fault():
+    """The in-process event ring outlives a campaign: a fault of this campaign must not fire on
+    the previous campaign's ``train_submitted`` (the suite runs many campaigns in one process)."""
+    import time
+
+    from chaos.injector import Fault, Injector
+    from t1ops import telemetry
+
+    fault = Fault("f0", 2, "stall-trainer", 0, "in-train", 0, False)
+    telemetry.event("campaign.train_submitted", step=2)  # an earlier campaign's step 2
+    telemetry.event("campaign.train_done", step=2)
+    inj = Injector([fault])
+    inj._t0 = time.time() + 1e-3  # what __call__ records when this campaign's watch begins
+    time.sleep(2e-3)
+    inj._observe_coord()
+    assert not inj._due(fault) and not inj._after(fault)
+    telemetry.event("campaign.train_submitted", step=2)  # this campaign's
+    inj._observe_coord()
+    assert inj._due(fault) and not inj._after(fault)
