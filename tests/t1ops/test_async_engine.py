@@ -13,6 +13,7 @@ import pytest
 from rl.agent.loop import _version
 from rl.engines import protocol as P
 from t1ops.config import EngineConfig
+from t1ops.errors import EngineDeadError
 from t1ops.guards.engine_slots import spawn_factory
 from t1ops.guards.engines import EnginePool
 from t1ops.guards.http import BoundedHttp
@@ -75,6 +76,7 @@ def test_request_spans_two_syncs_and_every_token_keeps_its_version(pool):
 
 def test_in_place_still_refuses_a_version_the_pool_never_published(pool):
     pool.slot(0).client.update_weights_from_disk(pool.ckpts[0], "9")  # behind the pool's back
-    with pytest.raises(Exception):
+    pool.cfg.generate_timeout_s = 5.0  # with its only engine out, the pool waits this long for a live one
+    with pytest.raises(EngineDeadError, match="no live engine"):
         pool.generate(P.GenerateRequest(input_ids=(5, 6), rid="x", sampling_params=P.SamplingParams(max_new_tokens=4)))
     assert "missed a weight sync" in pool.slot_state(0)[1]
