@@ -26,6 +26,20 @@ class Budget:
     def total(self) -> int:
         return self.prompt_tokens + self.max_new_tokens
 
+    def request(self, prompt: list[int], rid: str, *, temperature: float, routed_upto: int, routing: bool):
+        """The engine request of this fitted call: the only way the agent loop builds one, so no
+        request leaves without its budget (a turn or a summary; R3 rows from ``routed_upto``)."""
+        from rl.chat import STOP_IDS
+        from rl.engines.protocol import GenerateRequest, SamplingParams
+
+        if len(prompt) != self.prompt_tokens:
+            raise BudgetError(f"{rid}: the budget was fitted for {self.prompt_tokens} prompt tokens, not {len(prompt)}")
+        return GenerateRequest(
+            input_ids=tuple(prompt), rid=rid,
+            sampling_params=SamplingParams(max_new_tokens=self.max_new_tokens, temperature=temperature,
+                                           stop_token_ids=tuple(sorted(STOP_IDS))),
+            return_logprob=True, return_routed_experts=routing, routed_experts_start_len=routed_upto)
+
 
 def fit_generation(prompt_tokens: int, max_new_tokens: int, context_window: int,
                    min_new_tokens: int = 1, *, where: str = "generation") -> Budget:

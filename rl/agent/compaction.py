@@ -37,7 +37,6 @@ from typing import Any, Callable
 
 from rl.agent import budget
 from rl.chat import STOP_IDS, ChatRenderer
-from rl.engines.protocol import GenerateRequest, SamplingParams
 from rl.errors import BudgetError, EngineError
 
 log = logging.getLogger("rl.agent.compaction")
@@ -100,12 +99,8 @@ class Compactor:
         except BudgetError as err:
             return self._failed(ep, routed_upto, f"not sent: {err}")
         builder.add_observation(instr)
-        req = GenerateRequest(
-            input_ids=tuple(prompt), rid=f"{self.sample_id}-summary{turn}",
-            sampling_params=SamplingParams(max_new_tokens=fit.max_new_tokens, temperature=s.temperature,
-                                           stop_token_ids=tuple(sorted(STOP_IDS))),
-            return_logprob=True, return_routed_experts=s.num_layers is not None,
-            routed_experts_start_len=routed_upto)
+        req = fit.request(prompt, f"{self.sample_id}-summary{turn}", temperature=s.temperature,
+                          routed_upto=routed_upto, routing=s.num_layers is not None)
         t0 = clock()
         try:
             resp = generate(req)

@@ -31,7 +31,7 @@ from opentelemetry import trace
 from rl.agent import budget
 from rl.agent.compaction import Compactor
 from rl.chat import IM_END_ID, STOP_IDS, ChatRenderer, parse_assistant
-from rl.engines.protocol import GenerateRequest, SamplingParams
+from rl.engines.protocol import GenerateRequest
 from rl.errors import BudgetError
 from rl.tito import TitoBuilder, Trajectory
 
@@ -167,12 +167,8 @@ def _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id, r
         ep.end_reason = "context_exhausted"
         return routed_upto, True
     ep.budget_clamps += fit.clamped
-    req = GenerateRequest(
-        input_ids=tuple(prompt), rid=f"{sample_id}-t{turn}",
-        sampling_params=SamplingParams(max_new_tokens=fit.max_new_tokens, temperature=settings.temperature,
-                                       stop_token_ids=tuple(sorted(STOP_IDS))),
-        return_logprob=True, return_routed_experts=settings.num_layers is not None,
-        routed_experts_start_len=routed_upto)
+    req = fit.request(prompt, f"{sample_id}-t{turn}", temperature=settings.temperature, routed_upto=routed_upto,
+                      routing=settings.num_layers is not None)
     t0 = clock()
     resp = generate(req)
     ep.generate_s += clock() - t0

@@ -31,3 +31,12 @@ def test_never_exceeds_window(prompt, new, ctx, min_new):
         return
     assert b.total <= ctx and b.max_new_tokens <= new
     assert b.clamped == (prompt + new > ctx)
+
+
+def test_a_request_is_built_only_for_the_prompt_its_budget_was_fitted_for():
+    fit = fit_generation(10, 8, 16)
+    req = fit.request(list(range(10)), "s-t0", temperature=0.7, routed_upto=3, routing=True)
+    assert (req.sampling_params.max_new_tokens, req.routed_experts_start_len, req.rid) == (6, 3, "s-t0")
+    assert len(req.input_ids) + req.sampling_params.max_new_tokens <= 16
+    with pytest.raises(BudgetError, match="fitted for 10 prompt tokens, not 11"):
+        fit.request(list(range(11)), "s-t1", temperature=1.0, routed_upto=0, routing=False)
