@@ -35,7 +35,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rl.agent import budget
+from rl.agent import budget, response
 from rl.chat import STOP_IDS, ChatRenderer
 from rl.errors import BudgetError, EngineError
 
@@ -110,10 +110,7 @@ class Compactor:
             return self._failed(ep, routed_upto, f"refused by the engine: {err}")
         finally:
             ep.generate_s += clock() - t0
-        from rl.agent.loop import _version  # one version per turn, or per token across a sync
-
-        builder.add_generation(resp.output_ids, resp.output_token_logprobs or (), policy_version=_version(resp),
-                               routing_rows=resp.routed_experts_RLK, routing_start=routed_upto)
+        response.record(builder, resp, routed_upto)
         ids = [int(t) for t in resp.output_ids]
         summary = self.renderer.decode(ids[:-1] if ids and ids[-1] in STOP_IDS else ids)
         builder.start_chunk(self.encode_prompt(fresh_messages(self.base_messages, summary, last_output)))

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from opentelemetry import trace
 
-from rl.agent import budget
+from rl.agent import budget, response
 from rl.agent.compaction import Compactor
 from rl.chat import IM_END_ID, STOP_IDS, ChatRenderer, parse_assistant
 from rl.engines.protocol import GenerateRequest
@@ -172,8 +172,7 @@ def _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id, r
     t0 = clock()
     resp = generate(req)
     ep.generate_s += clock() - t0
-    builder.add_generation(resp.output_ids, resp.output_token_logprobs or (), policy_version=_version(resp),
-                           routing_rows=resp.routed_experts_RLK, routing_start=routed_upto)
+    response.record(builder, resp, routed_upto)
     routed_upto = len(builder.tokens) - 1
     ep.num_turns += 1
     last = int(resp.output_ids[-1])
@@ -232,25 +231,6 @@ def _dispatch_tools(text: str, tools: Any, ep: Episode) -> tuple[str | None, str
         return args["command"], None, None
     ep.commands.append(f"[{fn['name']}] {fn['arguments'][:200]}")
     return None, None, tools.call(fn["name"], args)
-
-
-def _version(resp) -> int | list[int]:
-    """The weight version that sampled the turn, or one per token when the request spanned a
-    weight sync (fully async: paused in place, resumed under the new weights)."""
-    spans = getattr(resp, "weight_versions", ()) or ()
-    if len({s.version for s in spans}) > 1:
-        per_token = [_as_int(resp.weight_version)] * len(resp.output_ids)
-        for s in spans:
-            per_token[s.start:s.end] = [_as_int(s.version)] * (s.end - s.start)
-        return per_token
-    return _as_int(resp.weight_version)
-
-
-def _as_int(version) -> int:
-    try:
-        return int(version)
-    except (TypeError, ValueError):
-        return -1
 
 
 def sft_example(instruction: str, command: str, renderer: ChatRenderer) -> tuple[list[int], list[int]]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rl.agent.budget import fit_generation
-from rl.agent.loop import _version  # one version per turn, or per token when a request spanned a sync
+from rl.agent.response import policy_version  # one version per turn, or per token across a sync
 from rl.chat import STOP_IDS, ChatRenderer, token_bytes
 from rl.engines.protocol import GenerateRequest, GenerateResponse, SamplingParams
 from rl.errors import BudgetError, ParseError
@@ -175,7 +175,7 @@ class HarnessSession:
 
     def _record(self, prompt: list[int], resp: GenerateResponse, start: int, continuation: bool) -> None:
         lp = resp.output_token_logprobs or ()
-        kw: dict[str, Any] = dict(policy_version=_version(resp), routing_rows=resp.routed_experts_RLK,
+        kw: dict[str, Any] = dict(policy_version=policy_version(resp), routing_rows=resp.routed_experts_RLK,
                                   routing_start=start)
         if self.builder is None:
             self.builder = TitoBuilder(prompt, sample_id=self.sample_id, group_id=self.group_id,

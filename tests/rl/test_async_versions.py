@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl.agent.loop import _version
+from rl.agent.response import policy_version as _version
 from rl.chat import IM_END_ID
 from rl.engines import protocol as P
 from rl.errors import InputError, TitoError

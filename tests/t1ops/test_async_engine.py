@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rl.agent.loop import _version
+from rl.agent.response import policy_version as _version
 from rl.engines import protocol as P
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError
