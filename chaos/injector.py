@@ -70,6 +70,7 @@ class Injector:
     schedule: list[Fault]
     fired: list[dict] = field(default_factory=list)
     _held_fds: list[int] = field(default_factory=list)
+    _fd_lock: threading.Lock = field(default_factory=threading.Lock)  # the release timer and stop() race
     _started: dict[int, int] = field(default_factory=dict)   # step -> trials started
     _finished: dict[int, int] = field(default_factory=dict)  # step -> trials finished
     _coord: dict[tuple[str, int], float] = field(default_factory=dict)  # (event, step) -> wall time
@@ -164,9 +165,11 @@ class Injector:
             pid, dur = os.getpid(), FD_HOLD_S
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
             want = int(soft * c.cfg.guards.fd_warn_fraction) + 8 - len(os.listdir("/proc/self/fd"))
-            self._held_fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(max(0, want))]
+            held = [os.open("/dev/null", os.O_RDONLY) for _ in range(max(0, want))]
+            with self._fd_lock:
+                self._held_fds += held
             threading.Timer(dur, self._release_fds).start()
-            observed = f"{len(self._held_fds)} fds opened in the coordinator (soft limit {soft}) for {dur:g} s"
+            observed = f"{len(held)} fds opened in the coordinator (soft limit {soft}) for {dur:g} s"
         else:
             raise ValueError(f"unknown fault {f.kind}")
         in_flight = (self._started.get(f.step, 0) > self._finished.get(f.step, 0)) if f.trigger == "mid-rollout" \
@@ -192,13 +195,12 @@ class Injector:
     def _release_fds(self) -> None:
         # The release timer and stop() can race: without the lock both could close the same fd
         # numbers, the second time closing whatever the process had reopened there (its stdout).
-        with _FD_LOCK:
+        with self._fd_lock:
             held, self._held_fds = self._held_fds, []
         for fd in held:
             os.close(fd)
 
 
-_FD_LOCK = threading.Lock()
 FD_HOLD_S = 6.0  # three of the fd guard's sampling periods in the schedule's config
 
 
