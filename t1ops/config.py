@@ -256,10 +256,6 @@ class CampaignConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":
         r, m = self.rollout, self.model
-        if self.pipeline_mode == "fully_async" and self.trainer.parallel.world_size > 1:
-            raise ValueError("run.mode = 'fully_async' needs a single-rank trainer for now: the multi-rank trainer "
-                             "(rl/trainer/ranks.py) does not take per-token rollout log-probs as the behaviour yet; "
-                             "set trainer.parallel to one rank or run.mode = 'one_step'")
         if r.batch_size % r.n_samples_per_prompt:
             raise ValueError(f"rollout.batch_size ({r.batch_size}) must be a multiple of "
                              f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a partial group would "

@@ -133,7 +133,7 @@ def test_config_modes_and_refusals():
     assert parse_config({"run": {"one_step_pipeline": False}}).pipeline_mode == "sync"
     cfg = parse_config({"run": {"mode": "fully_async"}, "fully_async": {"max_staleness_steps": 3}})
     assert cfg.pipeline_mode == "fully_async" and cfg.fully_async.max_staleness_steps == 3
-    with pytest.raises(ConfigError, match="single-rank trainer"):
-        parse_config({"run": {"mode": "fully_async"}, "trainer": {"parallel": {"dp": 2}}})
+    # the multi-rank trainer takes the rollout behaviour too (rl.trainer.step.behaviour_plan): no refusal
+    assert parse_config({"run": {"mode": "fully_async"}, "trainer": {"parallel": {"dp": 2}}}).trainer.parallel.dp == 2
     with pytest.raises(ConfigError, match="run.mode"):
         parse_config({"run": {"mode": "async"}})
