@@ -49,6 +49,13 @@ from rl.agent.verdict import SOURCE_NO_VERDICT, decide, foreign_reward_files, no
 from rl.errors import ParseError, TaskError, TrialDirError
 from rl.rewards import RewardResult, ctrf_reward
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "stale-trial-dirs": (),
+    "verifier-tamper": (),
+}
+
 log = logging.getLogger("rl.agent.verifier")
 
 _TRIAL_ENTRIES = {"fs", "logs", "trial.json", ".root", "solution"}   # before verification

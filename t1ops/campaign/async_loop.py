@@ -35,6 +35,12 @@ from t1ops.campaign.summary import Summary
 from t1ops.campaign.worker import TrialSpec
 from t1ops.errors import ConfigError, MissingRoutingError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "long-tail-stall": ("run.mode", "fully_async.max_staleness_steps", "fully_async.num_parallel_generation_workers", "fully_async.staleness_alarm_share"),
+}
+
 if TYPE_CHECKING:  # the type only: the step loop (t1ops.campaign.runner) imports this module
     from t1ops.campaign.runner import Campaign
 

@@ -37,6 +37,12 @@ from t1ops.errors import CheckpointError, ConfigError
 from t1ops.guards.checkpoints import (_fsync_dir, _write_synced, file_sha256, list_steps, load_checkpoint,
                                       step_dir_name)
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "coordinator-crash": ("trainer.save_every", "checkpoints.keep_last", "checkpoints.keep_every"),
+}
+
 STATE_ROLE = "trainer_state"
 STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
