@@ -32,7 +32,7 @@ from t1ops.campaign.async_buffer import GroupBuffer, version_lag_histogram, span
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import StepBatch
 from t1ops.campaign.summary import Summary
-from t1ops.campaign.worker import TrialSpec
+from t1ops.campaign.trials import TrialSpec
 from t1ops.errors import ConfigError, MissingRoutingError
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys

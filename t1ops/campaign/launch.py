@@ -31,7 +31,6 @@ from t1ops.campaign.trainer_host import TrainerHost
 from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
-from t1ops.errors import ConfigError
 from t1ops.guards.dist import timeout_for
 from t1ops.preflight import require_ok
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
@@ -157,16 +156,12 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
 
 
 def _configure_weight_sender(cfg: CampaignConfig, trainer, run: RunDir):
-    """The trainer's side of the weight sync (t1ops.guards.weight_sync); None: engines load step dirs."""
+    """The trainer's side of the weight sync (t1ops.guards.weight_sync): the 1-rank trainer, or rank 0."""
     import ray
 
     e = cfg.engine
-    if cfg.trainer.parallel.world_size > 1:  # rank actors have no WeightSender yet
-        if e.kind == "sglang" or e.weight_sync == "distributed":
-            raise ConfigError(f"engine.kind = {e.kind!r} / engine.weight_sync = {e.weight_sync!r} needs the "
-                              "single-rank trainer for now (trainer.parallel world size 1): the rank actors do not "
-                              "export or broadcast Hugging Face weights yet", key="engine.weight_sync")
-        return None
+    if cfg.trainer.parallel.world_size > 1:  # rank 0 holds the full actor it gathers at publish: the sender
+        trainer = trainer.actors[0]
     ray.get(trainer.configure_weight_sender.remote(
         dtype=e.dtype, bucket_bytes=int(e.weight_sync_bucket_mb * (1 << 20)), master_address=e.weight_sync_master_address,
         timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports")))

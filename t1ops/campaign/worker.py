@@ -33,6 +33,7 @@ from rl.engines.client import EngineClient
 from rl.errors import MissingRoutingError
 from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
+from t1ops.campaign.trials import TrialSpec
 from t1ops.campaign.trialtrace import TrialClock
 from t1ops.config import EngineConfig
 from t1ops.guards.engine_direct import DirectEngines
@@ -42,13 +43,6 @@ from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
 
 class Cancelled(Exception):
     """A skimmed trial stopped at its next turn boundary."""
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    task: str
-    group_id: str
-    sample_idx: int
 
 
 @dataclass(frozen=True)
