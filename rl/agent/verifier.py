@@ -36,6 +36,7 @@ import logging
 import os
 import secrets as _secrets
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,6 +210,37 @@ def verify(trial: Trial, *, limits: Limits | None = None, scale: float = 20.0) -
         return _finish(trial, tag, vdir, events, out, t_start, scale)
     reward, reason = _reward(trial, vdir, tag, t0_ms, t1_ms, out, events, scale)
     return _finish(trial, tag, vdir, events, out, t_start, scale, reward, reason)
+
+
+VERIFY_SLACK_S = 60.0   # the scan, the copies and the verdict around the verifier's own timeout
+
+
+def verify_within(trial: Trial, *, bound_s: float | None = None, **kw: Any) -> VerifierResult:
+    """:func:`verify` under a wall-clock bound the caller enforces (``bound_s``, default the
+    task's verifier timeout plus :data:`VERIFY_SLACK_S`): past it the trial's processes are
+    killed and the verdict is ``verifier-timeout``, reward 0, whatever verify was blocked on."""
+    bound = trial.task.verifier_timeout_s + VERIFY_SLACK_S if bound_s is None else bound_s
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = verify(trial, **kw)
+        except BaseException as e:   # re-raised in the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=target, name=f"verify-{trial.trial_id}", daemon=True)
+    worker.start()
+    worker.join(bound)
+    if "error" in box:
+        raise box["error"]
+    if "result" in box:
+        return box["result"]
+    if trial.cgroup is not None:
+        trial.cgroup.kill_all()
+    log.error("verification of trial %s passed its wall-clock bound of %.0fs", trial.trial_id, bound)
+    return VerifierResult(trial.trial_id, run_tag_for(trial),
+                          no_verdict(f"verification passed its wall-clock bound of {bound:g}s"), (),
+                          None, "verifier-timeout", bound, None)
 
 
 def _finish(trial: Trial, tag: str, vdir: Path, events: list[TamperEvent], out: ExecResult | None,
