@@ -202,7 +202,7 @@ def _finish(trial: Trial, tag: str, vdir: Path, events: list[TamperEvent], out: 
     if reward is None or events:
         kinds = ",".join(sorted({e.kind for e in events}))
         base = ctrf_reward(None, solved=False, scale=scale)
-        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}"), "tamper"
+        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}", ctrf_fallback=None), "tamper"
     for ev in events:
         log.warning("tamper event in trial %s: %s at %s (%s)", ev.trial_id, ev.kind, ev.path, ev.detail)
     result = VerifierResult(trial.trial_id, tag, reward, tuple(events),

@@ -32,7 +32,7 @@ from t1ops.campaign.progress import Progress
 from t1ops.campaign.summary import Summary
 from t1ops.campaign.trialtrace import step_split
 from t1ops.campaign.worker import TrialSpec
-from t1ops.errors import MissingRoutingError
+from t1ops.errors import RoutingError
 
 POLL_S = 0.2
 END_GRACE_S = 60.0  # how long running groups may take to stop at the end of the run
@@ -109,7 +109,7 @@ class AsyncDriver:
             data = ray.get(ref)
         except ray.exceptions.RayTaskError as err:
             cause = err.as_instanceof_cause()
-            if isinstance(cause, MissingRoutingError):
+            if isinstance(cause, RoutingError):  # any routing error aborts (T1 report, section 05)
                 telemetry.event("rollout.aborted", severity="error", group=group_id, reason=str(cause))
                 raise cause from None
             telemetry.event("rollout.group_failed", severity="error", group=group_id, error=str(cause)[:300])
@@ -195,7 +195,7 @@ def _one_step(c: Campaign, d: AsyncDriver, summary: Summary, progress: Progress,
     telemetry.event("campaign.sync_done", step=step)
     if ev is not None:
         ev.maybe_submit(step)
-    dump_results(c.run, step, results)
+    dump_results(c.run, step, results, debug=c.cfg.rollout.debug_dump)
     row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
     row.update(ray.get(c.trainer.checkpoint_report.remote()))
     row.update(mode="fully_async", engines_recreated=sync["recreated"], engines_dead=sync["dead"],

@@ -27,6 +27,7 @@ from t1ops.campaign.rollouts import Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.runner import Campaign, step_loop
 from t1ops.campaign.summary import Summary, plot
+from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trainer_host import TrainerHost
 from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
@@ -99,7 +100,8 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
             spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
             ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
             telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
-            temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+            temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump(),
+            reward_policy=RewardPolicy.from_config(cfg).to_dict())
     if c.resume_from is None:
         examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
         c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
@@ -218,7 +220,8 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
     return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
                           skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
                           timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
-                          sandbox=cfg.sandbox.model_dump(), harness=harness_settings(cfg))
+                          sandbox=cfg.sandbox.model_dump(), harness=harness_settings(cfg),
+                          failed_trials=r.failed_trials)
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,

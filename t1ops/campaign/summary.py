@@ -66,8 +66,12 @@ class Summary:
 
     def save(self) -> Path:
         path = self.run_dir / "summary.json"
-        write_json_atomic(path, {"run_id": self.run_id, "config": self.config, **self.extra, "steps": self.steps,
-                                 "eval": self.evals})
+        fallbacks: dict = {}
+        for row in self.steps:  # every non-CTRF reward of the run, by source (and why CTRF was not used)
+            for k, v in (row.get("reward_fallbacks") or {}).items():
+                fallbacks[k] = fallbacks.get(k, 0) + v
+        write_json_atomic(path, {"run_id": self.run_id, "config": self.config, **self.extra,
+                                 "reward_fallbacks": fallbacks, "steps": self.steps, "eval": self.evals})
         return path
 
 
