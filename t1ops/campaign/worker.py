@@ -113,7 +113,8 @@ class RolloutWorker:
         if settings.harness is not None:
             from t1ops.campaign.harness import HarnessHost
 
-            self.harness = HarnessHost(settings.harness, settings.agent, self.renderer, index)
+            emissions = None if run_dir is None else f"{run_dir}/emissions/endpoint-w{index}.jsonl"
+            self.harness = HarnessHost(settings.harness, settings.agent, self.renderer, index, emissions)
 
     def ping(self) -> str:
         return self.node
