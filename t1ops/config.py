@@ -216,7 +216,8 @@ class SandboxConfig(Section):
     cpus / storage_mb replace the limits below for its trials."""
 
     isolation: Literal["strict", "namespaces", "none"] = Field("strict", description="Weakest isolation `t1ops run` accepts: strict = per-trial uid + namespaces + cgroup; namespaces = the same with per-process rlimits; none = host user (non-root only).")
-    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network).")
+    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network). Such a trial needs an egress-only network namespace; where none can be made it is refused (docs/sandbox.md).")
+    env_allow: list[str] = Field(default_factory=list, description="Campaign environment variables a task's [environment.env] ${VAR} templates may read (any other name reads as unset); values read are redacted like secrets.")
     memory_mb: int = Field(1024, ge=16, description="Memory of one trial, all its processes and its tmpfs together (cgroup; rlimit fallback per process).")
     cpus: float | None = Field(None, gt=0, description="CPU quota of one trial in cores (cgroup cpu.cfs_quota_us); None: no quota.")
     storage_mb: int = Field(256, ge=1, description="Size of the trial's tmpfs: workspace, /tmp, /var/tmp, /dev/shm together.")

@@ -224,6 +224,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     ``on_step`` callables ``(campaign, step)`` run as each step starts (the chaos schedule's seam).
     ``resume``: continue that run directory from its newest verified step (``t1ops.campaign.resume``)."""
     require_isolation(cfg.sandbox.isolation)   # before anything starts: never weaker than asked
+    held_out_tasks(cfg, load_pool(cfg.rollout.tasks_dir))   # a bad pool: refused before any run dir or Ray
     previous, point = None, None
     if resume is None:
         run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)
