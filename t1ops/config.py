@@ -231,6 +231,18 @@ class TelemetryConfig(Section):
     export_interval_s: float = Field(5.0, gt=0, description="Metric export interval.")
 
 
+class TrackingConfig(Section):
+    """Experiment trackers fed every step row, eval, guard event and the final report (docs/tracking.md).
+    summary.json and telemetry/*.jsonl stay the source of truth: a tracker that fails is turned off."""
+
+    tensorboard: bool = Field(True, description="Write TensorBoard event files into the run directory (`tensorboard --logdir runs/<id>`); no network.")
+    wandb: Literal["off", "offline", "online"] = Field("off", description="Weights & Biases: 'offline' writes run_dir/wandb/ (upload later with `wandb sync`), 'online' streams (needs `wandb login`).")
+    project: str = Field("t1ops", min_length=1, description="W&B project.")
+    entity: str | None = Field(None, description="W&B entity (team or user); None: the logged-in default.")
+    run_name: str | None = Field(None, description="W&B run display name; None: the run id.")
+    tags: list[str] = Field(default_factory=list, description="W&B run tags.")
+
+
 class CampaignConfig(Section):
     """The root of a campaign file. Fields that depend on each other are checked together."""
 
@@ -245,6 +257,7 @@ class CampaignConfig(Section):
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The command agent (rollout.agent = 'command').")
     mcp: McpConfig = Field(default_factory=McpConfig, description="MCP tool servers for both agents.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="TensorBoard and Weights & Biases.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
     fully_async: FullyAsyncConfig = Field(default_factory=FullyAsyncConfig, description="Fully async pipeline (run.mode = 'fully_async').")
 

@@ -32,6 +32,7 @@ from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
 from t1ops.errors import ConfigError
+from t1ops.tracking import Tracker
 from t1ops.guards.dist import timeout_for
 from t1ops.preflight import require_ok
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
@@ -235,6 +236,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     raise_nofile_limit()
     progress = Progress(cfg.run.steps, enabled=show_progress)
     c = Campaign(cfg=cfg, run=run, resume_from=point.step if point else None)
+    tracker = None
     try:
         if point is not None:
             progress.log(point.message)
@@ -248,13 +250,17 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
                                  "eval_tasks": c.eval_tasks})
         if previous is not None:
             resumed_summary(summary, previous, point)
+        summary.tracker = tracker = Tracker.open(cfg.tracking, run.path, run.run_id, cfg.model_dump(),
+                                                 resume_step=point.step if point else None)
         if c.eval_tasks:
             c.evaluator = Evaluator(cfg, c.workers, c.eval_tasks, summary.add_eval)
         with progress:
             step_loop(c, summary, progress)
-        plot(summary.save())
+        tracker.report(plot(summary.save()), cfg.run.steps)
         return run.path
     finally:
+        if tracker is not None:
+            tracker.close()
         _shutdown(c)
         telemetry.shutdown()
 

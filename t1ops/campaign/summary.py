@@ -8,7 +8,8 @@ summary.json: ``{"run_id", "config", "warm_start": {...}, "steps": [{"step",
 (the split: docs/tracing.md; the eval: docs/campaign.md); rewritten atomically after every step and
 every evaluation so a crash leaves what was completed so far. An evaluation's fields are also copied
 into the row of the step whose weights it evaluated (step 0, the warm-started weights, has only its
-``eval`` entry).
+``eval`` entry). This is the one writer of step rows in every pipeline mode: its ``tracker``
+(``t1ops.tracking.Tracker``; docs/tracking.md) gets each row and evaluation after summary.json has it.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class Summary:
     steps: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
     evals: list[dict] = field(default_factory=list)
+    tracker: Any = None  # t1ops.tracking.Tracker (None: no trackers); never lets a failure through
 
     def add_step(self, row: dict) -> None:
         missing = [k for k in STEP_KEYS if k not in row]
@@ -55,6 +57,8 @@ class Summary:
             raise InputError(f"summary step row lacks {missing}", missing=missing)
         self.steps.append(row)
         self.save()
+        if self.tracker is not None:
+            self.tracker.step(row)
 
     def add_eval(self, row: dict) -> None:
         """Record one held-out evaluation (``t1ops.campaign.evaluation.eval_row``)."""
@@ -63,6 +67,8 @@ class Summary:
             if step_row["step"] == row["step"]:
                 step_row.update({k: v for k, v in row.items() if k.startswith("eval_") and k != "eval_per_task"})
         self.save()
+        if self.tracker is not None:
+            self.tracker.eval(row)
 
     def save(self) -> Path:
         path = self.run_dir / "summary.json"
