@@ -67,9 +67,21 @@ def trial_samples(spans: list[dict]) -> tuple[list[TrialSample], list[tuple[floa
             gens.append((g["t0"], g["t1"]))
         active = trial["t1"] - trial["t0"]
         post = max(0.0, active - create - sum(t.generate_s + t.exec_s for t in turns))
-        samples.append(TrialSample(create, turns, post, prev_prompt))
-        windows.append((trial["t0"], trial["t1"]))
+        samples.append(TrialSample(create, turns, post, prev_prompt, trial["attributes"].get("task", "")))
+        windows.append(_cpu_intervals(trial["t0"], trial["t1"], execs))
     return samples, gens, windows
+
+
+def _cpu_intervals(t0: float, t1: float, execs: list[dict]) -> list[tuple[float, float]]:
+    """A trial's window minus its sandbox commands (which may sleep: not a job on the host)."""
+    out, at = [], t0
+    for e in sorted(execs, key=lambda e: e["t0"]):
+        if e["t0"] > at:
+            out.append((at, e["t0"]))
+        at = max(at, e["t1"])
+    if t1 > at:
+        out.append((at, t1))
+    return out
 
 
 def mean_overlap(intervals: list[tuple[float, float]]) -> float:
@@ -103,6 +115,11 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
     return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
+def _jobs(w: tuple[float, float], trials: list[list[tuple[float, float]]]) -> float:
+    """Trial-seconds of host work (outside sandbox commands) inside window ``w``."""
+    return sum(_overlap(w, i) for t in trials for i in t)
+
+
 def fit_host(rows: list[dict], ev: dict, windows: list[tuple[float, float]]) -> tuple[float, list[dict], str]:
     """A shared host's effective CPUs, from how much slower the trainer ran while trials ran.
 
@@ -116,7 +133,7 @@ def fit_host(rows: list[dict], ev: dict, windows: list[tuple[float, float]]) -> 
         if key[0] not in ev or key[1] not in ev or not r["num_trajectories"]:
             continue
         w = (ev[key[0]], ev[key[1]])
-        trials = sum(_overlap(w, t) for t in windows) / max(1e-9, w[1] - w[0])
+        trials = _jobs(w, windows) / max(1e-9, w[1] - w[0])
         per_traj[r["step"]] = r["train_s"] / r["num_trajectories"]
         (alone if trials < 0.05 else beside).append(r)
         if trials >= 0.05:
@@ -132,14 +149,15 @@ def fit_host(rows: list[dict], ev: dict, windows: list[tuple[float, float]]) -> 
 
 
 def _as_work(samples: list[TrialSample], windows, train_windows, cpus: float) -> list[TrialSample]:
-    """Each trial's phase seconds divided by the host load it ran under (seconds alone)."""
+    """Each trial's phase seconds divided by the host load it ran under (seconds alone); its
+    sandbox commands keep their seconds (they may sleep or wait)."""
     out = []
     for s, w in zip(samples, windows):
-        dur = max(1e-9, w[1] - w[0])
-        jobs = (sum(_overlap(w, o) for o in windows) + sum(_overlap(w, t) for t in train_windows)) / dur
+        busy = sum(b - a for a, b in w)
+        jobs = sum(_jobs(i, windows) + sum(_overlap(i, t) for t in train_windows) for i in w) / max(1e-9, busy)
         k = max(1.0, jobs / cpus)
         out.append(TrialSample(s.create_s / k, [Turn(t.output_tokens, t.new_prompt_tokens, t.generate_s / k,
-                                                     t.exec_s / k) for t in s.turns], s.post_s / k, s.tokens))
+                                                     t.exec_s) for t in s.turns], s.post_s / k, s.tokens, s.task))
     return out
 
 
@@ -222,17 +240,17 @@ def merge(base: dict, override: dict) -> dict:
 
 
 def apply_sets(data: dict, sets: list[str]) -> dict:
-    """``section.key=value`` overrides (value parsed as JSON, else kept as a string)."""
+    """``[section.]key=value`` overrides (value parsed as JSON, else kept as a string)."""
     for item in sets:
         key, sep, raw = item.partition("=")
-        if not sep or "." not in key:
-            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. rollout.batch_size=64", key=item)
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected [section.]key=value, e.g. rollout.batch_size=64", key=item)
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
-        section, name = key.split(".", 1)
-        data = merge(data, {section: {name: value}})
+        section, _, name = key.partition(".")
+        data = merge(data, {section: {name: value}} if name else {section: value})
     return data
 
 

@@ -141,6 +141,7 @@ class TrialSample:
     turns: list[Turn]
     post_s: float
     tokens: int
+    task: str = ""
 
 
 @dataclass
@@ -151,8 +152,16 @@ class Workload:
     hand: TrialsIn | None = None
     measured_concurrency: float = 1.0   # generate requests per engine at once, when measured
 
-    def draw(self, rng: random.Random) -> TrialSample:
+    @property
+    def tasks(self) -> list[str]:
+        """The measured tasks, sorted (the campaign's training pool when every task was sampled)."""
+        return sorted({s.task for s in self.samples if s.task})
+
+    def draw(self, rng: random.Random, task: str | None = None) -> TrialSample:
+        """A trial: of ``task`` when given and measured (a group's samples share their prompt)."""
         if self.samples:
+            if task:
+                return rng.choice([s for s in self.samples if s.task == task])
             return rng.choice(self.samples)
         if self.hand is None:
             raise ConfigError("no trial distribution: pass --from RUN_DIR (measured trials) or give [trials] "

@@ -120,9 +120,9 @@ class Model:
         return turn.output_tokens * stream_seconds_per_token(curve, n) + (
             turn.new_prompt_tokens / prefill if prefill > 0 else 0.0)
 
-    def trial(self, cancel: _Cancel):
+    def trial(self, cancel: _Cancel, task: str | None = None):
         """One trial; returns (completed, tokens)."""
-        s: TrialSample = self.workload.draw(self.rng)
+        s: TrialSample = self.workload.draw(self.rng, task)
         wall = self.cfg.rollout.trial_wall_s
         with self.slots.request() as slot:
             yield slot
@@ -130,7 +130,7 @@ class Model:
             if delay:
                 yield self.env.timeout(delay)
             t0 = self.env.now
-            self.running += 1
+            self.running += 1   # a job on a shared host, except while a sandbox command runs (it may sleep)
             yield self.env.timeout(s.create_s * self._slow())
             stopped = False
             for turn in s.turns:
@@ -142,7 +142,9 @@ class Model:
                 e = self._engine(+1)
                 yield self.env.timeout(self._generate_s(turn, self.active[e]) * self._slow())
                 self._engine(-1, e)
-                yield self.env.timeout(turn.exec_s * self._slow())
+                self.running -= 1
+                yield self.env.timeout(turn.exec_s)
+                self.running += 1
             if not stopped:
                 yield self.env.timeout(s.post_s * self._slow())
             self.running -= 1
@@ -153,18 +155,30 @@ class Model:
                 self.run.trial_s_cancelled += self.env.now - t0
         return (not stopped), s.tokens
 
-    def group(self, cancel: _Cancel):
-        procs = [self.env.process(self.trial(cancel)) for _ in range(self.cfg.rollout.group_size)]
+    def group(self, cancel: _Cancel, task: str | None = None):
+        procs = [self.env.process(self.trial(cancel, task)) for _ in range(self.cfg.rollout.group_size)]
         outcomes = yield self.env.all_of(procs)
         return [outcomes[p] for p in procs]
 
-    def batch(self):
+    def _tasks(self, step: int) -> list[str | None]:
+        """The tasks of a step's groups in the campaign's own order (``plan_groups``) when measured."""
+        r = self.cfg.rollout
+        num_groups = r.batch_size // r.group_size
+        launch = max(num_groups, math.ceil(num_groups * r.skim_overprovision))
+        if not self.workload.tasks:
+            return [None] * launch
+        from t1ops.campaign.worker import plan_groups
+
+        groups, _ = plan_groups(self.workload.tasks, step, r.batch_size, r.group_size, self.cfg.seed,
+                                r.skim_overprovision)
+        return [g[0].task for g in groups]
+
+    def batch(self, step: int):
         """One step's batch (sync/one_step, with skim): returns (trajectories, tokens, seconds)."""
         r, t0 = self.cfg.rollout, self.env.now
         num_groups = r.batch_size // r.group_size
         cancel = _Cancel()
-        pending = [self.env.process(self.group(cancel))
-                   for _ in range(max(num_groups, math.ceil(num_groups * r.skim_overprovision)))]
+        pending = [self.env.process(self.group(cancel, task)) for task in self._tasks(step)]
         accepted: list = []
         while len(accepted) < num_groups and pending:
             yield self.env.any_of(pending)
@@ -195,14 +209,14 @@ class Model:
         """``t1ops.campaign.runner.step_loop`` for sync and one_step."""
         c, t = self.cfg, self.cfg.train
         pipelined = c.pipeline.mode == "one_step"
-        pending = self.env.process(self.batch())
+        pending = self.env.process(self.batch(1))
         for step in range(1, c.pipeline.steps + 1):
             t_step = self.env.now
             if pending is None:
-                pending = self.env.process(self.batch())
+                pending = self.env.process(self.batch(step))
             n, tokens, rollout_s = yield pending
             wait = self.env.now - t_step
-            pending = self.env.process(self.batch()) if pipelined and step < c.pipeline.steps else None
+            pending = self.env.process(self.batch(step + 1)) if pipelined and step < c.pipeline.steps else None
             t_train = self.env.now
             yield from self._train(tokens)
             train_s = self.env.now - t_train
@@ -224,8 +238,15 @@ class Model:
         self.queue_changed = self.env.event()
         stop = _Cancel()
 
+        planner = None
+        if self.workload.tasks:  # the campaign's own endless seeded order over its tasks
+            from t1ops.campaign.async_loop import GroupPlanner
+
+            planner = GroupPlanner(self.workload.tasks, c.rollout.group_size, c.seed)
+
         def group(tag: int, t0: float):
-            outcomes = yield from self.group(stop)
+            task = planner.next_group()[0].task if planner is not None else None
+            outcomes = yield from self.group(stop, task)
             if stop.is_set:
                 return mgr.on_released()
             if any(not ok for ok, _ in outcomes) or self.rng.random() < c.pipeline.zero_variance_share:
