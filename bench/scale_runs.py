@@ -30,7 +30,7 @@ def config(name: str, steps: int):
     cfg.trainer.warm_start_steps = 100
     if name == "sync":
         cfg.run.mode = "sync"
-    elif name in ("one_step", "one_step_2x"):
+    elif name in ("one_step", "one_step_2x", "one_step_late"):
         cfg.run.mode = "one_step"
     if name == "one_step_2x":
         cfg.rollout.batch_size *= 2

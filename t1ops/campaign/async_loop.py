@@ -27,7 +27,8 @@ import time
 
 from t1ops import telemetry
 from t1ops.campaign.async_buffer import GroupBuffer, version_lag_histogram, spans_versions
-from t1ops.campaign.runner import Campaign, _metrics_row, dump_results
+from t1ops.campaign.dataplane import write_dumps
+from t1ops.campaign.runner import Campaign, _metrics_row
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.summary import Summary
 from t1ops.campaign.trialtrace import step_split
@@ -195,7 +196,7 @@ def _one_step(c: Campaign, d: AsyncDriver, summary: Summary, progress: Progress,
     telemetry.event("campaign.sync_done", step=step)
     if ev is not None:
         ev.maybe_submit(step)
-    dump_results(c.run, step, results)
+    write_dumps(c.workers, c.run, step, results)  # by the workers that hold the trajectories
     row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
     row.update(ray.get(c.trainer.checkpoint_report.remote()))
     row.update(mode="fully_async", engines_recreated=sync["recreated"], engines_dead=sync["dead"],

@@ -22,6 +22,7 @@ import numpy as np
 
 from t1ops import telemetry
 from t1ops.audit import write_trajectory
+from t1ops.campaign.dataplane import write_dumps
 from t1ops.campaign.guarding import CampaignGuards
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import Rollouts
@@ -135,7 +136,7 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
         telemetry.event("campaign.sync_done", step=step)
         if ev is not None:
             ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
-        dump_results(c.run, step, results)
+        write_dumps(c.workers, c.run, step, results)  # by the workers that hold the trajectories
         row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
         row.update(ray.get(c.trainer.checkpoint_report.remote()))  # disk used, retention
         row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"],
