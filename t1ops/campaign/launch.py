@@ -33,6 +33,7 @@ from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
 from t1ops.errors import ConfigError
+from t1ops.tracking import Tracker
 from t1ops.guards.dist import timeout_for
 from t1ops.preflight import require_ok
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
@@ -92,7 +93,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     if cfg.trainer.parallel.world_size > 1:  # one Ray actor per rank in a placement group
         from t1ops.campaign.rank_actors import start_ranks
 
-        c.trainer, rank_watch = start_ranks(cfg, run, spec, resume=c.resume_from is not None)
+        c.trainer, rank_watch = start_ranks(cfg, run, spec)
         progress.log(f"trainer: {cfg.trainer.parallel.world_size} ranks (dp {cfg.trainer.parallel.dp}, "
                      f"tp {cfg.trainer.parallel.tp}, ep {cfg.trainer.parallel.ep})")
     else:
@@ -154,10 +155,6 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
     """The evaluation task names (empty when eval is off); ConfigError unless held out."""
     if cfg.eval.every_steps == 0:
         return []
-    if cfg.pipeline_mode == "fully_async":
-        raise ConfigError("eval.every_steps > 0 is not supported with run.mode = 'fully_async' yet (its loop has "
-                          "no weight-sync point per step to evaluate at); set eval.every_steps = 0 or use "
-                          "run.mode = 'one_step'", key="eval.every_steps")
     eval_pool = load_pool(cfg.eval.tasks_dir) if cfg.eval.tasks_dir else None
     return eval_task_names(cfg, tasks, train_task_names(tasks, cfg), eval_pool)
 
@@ -232,6 +229,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     ``on_step`` callables ``(campaign, step)`` run as each step starts (the chaos schedule's seam).
     ``resume``: continue that run directory from its newest verified step (``t1ops.campaign.resume``)."""
     require_isolation(cfg.sandbox.isolation)   # before anything starts: never weaker than asked
+    held_out_tasks(cfg, load_pool(cfg.rollout.tasks_dir))   # a bad pool: refused before any run dir or Ray
     previous, point = None, None
     if resume is None:
         run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)
@@ -242,6 +240,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     raise_nofile_limit()
     progress = Progress(cfg.run.steps, enabled=show_progress)
     c = Campaign(cfg=cfg, run=run, resume_from=point.step if point else None)
+    tracker = None
     try:
         if point is not None:
             progress.log(point.message)
@@ -255,13 +254,17 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
                                  "eval_tasks": c.eval_tasks})
         if previous is not None:
             resumed_summary(summary, previous, point)
+        summary.tracker = tracker = Tracker.open(cfg.tracking, run.path, run.run_id, cfg.model_dump(),
+                                                 resume_step=point.step if point else None)
         if c.eval_tasks:
             c.evaluator = Evaluator(cfg, c.workers, c.eval_tasks, summary.add_eval)
         with progress:
             step_loop(c, summary, progress)
-        plot(summary.save())
+        tracker.report(plot(summary.save()), cfg.run.steps)
         return run.path
     finally:
+        if tracker is not None:
+            tracker.close()
         _shutdown(c)
         telemetry.shutdown()
 
