@@ -137,6 +137,7 @@ class RolloutConfig(Section):
     max_concurrency: int = Field(8, ge=1, description="Trials in flight at once.")
     sandbox_rate_per_s: float = Field(20.0, gt=0, description="Sandbox creations per second (token bucket).")
     skim_overprovision: float = Field(1.0, ge=1, le=4, description="Launch this multiple of the batch; accept the first to finish.")
+    data_plane: Literal["object_store", "coordinator"] = Field("object_store", description="Where trajectories travel: 'object_store' (workers put them, the trainer fetches them, the coordinator carries refs; docs/scale.md) or 'coordinator' (the results carry them, the old path).")
     timeout_override_s: float | None = Field(None, gt=0, description="Global agent timeout; never lowers a task's own budget unless allow_lower_timeouts.")
     allow_lower_timeouts: bool = Field(False, description="Let timeout_override_s lower task-declared budgets (logged).")
     reward_scale: float = Field(20.0, gt=0, description="CTRF reward = passed tests / scale (report: S = 20).")

@@ -18,6 +18,7 @@ from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 from t1ops import telemetry
+from t1ops.campaign.dataplane import TrajectoryStore
 from t1ops.campaign.engines import EngineRouter
 from t1ops.campaign.evaluation import Evaluator, eval_task_names
 from t1ops.campaign.resume import open_for_resume, resumed_summary
@@ -135,12 +136,15 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
         c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
     settings = _worker_settings(cfg)
+    store = None  # the trajectories' owner: outlives any worker (t1ops.campaign.dataplane)
+    if cfg.rollout.data_plane == "object_store":
+        store = ray.remote(TrajectoryStore).options(num_cpus=0).remote()
     for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
         c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
             num_cpus=0, max_restarts=2, max_task_retries=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
             run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
             settings=settings, router=c.router, node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
-            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg)))
+            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg), store=store))
     ray.get([w.ping.remote() for w in c.workers])
     c.rollouts = Rollouts(cfg, c.workers, train_task_names(tasks, cfg), c.guards.stall)
     if c.eval_tasks:

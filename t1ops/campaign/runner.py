@@ -27,6 +27,7 @@ import numpy as np
 from t1ops import telemetry
 from t1ops.audit import write_trajectory
 from t1ops.campaign.async_loop import AsyncSource
+from t1ops.campaign.dataplane import write_dumps
 from t1ops.campaign.guarding import CampaignGuards
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import PipelinedSource, Rollouts
@@ -156,7 +157,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     telemetry.event("campaign.sync_done", step=step)
     if ev is not None:
         ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
-    dump_results(c.run, step, results)
+    write_dumps(c.workers, c.run, step, results)  # by the workers that hold the trajectories
     row = _metrics_row(step, results, stats, batch.rollout_s, train_s, time.monotonic() - t_step, sync_s)
     row.update(ray.get(c.trainer.checkpoint_report.remote()))  # disk used, retention
     row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,

@@ -23,6 +23,7 @@ from rl.trainer.settings import TrainerSettings
 from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
 from rl.weights.sender import WeightSender
+from t1ops.campaign.dataplane import fetch
 from t1ops.guards.checkpoints import CheckpointManager
 
 
@@ -139,6 +140,7 @@ class TrainerHost(WeightSender):
     def train(self, results: list[dict], behaviour: str = "snapshot") -> dict:
         """One RL step on a batch; old log-probs are recomputed under the weights that sampled it
         (``behaviour="rollout"``, fully async: the per-token rollout log-probs are the behaviour)."""
+        results = fetch(results)  # the chunks, straight from the object store (t1ops.campaign.dataplane)
         if behaviour == "rollout":
             return self._train_on_rollout_logprobs(results)
         versions = {int(v) for r in results for c in r["chunks"] for v in c.policy_version[c.loss_mask == 1]}

@@ -34,6 +34,7 @@ from rl.agent.verdict import is_solved
 from rl.errors import RoutingError
 from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
+from t1ops.campaign.dataplane import stage, write_dump_items
 from t1ops.campaign.trialtrace import TrialClock
 from t1ops.config import EngineConfig
 from t1ops.guards.engine_direct import DirectEngines
@@ -91,13 +92,14 @@ class RolloutWorker:
 
     def __init__(self, *, run_id: str, trials_root: str, tasks_dir: str, settings: WorkerSettings,
                  router, node: str = "local", run_dir: str | None = None, index: int = 0,
-                 telemetry_cfg: dict | None = None) -> None:
+                 telemetry_cfg: dict | None = None, store=None) -> None:
         from t1ops.guards.fds import raise_nofile_limit
 
         if run_dir is not None:
             telemetry.setup(run_dir, role=f"worker-{index}", **(telemetry_cfg or {}))
         raise_nofile_limit()
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
+        self.store, self.index = store, index  # trajectories go to the object store (t1ops.campaign.dataplane)
         self.engines = direct_engines(router, settings.max_concurrency) if router is not None else None
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
@@ -186,6 +188,7 @@ class RolloutWorker:
             self._book(res, groups[group_futs.index(fut)], ledger, skim, accepted=False)
         books = ledger.close()
         skim.check()
+        results = stage(results, self.store, self.index)
         return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": self.node,
                 "skim": {"accepted": dict(skim.accepted), "cancelled": dict(skim.cancelled)}}
 
@@ -194,6 +197,10 @@ class RolloutWorker:
         from t1ops.campaign.async_worker import run_group
 
         return await run_group(self, group, started_step)
+
+    async def write_dumps(self, dump_dir: str, step: int, items: list[dict]) -> int:
+        """Write the dumps of trials this worker staged (``t1ops.campaign.dataplane.write_dumps``)."""
+        return await asyncio.to_thread(write_dump_items, dump_dir, step, items)
 
     async def stop_groups(self) -> None:
         """Fully async, end of run: running group trials stop at their next turn (cancelled)."""
