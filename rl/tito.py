@@ -44,6 +44,12 @@ from rl.routing import fill_missing_rows
 from rl.tito_relations import (MAX_DROP_STREAM, MAX_SKIP_PROMPT, common_prefix_len,  # noqa: F401 (re-exported)
                                find_normalized_repair, find_retokenized_span)
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "token-drift": (),
+}
+
 log = logging.getLogger("rl.tito")
 
 RELATIONS = ("strict", "normalized", "retokenized", "split")

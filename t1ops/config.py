@@ -31,8 +31,7 @@ class RunConfig(Section):
     steps: int = Field(8, ge=1, le=100_000, description="RL steps to run (after warm start).")
     ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None: all).")
-    one_step_pipeline: bool = Field(True, description="Generate batch t+1 while step t trains (False: strictly sequential). Used when mode is None.")
-    mode: Literal["sync", "one_step", "fully_async"] | None = Field(None, description="Step pipeline: 'sync' (generate, then train), 'one_step' (batch t+1 generates while step t trains), 'fully_async' (group workers generate continuously within the staleness budget, [fully_async] section; docs/async.md). None: one_step_pipeline decides.")
+    mode: Literal["sync", "one_step", "fully_async"] = Field("one_step", description="Step pipeline: 'sync' (generate, then train), 'one_step' (batch t+1 generates while step t trains), 'fully_async' (group workers generate continuously within the staleness budget, [fully_async] section; docs/async.md).")
     plan: str | None = Field(None, description="Cluster plan (TOML) that `t1ops preflight` must accept before launch (None: no gate).")
 
 
@@ -217,7 +216,8 @@ class SandboxConfig(Section):
     cpus / storage_mb replace the limits below for its trials."""
 
     isolation: Literal["strict", "namespaces", "none"] = Field("strict", description="Weakest isolation `t1ops run` accepts: strict = per-trial uid + namespaces + cgroup; namespaces = the same with per-process rlimits; none = host user (non-root only).")
-    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network).")
+    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network). Such a trial needs an egress-only network namespace; where none can be made it is refused (docs/sandbox.md).")
+    env_allow: list[str] = Field(default_factory=list, description="Campaign environment variables a task's [environment.env] ${VAR} templates may read (any other name reads as unset); values read are redacted like secrets.")
     memory_mb: int = Field(1024, ge=16, description="Memory of one trial, all its processes and its tmpfs together (cgroup; rlimit fallback per process).")
     cpus: float | None = Field(None, gt=0, description="CPU quota of one trial in cores (cgroup cpu.cfs_quota_us); None: no quota.")
     storage_mb: int = Field(256, ge=1, description="Size of the trial's tmpfs: workspace, /tmp, /var/tmp, /dev/shm together.")
@@ -263,16 +263,12 @@ class CampaignConfig(Section):
 
     @property
     def pipeline_mode(self) -> str:
-        """run.mode, or the legacy run.one_step_pipeline switch when mode is unset."""
-        return self.run.mode or ("one_step" if self.run.one_step_pipeline else "sync")
+        """run.mode (one key: the former run.one_step_pipeline switch is RENAMED_KEYS')."""
+        return self.run.mode
 
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":
         r, m = self.rollout, self.model
-        if self.pipeline_mode == "fully_async" and self.trainer.parallel.world_size > 1:
-            raise ValueError("run.mode = 'fully_async' needs a single-rank trainer for now: the multi-rank trainer "
-                             "(rl/trainer/ranks.py) does not take per-token rollout log-probs as the behaviour yet; "
-                             "set trainer.parallel to one rank or run.mode = 'one_step'")
         if r.batch_size % r.n_samples_per_prompt:
             raise ValueError(f"rollout.batch_size ({r.batch_size}) must be a multiple of "
                              f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a partial group would "
@@ -303,10 +299,20 @@ class CampaignConfig(Section):
         return self
 
 
+# Keys that were renamed or moved: old dotted key -> new dotted key. An old key in a file or a
+# --set is an error naming the new one (never silently ignored, never silently mapped).
+RENAMED_KEYS: dict[str, str] = {
+    "run.one_step_pipeline": 'run.mode ("one_step" for true, "sync" for false)',
+}
+
+
 def _explain(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden" and key in RENAMED_KEYS:
+            lines.append(f"  key '{key}' was renamed: use '{RENAMED_KEYS[key]}' (see `t1ops config`)")
+            continue
         if e["type"] == "extra_forbidden":
             lines.append(f"  unknown key '{key}' (check spelling; see `t1ops config --help` for the schema)")
             continue
@@ -330,8 +336,11 @@ def parse_config(data: dict[str, Any], model: type[BaseModel] = CampaignConfig, 
         raise ConfigError(_explain(err, source), source=source) from None
 
 
-def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig) -> Any:
-    """Load a TOML file into ``model`` (CampaignConfig unless told otherwise)."""
+def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig,
+              overrides: list[tuple[str, Any]] | None = None) -> Any:
+    """Load a TOML file into ``model`` (CampaignConfig unless told otherwise). ``overrides``:
+    (dotted key, value) pairs set into the file's data before validation (``t1ops run --set``,
+    :func:`t1ops.overrides.parse_assignments`), so they are validated exactly like the file."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -341,6 +350,11 @@ def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig) -> Any:
         raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {err}", path=str(path)) from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}", path=str(path)) from None
+    if overrides:
+        from t1ops.overrides import apply_overrides
+
+        data = apply_overrides(data, overrides)
+        return parse_config(data, model, source=f"{path} with --set " + " ".join(k for k, _ in overrides))
     return parse_config(data, model, source=str(path))
 
 

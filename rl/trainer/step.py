@@ -15,12 +15,35 @@ from dataclasses import dataclass
 import torch
 
 from rl.advantages import compute_gae, grpo_advantages, whiten_advantages
+from rl.errors import InputError
 from rl.losses import dppo_loss, ppo_clip_loss, reduce_loss, value_loss
 from rl.metrics import explained_variance
 from rl.trainer.batch import TrainBatch
 from rl.trainer.forward import actor_logprobs, critic_values
 from rl.trainer.optim import clip_and_step
 from rl.trainer.settings import TrainerSettings
+
+
+@dataclass(frozen=True)
+class BehaviourPlan:
+    """Which log-probs play which part in a step, for every rank layout (1 rank included).
+
+    ``behaviour="snapshot"``: old log-probs are recomputed under the behaviour snapshot (the
+    published weights that sampled the batch). ``behaviour="rollout"`` (fully async,
+    docs/async.md): a trajectory may span versions, so the per-token rollout log-probs are the
+    behaviour (the PPO ratio's denominator); TIS is then recorded, not applied on top."""
+
+    recompute: bool           # old log-probs recomputed by the trainer (PPO, or TIS applied)
+    ratio_from_rollout: bool  # the PPO ratio's denominator is the rollout's log-probs
+    apply_tis: bool           # TIS weights multiply the per-token loss
+
+
+def behaviour_plan(s: TrainerSettings, behaviour: str) -> BehaviourPlan:
+    if behaviour not in ("snapshot", "rollout"):
+        raise InputError(f"behaviour must be 'snapshot' or 'rollout', got {behaviour!r}", argument="behaviour")
+    return BehaviourPlan(recompute=s.mode == "ppo" or s.tis_mode != "off",
+                         ratio_from_rollout=behaviour == "rollout",
+                         apply_tis=s.tis_mode != "off" and behaviour != "rollout")
 
 
 @dataclass

@@ -46,7 +46,7 @@ from rl.trainer.forward import actor_logprobs
 from rl.trainer.optim import build_optimizer
 from rl.trainer.settings import TrainerSettings
 from rl.trainer.sft import SftStats, sft_update
-from rl.trainer.step import actor_step, critic_step, grpo_token_advantages
+from rl.trainer.step import actor_step, behaviour_plan, critic_step, grpo_token_advantages
 
 
 @dataclass
@@ -124,25 +124,21 @@ class Trainer:
 
         ``behaviour``: ``"snapshot"`` recomputes old log-probs under the behaviour snapshot;
         ``"rollout"`` takes the per-token rollout log-probs (fully async)."""
-        s = self.settings
-        if behaviour not in ("snapshot", "rollout"):
-            raise InputError(f"behaviour must be 'snapshot' or 'rollout', got {behaviour!r}", argument="behaviour")
+        s, plan = self.settings, behaviour_plan(self.settings, behaviour)
         if batch.num_loss_tokens == 0:
             raise InputError("the batch has no loss-bearing token; skip it explicitly rather than "
                              "stepping on nothing", num_samples=batch.num_samples)
         critic = critic_step(self.critic, self.critic_optimizer, batch, s) if s.mode == "ppo" else None
         advantages = critic.advantages_BT if critic else grpo_token_advantages(batch, s.grpo_norm_by_std)
         mask_BT = batch.loss_mask_BT
-        recompute = s.mode == "ppo" or s.tis_mode != "off"
+        recompute = plan.recompute
         old_logprobs_BT = self.behaviour_logprobs(batch) if recompute else None
         tis_BT = None
         if old_logprobs_BT is not None:
             tis_BT, tis = tis_weights(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
                                       "token" if s.tis_mode == "off" else s.tis_mode)
-        # Fully async: the rollout's per-token log-probs are the behaviour, so the ratio already holds the
-        # off-policy correction; TIS (current weights vs rollout) is then recorded, not applied on top.
-        ratio_old_BT = batch.rollout_logprobs_BT if behaviour == "rollout" else old_logprobs_BT
-        apply_tis = s.tis_mode != "off" and behaviour != "rollout"
+        ratio_old_BT = batch.rollout_logprobs_BT if plan.ratio_from_rollout else old_logprobs_BT
+        apply_tis = plan.apply_tis
         actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
         actor = actor_step(self.actor, self.actor_optimizer, batch, advantages, ratio_old_BT, s,
                            temperature=self.temperature, tis_BT=tis_BT if apply_tis else None) \

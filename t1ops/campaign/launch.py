@@ -92,7 +92,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     if cfg.trainer.parallel.world_size > 1:  # one Ray actor per rank in a placement group
         from t1ops.campaign.rank_actors import start_ranks
 
-        c.trainer, rank_watch = start_ranks(cfg, run, spec, resume=c.resume_from is not None)
+        c.trainer, rank_watch = start_ranks(cfg, run, spec)
         progress.log(f"trainer: {cfg.trainer.parallel.world_size} ranks (dp {cfg.trainer.parallel.dp}, "
                      f"tp {cfg.trainer.parallel.tp}, ep {cfg.trainer.parallel.ep})")
     else:
@@ -151,10 +151,6 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
     """The evaluation task names (empty when eval is off); ConfigError unless held out."""
     if cfg.eval.every_steps == 0:
         return []
-    if cfg.pipeline_mode == "fully_async":
-        raise ConfigError("eval.every_steps > 0 is not supported with run.mode = 'fully_async' yet (its loop has "
-                          "no weight-sync point per step to evaluate at); set eval.every_steps = 0 or use "
-                          "run.mode = 'one_step'", key="eval.every_steps")
     eval_pool = load_pool(cfg.eval.tasks_dir) if cfg.eval.tasks_dir else None
     return eval_task_names(cfg, tasks, train_task_names(tasks, cfg), eval_pool)
 
@@ -229,6 +225,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     ``on_step`` callables ``(campaign, step)`` run as each step starts (the chaos schedule's seam).
     ``resume``: continue that run directory from its newest verified step (``t1ops.campaign.resume``)."""
     require_isolation(cfg.sandbox.isolation)   # before anything starts: never weaker than asked
+    held_out_tasks(cfg, load_pool(cfg.rollout.tasks_dir))   # a bad pool: refused before any run dir or Ray
     previous, point = None, None
     if resume is None:
         run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)

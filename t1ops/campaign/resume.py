@@ -37,6 +37,12 @@ from t1ops.errors import CheckpointError, ConfigError
 from t1ops.guards.checkpoints import (_fsync_dir, _write_synced, file_sha256, list_steps, load_checkpoint,
                                       step_dir_name)
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "coordinator-crash": ("trainer.save_every", "checkpoints.keep_last", "checkpoints.keep_every"),
+}
+
 STATE_ROLE = "trainer_state"
 STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
@@ -64,6 +70,12 @@ def save_trainer_state(base: str | Path, step: int, state: dict) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def trainer_state(trainer, version: int, ranks: list[dict]) -> dict:
+    """The trainer state a resume at ``version`` needs: step count, data-sampler position and
+    every rank's optimizer and RNG state (``t1ops.campaign.trainer_host.rank_state``)."""
+    return {"step": trainer.step, "next_step": version + 1, "ranks": ranks}
 
 
 def load_trainer_state(base: str | Path, step: int) -> dict:
@@ -161,7 +173,7 @@ def supersede_after(run_path: Path, step: int) -> Path | None:
     """Move what a crashed run wrote after ``step`` into ``superseded/<timestamp>/``; return it (None if nothing)."""
     dest = run_path / "superseded" / time.strftime("%Y%m%d-%H%M%S")
     moved = 0
-    for role in ("actor", "critic", STATE_ROLE):
+    for role in ("actor", "critic", STATE_ROLE, "actor-shards", "critic-shards"):
         role_dir = run_path / "checkpoints" / role
         for s in list_steps(role_dir):
             if s > step:
@@ -238,6 +250,8 @@ def resumed_summary(summary, previous: dict, point: ResumePoint) -> None:
     summary.steps[:] = [r for r in previous.get("steps", []) if r["step"] <= point.step]
     summary.evals[:] = [e for e in previous.get("eval", []) if e["step"] <= point.step]
     summary.extra["warm_start_loss"] = previous.get("warm_start_loss", summary.extra.get("warm_start_loss"))
+    if previous.get("async_resumes"):  # fully_async: the group books carried across earlier crashes
+        summary.extra["async_resumes"] = list(previous["async_resumes"])
     rerun = sorted(r["step"] for r in previous.get("steps", []) if r["step"] > point.step)
     summary.extra["resumes"] = previous.get("resumes", []) + [
         {"from_step": point.step, "message": point.message, "steps_run_again": rerun,

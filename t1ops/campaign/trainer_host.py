@@ -159,31 +159,23 @@ class TrainerHost(WeightSender):
         return dict(self.last_report)
 
     def _trainer_state(self, version: int) -> dict:
-        from t1ops.campaign.resume import rng_state
+        from t1ops.campaign.resume import trainer_state
 
-        t = self.trainer
-        return {"step": t.step, "next_step": version + 1, "rng": rng_state(),
-                "actor_optimizer": t.actor_optimizer.state_dict(),
-                "critic_optimizer": None if t.critic_optimizer is None else t.critic_optimizer.state_dict()}
+        return trainer_state(self.trainer, version, [rank_state(self.trainer)])
 
     def resume(self, step: int) -> dict:
         """Load weights, optimizer states, step count and RNG of ``step`` (verified); the actor
         weights at ``step`` are the behaviour snapshot of the next batch. Returns what was loaded."""
-        from t1ops.campaign.resume import load_trainer_state, set_rng_state
+        from t1ops.campaign.resume import load_trainer_state
 
         actor = self.ckpt.load("actor", step)
         critic = self.ckpt.load("critic", step) if self.trainer.critic is not None else None
         state = load_trainer_state(self.retention.base, step)
         self.trainer.load_weights(actor, critic, int(state["step"]))
-        self.trainer.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        if self.trainer.critic_optimizer is not None:
-            self.trainer.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        set_rng_state(state["rng"])
+        load_rank_state(self.trainer, state, rank=0, world_size=1)
         self.published = {step: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
                                  for k, v in self.trainer.actor_state().items()}}
-        return {"step": step, "trainer_step": self.trainer.step, "next_step": int(state["next_step"]),
-                "actor": str(self.ckpt.actor_dir / f"step_{step:08d}"),
-                "critic": None if critic is None else str(self.ckpt.critic_dir / f"step_{step:08d}")}
+        return resumed(self, step, state, critic is not None)
 
     def checkpoint_dirs(self) -> dict:
         return {"actor": str(self.ckpt.actor_dir), "critic": str(self.ckpt.critic_dir)}
@@ -202,3 +194,33 @@ class TrainerHost(WeightSender):
 
         self._stack_file = install_stack_dump(path)
         return os.getpid()
+
+
+def rank_state(trainer) -> dict:
+    """One rank's share of the trainer state: its optimizers' states and its RNG (1 rank or N)."""
+    from t1ops.campaign.resume import rng_state
+
+    return {"rng": rng_state(), "actor_optimizer": trainer.actor_optimizer.state_dict(),
+            "critic_optimizer": None if trainer.critic_optimizer is None else trainer.critic_optimizer.state_dict()}
+
+
+def load_rank_state(trainer, state: dict, *, rank: int, world_size: int) -> None:
+    """Restore this rank's optimizers and RNG from a trainer state saved at the same layout."""
+    from t1ops.campaign.resume import set_rng_state
+
+    ranks = state.get("ranks") or [state]  # a state written before per-rank states: one rank
+    if len(ranks) != world_size:
+        raise ConfigError(f"the trainer state holds {len(ranks)} rank(s), this trainer has {world_size}: optimizer "
+                          "state is per rank; resume with the run's own trainer.parallel", key="trainer.parallel")
+    mine = ranks[rank]
+    trainer.actor_optimizer.load_state_dict(mine["actor_optimizer"])
+    if trainer.critic_optimizer is not None:
+        trainer.critic_optimizer.load_state_dict(mine["critic_optimizer"])
+    set_rng_state(mine["rng"])
+
+
+def resumed(host, step: int, state: dict, has_critic: bool) -> dict:
+    """What a resume loaded (the coordinator logs it and records ``campaign.resumed``)."""
+    return {"step": step, "trainer_step": host.trainer.step, "next_step": int(state["next_step"]),
+            "actor": str(host.ckpt.actor_dir / f"step_{step:08d}"),
+            "critic": str(host.ckpt.critic_dir / f"step_{step:08d}") if has_critic else None}

@@ -27,7 +27,7 @@ from rl.agent.environment import require_runnable
 from rl.agent.loop import AgentSettings, run_episode
 from rl.agent.sandbox import make_sandbox
 from rl.agent.tasks import load_pool
-from rl.agent.verifier import verify
+from rl.agent.verifier import verify_within
 from rl.chat import ChatRenderer
 from rl.engines.client import EngineClient
 from rl.errors import MissingRoutingError
@@ -284,7 +284,7 @@ class RolloutWorker:
                 with clock.phase("sandbox_s", "sandbox.finish"):
                     trial.finish()
             with clock.phase("verify_s", "verify") as sp:
-                verdict = verify(trial, scale=self.settings.reward_scale)
+                verdict = verify_within(trial, scale=self.settings.reward_scale)
                 sp.set_attribute("tamper_events", len(verdict.tamper_events))
         finally:
             trial.close()   # the trial's tmpfs and cgroup go; verifier/result.json stays

@@ -40,6 +40,12 @@ import torch
 from t1ops import telemetry
 from t1ops.errors import CheckpointError, CheckpointRoleError, InputError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "critic-overwrites-actor": ("trainer.save_every",),
+}
+
 ROLES = ("actor", "critic")
 WEIGHTS_FILE = "weights.pt"
 MANIFEST_FILE = "manifest.json"
