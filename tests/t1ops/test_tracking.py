@@ -142,3 +142,18 @@ def test_wandb_offline_holds_the_metrics_and_resume_appends_to_the_same_run(tmp_
     assert evals == [0, 1, 2, 3, 3, 4]  # merged into the step's history row; re-run step 3 again
     (guard,) = [r for r in rows1 if "guards/events" in r]
     assert guard["_step"] == 2 and "fd.near_limit" in guard["guards/events"]
+
+
+def test_a_failure_outside_the_trackers_turns_them_off_once(tmp_path, monkeypatch):
+    from t1ops.tracking import events
+
+    def unreadable(self):
+        raise PermissionError(13, "Permission denied", str(self.root))
+
+    monkeypatch.setattr(events.EventTail, "take", unreadable)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = _campaign(tmp_path, TrackingConfig(), range(1, 4))
+    assert [str(w.message).split(" failed")[0] for w in caught if issubclass(w.category, TrackerWarning)] == \
+        ["tracking: all trackers"]
+    assert [r["step"] for r in summary.steps] == [1, 2, 3]
