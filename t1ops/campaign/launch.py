@@ -114,9 +114,11 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     else:
         loaded = ray.get(c.trainer.resume.remote(c.resume_from))
         ckpt0 = loaded["actor"]
-        progress.log(f"resumed at step {c.resume_from}: actor {loaded['actor']} and critic {loaded['critic']} "
-                     f"loaded and verified, optimizer state, RNG and trainer step {loaded['trainer_step']} "
-                     f"restored; next step {loaded['next_step']}")
+        critic = f" and critic {loaded['critic']}" if loaded["critic"] else ""
+        ranks = cfg.trainer.parallel.world_size
+        progress.log(f"resumed at step {c.resume_from}: actor {loaded['actor']}{critic} loaded and verified, "
+                     f"optimizer state and RNG of {ranks} rank{'s' if ranks > 1 else ''} and trainer step "
+                     f"{loaded['trainer_step']} restored; next step {loaded['next_step']}")
         telemetry.event("campaign.resumed", **loaded)
     sender = _configure_weight_sender(cfg, c.trainer, run)
     c.router = ray.remote(EngineRouter).options(num_cpus=0, max_concurrency=256).remote(

@@ -20,6 +20,7 @@ manifest (``t1ops.guards.sharded_checkpoints``), loadable at any layout (docs/pa
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import time
 from pathlib import Path
@@ -121,8 +122,9 @@ class TrainerRankHost(TrainerHost):
                     save_sharded(self.ckpt.actor_dir.parent, role, version, self.trainer)
             critic = self.trainer.full_state("critic") if self.trainer.critic is not None else None
             ranks = [None] * self.layout.world_size if self.rank == 0 else None
-            with self._collective_watch("trainer state gather"):
-                torch.distributed.gather_object(rank_state(self.trainer), ranks, dst=0)
+            with self._collective_watch("trainer state gather"):  # bytes: tensors do not survive gather_object
+                torch.distributed.gather_object(_to_bytes(rank_state(self.trainer)), ranks, dst=0)
+            ranks = None if ranks is None else [torch.load(io.BytesIO(b), weights_only=True) for b in ranks]
         path = None
         if self.rank == 0:
             from t1ops.campaign.resume import save_trainer_state, trainer_state
@@ -153,6 +155,12 @@ class TrainerRankHost(TrainerHost):
         load_rank_state(self.trainer, state, rank=self.rank, world_size=self.layout.world_size)
         self.published = {step: self.trainer.snapshot_behaviour()}
         return resumed(self, step, state, critic is not None)
+
+
+def _to_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
 
 
 def _prune(role_dir: Path, keep) -> list[str]:

@@ -14,12 +14,11 @@ into the row of the step whose weights it evaluated (step 0, the warm-started we
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl.atomic import publish_file
 from t1ops.errors import InputError
 
 STEP_KEYS = ("step", "reward_mean", "explained_variance", "logprob_gap", "turns_mean", "tokens",
@@ -27,18 +26,8 @@ STEP_KEYS = ("step", "reward_mean", "explained_variance", "logprob_gap", "turns_
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via temp file + fsync + rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # never leave a half-written temp file beside summary.json
-        os.unlink(tmp)
-        raise
+    """Write JSON atomically and durably (``rl.atomic.publish_file``): readers never see half a file."""
+    publish_file(path, json.dumps(data, indent=2, default=str))
 
 
 @dataclass
