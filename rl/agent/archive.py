@@ -24,6 +24,12 @@ from pathlib import Path, PurePosixPath
 from rl.agent.bounded import short
 from rl.errors import InputError, UnsafeArchiveError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "hostile-archive": (),
+}
+
 MAX_MEMBERS = 2_000
 MAX_TOTAL_BYTES = 64 * 1024 * 1024     # a terminal task is KiBs; 64 MiB leaves room for data files
 MAX_MEMBER_BYTES = 32 * 1024 * 1024

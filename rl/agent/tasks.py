@@ -34,6 +34,12 @@ from rl.agent.task_toml import (parse_size_mb, parse_task_toml, read_task_toml, 
                                resolve_env, template_vars, workdir_problem)
 from rl.errors import TaskError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "timeout-override": ("rollout.timeout_override_s", "rollout.allow_lower_timeouts"),
+}
+
 log = logging.getLogger("rl.agent.tasks")
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0     # used only when task.toml declares none

@@ -53,6 +53,13 @@ from rl.agent.verifier_env import git_env, import_dirs, task_env_for_verifier
 from rl.errors import ParseError, TaskError, TrialDirError
 from rl.rewards import RewardResult, ctrf_reward
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "stale-trial-dirs": (),
+    "verifier-tamper": (),
+}
+
 log = logging.getLogger("rl.agent.verifier")
 
 _TRIAL_ENTRIES = {"fs", "logs", "trial.json", ".root", "solution"}   # before verification
@@ -250,7 +257,7 @@ def _finish(trial: Trial, tag: str, vdir: Path, events: list[TamperEvent], out: 
     if reward is None or events:
         kinds = ",".join(sorted({e.kind for e in events}))
         base = ctrf_reward(None, solved=False, scale=scale)
-        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}"), "tamper"
+        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}", ctrf_fallback=None), "tamper"
     if reward.detail:   # a detail may quote a file the agent wrote: redacted like its output
         reward = dataclasses.replace(reward, detail=redact(reward.detail, trial.secrets))
     events = [dataclasses.replace(e, detail=redact(e.detail, trial.secrets), path=redact(e.path, trial.secrets))
