@@ -93,6 +93,10 @@ class RolloutWorker:
         if run_dir is not None:
             telemetry.setup(run_dir, role=f"worker-{index}", **(telemetry_cfg or {}))
         raise_nofile_limit()
+        if isinstance(router, str):  # the router's Ray actor name: looked up here, on every (re)start
+            import ray
+
+            router = ray.get_actor(router)
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
         self.engines = direct_engines(router, settings.max_concurrency) if router is not None else None
         self.num_finished = 0
