@@ -92,3 +92,16 @@ def pytest_make_collect_report(collector):
     report = outcome.get_result()
     if _in_ci() and report.skipped:  # a module skipped as a whole at import
         _fail_ci_skip(report)
+
+
+# --- parallel runs (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml) ----------------------
+# A fast test stays with the other tests of its module on one worker, so a module-scoped fixture
+# (an engine process, a verifier image, a built model) is set up once, not once per worker. A slow
+# or chaos test (a real campaign, mostly waiting on sandboxes) is scheduled on its own, so two of
+# them overlap. Nothing they share collides across worker processes: each campaign starts its own
+# local Ray (t1ops/campaign/launch.py), trial uids are drawn from a 10^9 range, trial directories
+# and cgroups carry a random suffix, and each worker has its own tmp_path root.
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("chaos") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
