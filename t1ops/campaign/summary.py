@@ -8,17 +8,17 @@ summary.json: ``{"run_id", "config", "warm_start": {...}, "steps": [{"step",
 (the split: docs/tracing.md; the eval: docs/campaign.md); rewritten atomically after every step and
 every evaluation so a crash leaves what was completed so far. An evaluation's fields are also copied
 into the row of the step whose weights it evaluated (step 0, the warm-started weights, has only its
-``eval`` entry).
+``eval`` entry). This is the one writer of step rows in every pipeline mode: its ``tracker``
+(``t1ops.tracking.Tracker``; docs/tracking.md) gets each row and evaluation after summary.json has it.
 """
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl.atomic import publish_file
 from t1ops.errors import InputError
 
 STEP_KEYS = ("step", "reward_mean", "explained_variance", "logprob_gap", "turns_mean", "tokens",
@@ -26,18 +26,8 @@ STEP_KEYS = ("step", "reward_mean", "explained_variance", "logprob_gap", "turns_
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via temp file + fsync + rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # never leave a half-written temp file beside summary.json
-        os.unlink(tmp)
-        raise
+    """Write JSON atomically and durably (``rl.atomic.publish_file``): readers never see half a file."""
+    publish_file(path, json.dumps(data, indent=2, default=str))
 
 
 @dataclass
@@ -48,6 +38,7 @@ class Summary:
     steps: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
     evals: list[dict] = field(default_factory=list)
+    tracker: Any = None  # t1ops.tracking.Tracker (None: no trackers); never lets a failure through
 
     def add_step(self, row: dict) -> None:
         missing = [k for k in STEP_KEYS if k not in row]
@@ -55,6 +46,8 @@ class Summary:
             raise InputError(f"summary step row lacks {missing}", missing=missing)
         self.steps.append(row)
         self.save()
+        if self.tracker is not None:
+            self.tracker.step(row)
 
     def add_eval(self, row: dict) -> None:
         """Record one held-out evaluation (``t1ops.campaign.evaluation.eval_row``)."""
@@ -63,11 +56,17 @@ class Summary:
             if step_row["step"] == row["step"]:
                 step_row.update({k: v for k, v in row.items() if k.startswith("eval_") and k != "eval_per_task"})
         self.save()
+        if self.tracker is not None:
+            self.tracker.eval(row)
 
     def save(self) -> Path:
         path = self.run_dir / "summary.json"
-        write_json_atomic(path, {"run_id": self.run_id, "config": self.config, **self.extra, "steps": self.steps,
-                                 "eval": self.evals})
+        fallbacks: dict = {}
+        for row in self.steps:  # every non-CTRF reward of the run, by source (and why CTRF was not used)
+            for k, v in (row.get("reward_fallbacks") or {}).items():
+                fallbacks[k] = fallbacks.get(k, 0) + v
+        write_json_atomic(path, {"run_id": self.run_id, "config": self.config, **self.extra,
+                                 "reward_fallbacks": fallbacks, "steps": self.steps, "eval": self.evals})
         return path
 
 
