@@ -81,6 +81,15 @@ def direct_engines(router, max_concurrency: int) -> DirectEngines:
                          max_concurrency=max(8, max_concurrency))
 
 
+def _actor(handle_or_name):
+    """A Ray actor handle from its name (a str), or the handle (or None) as given."""
+    if not isinstance(handle_or_name, str):
+        return handle_or_name
+    import ray
+
+    return ray.get_actor(handle_or_name)
+
+
 class RolloutWorker:
     """Runs trials for the coordinator (wrapped as a Ray actor by the runner)."""
 
@@ -98,6 +107,10 @@ class RolloutWorker:
         if run_dir is not None:
             telemetry.setup(run_dir, role=f"worker-{index}", **(telemetry_cfg or {}))
         raise_nofile_limit()
+        # the router and the trajectory store come as Ray actor names, looked up here on every
+        # (re)start: an actor handle as a constructor argument of a restartable actor makes Ray log
+        # an error at creation (ray-project/ray#53727; docs/campaign.md, "Ray's lifetime")
+        router, store = _actor(router), _actor(store)
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
         self.store, self.index = store, index  # trajectories go to the object store (t1ops.campaign.dataplane)
         self.engines = direct_engines(router, settings.max_concurrency) if router is not None else None
