@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -133,7 +134,7 @@ def test_fit_reads_trials_costs_and_a_shared_host(tmp_path):
     from t1ops.config import load_toml
     from t1ops.plan.fit import fit_run
 
-    (tmp_path / "config.json").write_text(load_toml("examples/tiny/campaign.toml").model_dump_json())
+    (tmp_path / "config.json").write_text(load_toml(Path(__file__).resolve().parents[2] / "examples" / "tiny" / "campaign.toml").model_dump_json())
     rows = [{"step": s, "train_s": t, "sync_s": 0.5, "step_s": t + 1.5, "num_trajectories": 2} for s, t in ((1, 10), (2, 2))]
     (tmp_path / "summary.json").write_text(json.dumps({"steps": rows}))
     spans = []
@@ -162,3 +163,11 @@ def test_fit_reads_trials_costs_and_a_shared_host(tmp_path):
     assert [t.new_prompt_tokens for t in a.turns] == [100, 10] and a.turns[0].exec_s == pytest.approx(1.0)
     k = 3 / (2.8 / 5)   # outside its command, each trial ran beside the other and the trainer: 3 jobs on 0.56 CPUs
     assert a.turns[0].generate_s == pytest.approx(2 / k) and a.post_s == pytest.approx(4 / k)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "examples" / "simulate").glob("*.toml")))
+def test_shipped_simulation_configs_parse(path):
+    from t1ops.config import load_toml
+
+    cfg = load_toml(path, SimConfig)
+    assert cfg.trials is not None and cfg.cluster.engine_curve
