@@ -33,7 +33,7 @@ from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import StepBatch
 from t1ops.campaign.summary import Summary
 from t1ops.campaign.trials import TrialSpec
-from t1ops.errors import ConfigError, MissingRoutingError
+from t1ops.errors import ConfigError, RoutingError
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
@@ -119,7 +119,7 @@ class AsyncDriver:
             data = ray.get(ref)
         except ray.exceptions.RayTaskError as err:
             cause = err.as_instanceof_cause()
-            if isinstance(cause, MissingRoutingError):
+            if isinstance(cause, RoutingError):  # any routing error aborts (T1 report, section 05)
                 telemetry.event("rollout.aborted", severity="error", group=group_id, reason=str(cause))
                 raise cause from None
             telemetry.event("rollout.group_failed", severity="error", group=group_id, error=str(cause)[:300])

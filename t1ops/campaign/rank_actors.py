@@ -32,6 +32,7 @@ from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from rl.trainer.settings import TrainerSettings
 from rl.vocab import CompactVocab
 from t1ops import telemetry
+from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trainer_host import TrainerHost, load_rank_state, rank_state, resumed
 from t1ops.campaign.trainer_rank import join_world
 from t1ops.config import CampaignConfig, GuardsConfig
@@ -48,8 +49,10 @@ class TrainerRankHost(TrainerHost):
 
     def __init__(self, *, rank: int, layout: dict, spec: dict, settings: dict, vocab_path: str, ckpt_base: str,
                  seed: int, run_dir: str, guards: dict, telemetry_cfg: dict | None = None,
-                 temperature: float = 1.0, num_threads: int = 1, retention: dict | None = None) -> None:
+                 temperature: float = 1.0, num_threads: int = 1, retention: dict | None = None,
+                 reward_policy: dict | None = None) -> None:
         torch.set_num_threads(num_threads)
+        self.reward_policy, self.last_policy_counts = RewardPolicy(**(reward_policy or {})), {}
         self.rank, self.layout, self.run_dir = rank, Layout(**layout), Path(run_dir)
         telemetry.setup(run_dir, role=f"trainer-rank{rank}", **(telemetry_cfg or {}))
         self.guards = GuardsConfig(**guards)
@@ -245,7 +248,8 @@ def start_ranks(cfg: CampaignConfig, run, spec: dict) -> tuple[RankGroup, RankWa
         vocab_path=str(run.vocab), ckpt_base=str(run.checkpoints), seed=cfg.run.seed, run_dir=str(run.path),
         guards=cfg.guards.model_dump(), telemetry_cfg={"otlp_endpoint": cfg.telemetry.otlp_endpoint,
                                                        "export_interval_s": cfg.telemetry.export_interval_s},
-        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump(),
+        reward_policy=RewardPolicy.from_config(cfg).to_dict())
         for r in range(layout.world_size)]
     init_method = ray.get(actors[0].address.remote())
     pids = ray.get([a.join.remote(init_method) for a in actors])

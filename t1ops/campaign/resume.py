@@ -46,7 +46,7 @@ STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
 # config keys a resume may change; any other difference is refused
 RESUMABLE_KEYS = {"run.steps", "run.out_dir", "run.ray_address", "run.num_cpus", "telemetry", "guards", "eval",
-                  "checkpoints"}
+                  "checkpoints", "tracking"}
 
 
 def save_trainer_state(base: str | Path, step: int, state: dict) -> Path:
