@@ -50,9 +50,26 @@ def build_rootfs(out: Path, *, suite: str = "bookworm", mirror: str | None = Non
             suite, str(out), *([mirror] if mirror else [])]
     res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                          timeout=timeout_s)
+    if res.returncode != 0 and _made_anyway(res.stderr, out):
+        return
     if res.returncode != 0:
         raise SandboxError(f"mmdebstrap failed (exit {res.returncode}): {res.stderr.strip()[-600:]}; "
                            "is the Debian mirror reachable? (--mirror URL)")
+
+
+def _made_anyway(stderr: str, out: Path) -> bool:
+    """mmdebstrap wrote the tarball but could not remove its temporary root because the
+    kernel called its /proc mount busy (seen on these hosts): detach it lazily and go on."""
+    if "I: creating tarball" not in stderr or not out.is_file() or out.stat().st_size == 0:
+        return False
+    for line in stderr.splitlines():
+        if line.startswith("umount: ") and "/proc: target is busy" in line:
+            proc = line.split()[1].rstrip(":")
+            subprocess.run(["umount", "-l", proc], capture_output=True)
+            tmp = Path(proc).parent
+            if tmp.name.startswith("mmdebstrap."):
+                subprocess.run(["rm", "-rf", "--one-file-system", str(tmp)], capture_output=True)
+    return True
 
 
 def seed(names: list[str] | None = None, *, force: bool = False, mirror: str | None = None,
