@@ -5,10 +5,10 @@ images (the stand-ins of `t1ops images seed`; tests/rl/container_support.py skip
 why, where the runtime cannot be installed)."""
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -125,7 +125,9 @@ def test_mcp_servers_answer_tools_list_before_the_agent_starts(sandbox, tmp_path
         sandbox.create(load_task(d), 1)
 
 
-def test_leftovers_of_a_dead_run_are_reaped(sandbox):
+def test_leftovers_of_a_dead_run_are_reaped(sandbox, monkeypatch, capsys):
+    from t1ops.doctor import container_runtime
+
     name = f"t1ops-test-dead-{uuid.uuid4().hex[:6]}"
     dead = runtime.owner_label().rsplit(":", 1)[0] + ":1"        # this pid, another start: gone
     runtime.podman("run", "-d", "--name", name, "--label", f"{runtime.LABEL_RUN}=run-dead",
@@ -133,8 +135,11 @@ def test_leftovers_of_a_dead_run_are_reaped(sandbox):
                    "--entrypoint", "sleep", "python:3.11-slim", "infinity")
     left = {x.name: x for x in runtime.leftovers()}
     assert name in left and not left[name].owner_alive
-    out = subprocess.run([sys.executable, "-m", "t1ops.cli", "doctor", "--reap", "--json"],
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert f"container {name} (run run-dead)" in out.stderr, out.stdout[-2000:] + out.stderr[-2000:]
+    from t1ops.commands import doctor
+
+    monkeypatch.setattr("t1ops.doctor.run_checks", lambda: [container_runtime()])
+    assert doctor.run(argparse.Namespace(json=True, reap=True)) == 0
+    out = capsys.readouterr()
+    assert f"container {name} (run run-dead)" in out.err, out
+    assert json.loads(out.out)[0]["facts"]["dead"] == 0
     assert name not in runtime.podman("ps", "-a", "--format", "{{.Names}}").stdout.split()

@@ -91,10 +91,14 @@ def _await(proc, want_id: int, deadline: float, trial, name: str) -> dict:
                                   f"before answering: {err or 'no output'}", server=name)
             continue
         chunk = os.read(proc.stdout.fileno(), 65536)
-        if not chunk:
+        if not chunk:   # its output closed: it exited (or is about to)
+            try:
+                rc = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                rc = "?"
             err = proc.stderr.read().decode(errors="replace").strip()[-300:]
-            raise McpNotReady(f"{trial.task.name}: MCP server {name!r} closed its output: "
-                              f"{err or 'no output'}", server=name)
+            raise McpNotReady(f"{trial.task.name}: MCP server {name!r} exited {rc} before "
+                              f"answering: {err or 'no output'}", server=name)
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
