@@ -158,7 +158,7 @@ def create_trial(*, task: Task, run_id: str, trial_idx: int, tdir: Path, budget:
         "container": trial.container, "agent_budget_s": budget.timeout_s,
         "budget_source": budget.source, "tests_digest": task.tests_digest, "uid": uid,
         "verifier_uid": vuid, "network": network, "workdir": wd, "oracle": oracle,
-        "limits": limits.__dict__}, indent=1))
+        "isolation": isolation.level, "limits": limits.__dict__}, indent=1))
     import weakref
     trial._release = weakref.finalize(trial, _release, trial.container, trial.net_name, trial.fs)
     return trial
