@@ -2,14 +2,14 @@
 
     python bench/bench_environments.py [--trials 5]
 
-For the vendored Harbor task ``hello-world`` (tests/fixtures/harbor/container; on the
-container backend its image ``FROM python:3.11-slim``, a stand-in on registry-less hosts),
-each trial is: create, two agent commands (the oracle's ``solve.sh`` and ``ls``), verify,
-close. The bench times ``--trials`` such trials per backend (after one warm-up trial each)
+For the bundled task ``text-sort`` (examples/tasks: no Dockerfile, so the container backend
+uses its shared default image, ``python:3.12-slim`` + pytest, a stand-in on registry-less
+hosts), each trial is: create, two agent commands (the oracle's ``solve.sh`` and ``ls``),
+verify (its pytest + CTRF verifier), close. The bench times ``--trials`` such trials per backend (after one warm-up trial each)
 and prints the median seconds per trial and the ratio container / local. Then the image
-cache: the same task's Dockerfile with a fresh marker line is built once (a miss: the build
-runs) and again (a hit: a content-addressed lookup), and the bench prints both and their
-ratio. Needs root and the container runtime (scripts/setup-container-runtime.sh).
+cache: the vendored Harbor task ``hello-world``'s Dockerfile with a fresh marker line is built
+once (a miss: the build runs) and again (a hit: a content-addressed lookup), and the bench
+prints both and their ratio. Needs root and the container runtime (scripts/setup-container-runtime.sh).
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from rl.agent.verifier import verify
 from t1ops.task_runs import oracle_command
 
 REPO = Path(__file__).resolve().parent.parent
-TASK = REPO / "tests" / "fixtures" / "harbor" / "container" / "hello-world"
+TASK = REPO / "examples" / "tasks" / "text-sort"
+BUILD_TASK = REPO / "tests" / "fixtures" / "harbor" / "container" / "hello-world"
 
 
 def one_trial(sandbox: Sandbox, task, idx: int) -> tuple[float, float]:
@@ -40,7 +41,7 @@ def one_trial(sandbox: Sandbox, task, idx: int) -> tuple[float, float]:
         v = verify(trial)
     finally:
         trial.close()
-    assert v.reward.value == 1.0, v
+    assert v.reason == "ok" and v.reward.passed == v.reward.total, v
     return time.perf_counter() - t0, v.reward.value
 
 
@@ -53,7 +54,7 @@ def per_trial(backend: str, root: Path, trials: int) -> float:
 
 def build_miss_hit(root: Path) -> tuple[float, float]:
     src = root / "pool" / "hello-world-bench"
-    shutil.copytree(TASK, src)
+    shutil.copytree(BUILD_TASK, src)
     with open(src / "environment" / "Dockerfile", "a") as f:
         f.write(f"RUN echo {uuid.uuid4().hex} > /etc/t1ops-bench-marker\n")   # new content: a miss
     task = load_task(src)

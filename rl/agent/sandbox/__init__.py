@@ -54,6 +54,9 @@ class Sandbox:
             raise InputError(f"environment backend {backend!r}: use 'local' or 'container'",
                              argument="backend")
         self.backend = backend
+        if backend == "container":   # what SIGKILLed runs left goes first (docs/containers.md)
+            from rl.agent.container.backend import reap_dead_once
+            reap_dead_once()
         self.isolation = probe_isolation()
         require(self.isolation, isolation)
         if self.isolation.level == "none":
