@@ -1,6 +1,8 @@
 """Shared pytest fixtures."""
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,71 @@ def _fresh_event_ring():
 
     telemetry.forget_recent_events()
     yield
+
+
+# --- no silent skips in CI ------------------------------------------------------------------------
+# CI (`CI=true`, as .ci/run runs) installs everything the suite needs, so a skipped test there is
+# a check that never ran: it fails instead, unless its reason names what CI's machine cannot have
+# (a GPU: CUDA, NCCL). Locally a skip stays a skip, with its reason saying what to install.
+_GPU_ONLY = re.compile(r"\b(gpu|cuda|nccl)\b", re.IGNORECASE)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    text = str(longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def _fail_ci_skip(report) -> None:
+    reason = _skip_reason(report)
+    if _GPU_ONLY.search(reason):
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"skipped in CI ({reason}); CI installs what the suite needs (.ci/run), so only a "
+                       "skip whose reason names a GPU (gpu, cuda, nccl) is allowed there")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if _in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        _fail_ci_skip(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if _in_ci() and report.skipped:  # a module skipped as a whole at import
+        _fail_ci_skip(report)
+
+
+# --- parallel runs (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml) ----------------------
+# Tests that read one session fixture (a shared campaign: tests/t1ops/conftest.py) run on one
+# worker, so it runs once. Otherwise a fast test stays with the other tests of its module on one
+# worker, so a module-scoped fixture (an engine process, a built model) is set up once, not once
+# per worker; a slow or chaos test (a real campaign, mostly waiting on sandboxes) is scheduled on
+# its own, so two of them overlap. Nothing they share collides across worker processes: each
+# campaign starts its own local Ray (t1ops/campaign/launch.py), trial uids are drawn from a 10^9
+# range, trial directories and cgroups carry a random suffix, each worker has its own tmp_path root.
+def _shared_session_fixture(item) -> str | None:
+    info = getattr(item, "_fixtureinfo", None)
+    for name in sorted(getattr(item, "fixturenames", ())):
+        defs = info.name2fixturedefs.get(name) if info is not None else None
+        if defs and defs[-1].scope == "session" and defs[-1].baseid:  # ours, not pytest's own
+            return name
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        shared = _shared_session_fixture(item)
+        if shared is not None:
+            item.add_marker(pytest.mark.xdist_group(f"session-fixture-{shared}"))
+        elif item.get_closest_marker("slow") is None and item.get_closest_marker("chaos") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

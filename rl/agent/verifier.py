@@ -36,6 +36,7 @@ import logging
 import os
 import secrets as _secrets
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +44,21 @@ from typing import Any
 
 from rl.agent.ctrf import read_ctrf
 from rl.agent.sandbox import PINNED_PYTEST_INI, VERIFIER_LIMITS, ExecResult, Limits, Trial
+from rl.agent.secrets import redact, redact_obj
 from rl.agent.tamper import TamperEvent, scan_trial_dir, scan_tree
 from rl.agent.tasks import hash_tree
-from rl.agent.verdict import SOURCE_NO_VERDICT, decide, foreign_reward_files, no_verdict
+from rl.agent.verdict import (SOURCE_NO_VERDICT, InconsistentVerdict, ctrf_problem, decide,
+                              foreign_reward_files, no_verdict)
+from rl.agent.verifier_env import git_env, import_dirs, task_env_for_verifier
 from rl.errors import ParseError, TaskError, TrialDirError
 from rl.rewards import RewardResult, ctrf_reward
+
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "stale-trial-dirs": (),
+    "verifier-tamper": (),
+}
 
 log = logging.getLogger("rl.agent.verifier")
 
@@ -79,13 +90,16 @@ def run_tag_for(trial: Trial) -> str:
     return f"{trial.run_id}/{trial.trial_id}"
 
 
-def scan_for_tampering(trial: Trial) -> list[TamperEvent]:
+def scan_for_tampering(trial: Trial, env: dict[str, str] | None = None) -> list[TamperEvent]:
     """Everything in the trial that only a forger would put there (read-only, iterative);
-    a scan that fails is itself a ``scan-failed`` event."""
+    a scan that fails is itself a ``scan-failed`` event. ``env``: the verifier's environment
+    (which workspace dirs are on its import path)."""
     tid = trial.trial_id
+    dirs = import_dirs(env or {}, trial.workdir, trial.task.tests_snapshot)
     try:
         events = scan_trial_dir(tid, trial.dir, _TRIAL_ENTRIES)
-        events += scan_tree(tid, trial.workspace, trial.task.environment_dir)
+        events += scan_tree(tid, trial.workspace, trial.task.environment_dir, dirs)
+        events += scan_tree(tid, trial.fs / "logs_agent", trial.task.environment_dir / ".none")
     except Exception as e:   # a hostile tree must end in a verdict, never a crash
         events = [TamperEvent(tid, "scan-failed", str(trial.dir), f"{type(e).__name__}: {e}")]
     return events + _tests_intact(trial, trial.task.tests_dir,
@@ -135,8 +149,10 @@ def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
     # local: the host venv's pytest; container: the image's own PATH (its pytest), same pins
     path = getattr(trial, "verifier_path", None)
     path = path() if path is not None else f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
-    # the image's ENV and [environment.env] first, as in Harbor's container, then [verifier.env]
-    return {**trial.env, **trial.task.verifier_env,
+    # the image's ENV and [environment.env] first, as in Harbor's container, less what loads
+    # code (rl/agent/verifier_env.py); then [verifier.env], the task author's declared intent
+    return {"PYTHONSAFEPATH": "1", **task_env_for_verifier(trial.env), **git_env(),
+            **trial.task.verifier_env,
             "PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp",
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
             # only the CTRF plugin: no entry-point plugin an agent (or a stray package) provides
@@ -166,8 +182,15 @@ def accept_ctrf(vdir: Path, tag: str, t0_ms: float, t1_ms: float) -> dict[str, A
     return doc
 
 
-def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.0) -> VerifierResult:
+def verifier_limits(trial: Trial) -> Limits:
+    """The verifier's limits: the trial's own memory and cpu (the task's declared resources
+    hold for its verifier too), the verifier's larger process and cpu-second budgets."""
+    return dataclasses.replace(VERIFIER_LIMITS, memory_mb=trial.limits.memory_mb, cpus=trial.limits.cpus)
+
+
+def verify(trial: Trial, *, limits: Limits | None = None, scale: float = 20.0) -> VerifierResult:
     """Run the task's verifier on a finished trial and compute its reward (see module doc)."""
+    limits = verifier_limits(trial) if limits is None else limits
     if trial.verified:
         raise TrialDirError(f"trial {trial.trial_id} was already verified; a verdict is final",
                             trial_id=trial.trial_id)
@@ -175,7 +198,9 @@ def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.
     trial.verified = True
     trial.finish()
     tag = run_tag_for(trial)
-    events = scan_for_tampering(trial)
+    ini, files = _pinned_ini(trial)
+    env = _verifier_env(trial, tag, ini)
+    events = scan_for_tampering(trial, env)
     for name in ("tests", "verifier"):
         _quarantine(trial.dir / name)
     tests = _install_tests(trial)
@@ -185,9 +210,8 @@ def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.
     os.chmod(vdir / "run_tag", 0o444)
     if events:   # a forgery voids the trial: run nothing the agent may have prepared
         return _finish(trial, tag, vdir, events, None, t_start, scale)
-    ini, files = _pinned_ini(trial)
     t0_ms = time.time() * 1000
-    out = trial.run_verifier(["/bin/bash", "/tests/test.sh"], env=_verifier_env(trial, tag, ini),
+    out = trial.run_verifier(["/bin/bash", "/tests/test.sh"], env=env,
                              limits=limits, timeout_s=trial.task.verifier_timeout_s, tests=tests,
                              vdir=vdir, files=files)
     t1_ms = time.time() * 1000
@@ -198,19 +222,54 @@ def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.
     return _finish(trial, tag, vdir, events, out, t_start, scale, reward, reason)
 
 
+VERIFY_SLACK_S = 60.0   # the scan, the copies and the verdict around the verifier's own timeout
+
+
+def verify_within(trial: Trial, *, bound_s: float | None = None, **kw: Any) -> VerifierResult:
+    """:func:`verify` under a wall-clock bound the caller enforces (``bound_s``, default the
+    task's verifier timeout plus :data:`VERIFY_SLACK_S`): past it the trial's processes are
+    killed and the verdict is ``verifier-timeout``, reward 0, whatever verify was blocked on."""
+    bound = trial.task.verifier_timeout_s + VERIFY_SLACK_S if bound_s is None else bound_s
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = verify(trial, **kw)
+        except BaseException as e:   # re-raised in the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=target, name=f"verify-{trial.trial_id}", daemon=True)
+    worker.start()
+    worker.join(bound)
+    if "error" in box:
+        raise box["error"]
+    if "result" in box:
+        return box["result"]
+    if trial.cgroup is not None:
+        trial.cgroup.kill_all()
+    log.error("verification of trial %s passed its wall-clock bound of %.0fs", trial.trial_id, bound)
+    return VerifierResult(trial.trial_id, run_tag_for(trial),
+                          no_verdict(f"verification passed its wall-clock bound of {bound:g}s"), (),
+                          None, "verifier-timeout", bound, None)
+
+
 def _finish(trial: Trial, tag: str, vdir: Path, events: list[TamperEvent], out: ExecResult | None,
             t_start: float, scale: float, reward: RewardResult | None = None,
             reason: str = "tamper") -> VerifierResult:
     if reward is None or events:
         kinds = ",".join(sorted({e.kind for e in events}))
         base = ctrf_reward(None, solved=False, scale=scale)
-        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}"), "tamper"
+        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}", ctrf_fallback=None), "tamper"
+    if reward.detail:   # a detail may quote a file the agent wrote: redacted like its output
+        reward = dataclasses.replace(reward, detail=redact(reward.detail, trial.secrets))
+    events = [dataclasses.replace(e, detail=redact(e.detail, trial.secrets), path=redact(e.path, trial.secrets))
+              for e in events]
     for ev in events:
         log.warning("tamper event in trial %s: %s at %s (%s)", ev.trial_id, ev.kind, ev.path, ev.detail)
     result = VerifierResult(trial.trial_id, tag, reward, tuple(events),
                             None if out is None else out.exit_code, reason,
                             time.monotonic() - t_start, out)
-    _write_result(vdir, result)
+    _write_result(vdir, result, trial.secrets)
     return result
 
 
@@ -233,19 +292,29 @@ def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out:
         return None, "tamper"
     except ParseError as e:
         problem = str(e) if (vdir / "ctrf.json").exists() else "no CTRF report"
+    bad = ctrf_problem(doc, trial.task.tests_snapshot) if doc is not None else None
+    if bad is not None:
+        events.append(TamperEvent(trial.trial_id, "ctrf-inconsistent", str(vdir / "ctrf.json"),
+                                  f"not the pinned runner's own finished report on the task's tests: {bad}"))
+        return None, "tamper"
     foreign = foreign_reward_files(vdir, trial.task.tests_snapshot)
     if foreign:
         events.append(TamperEvent(trial.trial_id, "foreign-verdict", str(vdir),
                                   f"{', '.join(foreign)} written, but no file of the task's tests/ "
                                   "names it: not the task's verifier"))
         return None, "tamper"
-    reward = decide(doc, problem, vdir, since_s=t0_ms / 1000, scale=scale)
+    try:
+        reward = decide(doc, problem, vdir, since_s=t0_ms / 1000, scale=scale,
+                        reward_range=trial.task.reward_range)
+    except InconsistentVerdict as e:
+        events.append(TamperEvent(trial.trial_id, e.kind, str(vdir), str(e)))
+        return None, "tamper"
     if out.limit_hit:
         return reward, out.reason
     return reward, "no-verdict" if reward.source == SOURCE_NO_VERDICT else "ok"
 
 
-def _write_result(vdir: Path, result: VerifierResult) -> None:
+def _write_result(vdir: Path, result: VerifierResult, secrets: dict[str, str]) -> None:
     payload = {"run_tag": result.run_tag, "trial_id": result.trial_id, "reason": result.reason,
                "reward": dataclasses.asdict(result.reward) if dataclasses.is_dataclass(result.reward)
                else str(result.reward), "exit_code": result.exit_code,
@@ -255,4 +324,4 @@ def _write_result(vdir: Path, result: VerifierResult) -> None:
         path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(payload, indent=1, default=str))
+        f.write(json.dumps(redact_obj(payload, secrets), indent=1, default=str))   # nothing leaves unredacted
