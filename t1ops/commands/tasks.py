@@ -72,11 +72,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="where trial directories go (default: a temporary directory)")
 
 
-def _print_report(report: Report, *, checked: bool) -> None:
+def _print_report(report: Report, *, checked: bool, backend: str = "local") -> None:
+    runs = "runs locally" if backend == "local" else f"runs on the {backend} backend"
     for row in report.ok:
         extra = f" (missing optional: {', '.join(row['missing_optional'])})" \
             if row.get("missing_optional") else ""
-        where = row["path"] if not checked else "runs locally" if row["runs_locally"] \
+        where = row["path"] if not checked else runs if row["runs_locally"] \
             else "; ".join(row["needs"])
         print(f"ok       {row['task']:<28} {where}{extra}")
         for note in row.get("notes", []):
@@ -115,5 +116,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"ok": report.ok, "refused": report.refused}, indent=2))
     else:
-        _print_report(report, checked=args.action == "check")
+        _print_report(report, checked=args.action == "check", backend=getattr(args, "backend", "local"))
     return 1 if report.refused else 0
