@@ -33,9 +33,10 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
     cfg.run.ray_address = two_node_cluster.address
     cfg.rollout.num_workers = 2
     cfg.rollout.batch_size = 4
-    cfg.rollout.tasks_dir = str(REPO / "examples" / "tasks")
+    cfg.rollout.tasks_dir = str(REPO / "examples" / "families" / "train")
     cfg.trainer.warm_start_steps = 2
-    cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.samples_per_task = 1, ["files-hello", "math-add"], 2
+    cfg.eval.tasks_dir = str(REPO / "examples" / "families" / "heldout")
+    cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.samples_per_task = 1, ["sum-0016", "max-0000"], 2
     run_dir = run_campaign(cfg, out_dir=str(tmp_path), show_progress=False)
 
     summary = json.loads((run_dir / "summary.json").read_text())
