@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from t1ops.cli import main
 from t1ops.commands import compare as cmd
 from t1ops.compare import HELD_OUT_FAMILIES, INSTANCES, compare, family_of, group_runs, learning_of
 from t1ops.errors import InputError
@@ -73,6 +74,8 @@ def test_the_command_prints_and_check_fails_unless_every_run_rises(tmp_path, cap
     assert "rise beyond noise on 1/1 runs" in capsys.readouterr().out
     assert cmd.run(argparse.Namespace(**{**vars(args), "run_dirs": [up, flat]})) == 1
     assert cmd.run(argparse.Namespace(**{**vars(args), "run_dirs": [up, flat], "check": False})) == 0
+    assert main(["compare", str(up), str(flat), "--no-plot"]) == 0  # the console entry point
+    assert "config A: 2 run(s)" in capsys.readouterr().out
 
 
 def test_an_older_run_without_per_trial_rewards_uses_its_eval_mean_and_se(tmp_path):

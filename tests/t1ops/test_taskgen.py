@@ -3,12 +3,11 @@
 committed pools (examples/families, the tiny campaign's) are exactly what the generator writes."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 
-from t1ops.commands import tasks as cmd
+from t1ops.cli import main
 from t1ops.errors import ConfigError
 from t1ops.task_import import do_check
 from t1ops.task_runs import run_paths
@@ -76,12 +75,14 @@ def test_generated_tasks_pass_check_the_oracle_solves_each_and_doing_nothing_doe
 
 
 def test_the_cli_writes_a_pool_and_lists_the_families(tmp_path: Path, capsys):
-    args = argparse.Namespace(action="generate", families=["grep", "json"], instances=2, seed=0, start=0,
-                              into=tmp_path / "p", list=False)
-    assert cmd.run(args) == 0
+    assert main(["tasks", "generate", "grep", "json", "--instances", "2", "--into", str(tmp_path / "p")]) == 0
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["grep-0000", "grep-0001", "json-0000", "json-0001"]
-    assert cmd.run(argparse.Namespace(**{**vars(args), "list": True})) == 0
-    assert "rename" in capsys.readouterr().out
+    assert main(["tasks", "generate", "sum", "--instances", "1", "--start", "2", "--into", str(tmp_path / "p")]) == 0
+    assert (tmp_path / "p" / "sum-0002").is_dir() and not (tmp_path / "p" / "sum-0000").exists()
+    assert main(["tasks", "generate", "--list"]) == 0
+    assert "rename   e.g. Rename" in capsys.readouterr().out
+    assert main(["tasks", "generate", "nope", "--into", str(tmp_path / "q")]) == 1
+    assert "unknown task family 'nope'" in capsys.readouterr().err
 
 
 def test_names_are_single_tokens_and_held_out_solutions_fit_the_training_vocabulary():
