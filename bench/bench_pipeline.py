@@ -3,7 +3,7 @@
     python bench/bench_pipeline.py [--steps 4]
 
 Runs the shipped tiny campaign twice on this machine, once with
-``run.one_step_pipeline = true`` (batch t+1 generates while step t trains) and
+``run.mode = "one_step"`` (batch t+1 generates while step t trains) and
 once strictly sequential, and prints the wall time of the N steps in each (from
 the first rollout to the last weight sync; start-up and warm start excluded)
 and their ratio. Run it on an otherwise idle machine: the two runs are
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 def steps_wall_s(cfg, pipelined: bool, out: str) -> tuple[float, list[float]]:
     """Seconds for all RL steps of one run, and the per-step times."""
     cfg = cfg.model_copy(deep=True)
-    cfg.run.one_step_pipeline = pipelined
+    cfg.run.mode = "one_step" if pipelined else "sync"
     run_dir = run_campaign(cfg, out_dir=out, show_progress=False)
     steps = json.loads((run_dir / "summary.json").read_text())["steps"]
     times = [s["step_s"] for s in steps]

@@ -18,6 +18,12 @@ import torch
 from rl import _checks
 from rl.errors import InputError, MetricError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "metrics-reducer": ("trainer.gap_reducer",),
+}
+
 # A reducer maps per-micro-batch token values and masks to one number.
 Reducer = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], float]
 

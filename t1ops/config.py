@@ -31,8 +31,7 @@ class RunConfig(Section):
     steps: int = Field(8, ge=1, le=100_000, description="RL steps to run (after warm start).")
     ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None: all).")
-    one_step_pipeline: bool = Field(True, description="Generate batch t+1 while step t trains (False: strictly sequential). Used when mode is None.")
-    mode: Literal["sync", "one_step", "fully_async"] | None = Field(None, description="Step pipeline: 'sync' (generate, then train), 'one_step' (batch t+1 generates while step t trains), 'fully_async' (group workers generate continuously within the staleness budget, [fully_async] section; docs/async.md). None: one_step_pipeline decides.")
+    mode: Literal["sync", "one_step", "fully_async"] = Field("one_step", description="Step pipeline: 'sync' (generate, then train), 'one_step' (batch t+1 generates while step t trains), 'fully_async' (group workers generate continuously within the staleness budget, [fully_async] section; docs/async.md).")
     plan: str | None = Field(None, description="Cluster plan (TOML) that `t1ops preflight` must accept before launch (None: no gate).")
 
 
@@ -96,13 +95,16 @@ class TrainerConfig(Section):
     mode: Literal["ppo", "grpo"] = Field("ppo", description="PPO with a critic and GAE, or GRPO with DPPO.")
     actor_lr: float = Field(1e-3, gt=0, le=1.0, description="Actor learning rate (constant).")
     critic_lr_multiplier: float = Field(30.0, gt=0, le=1000, description="Critic LR as a multiple of the actor's (30x in the report).")
-    critic_warmup_steps: int = Field(0, ge=0, description="Critic-only steps before the actor updates.")
+    critic_warmup_steps: int = Field(0, ge=0, description="Critic-only steps before the actor updates (report: 2, after a warm-loaded critic).")
+    critic_warm_load: str | None = Field(None, description="Warm-load the critic from a checkpoint: a critic step dir (checkpoints/critic/step_N) or a critic role dir (its newest step) of an earlier run; None: a fresh critic (T1 report section 04: warm-loaded, then critic_warmup_steps critic-only steps).")
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
     clip_low: float = Field(0.2, ge=0, le=1, description="PPO ratio clip below 1.")
     clip_high: float = Field(0.2, ge=0, le=10, description="PPO ratio clip above 1.")
     value_clip: float = Field(0.2, ge=0, description="Clip of the value update around pre-update values.")
-    dppo_delta: float = Field(0.15, gt=0, le=1, description="DPPO binary-TV threshold (probability difference).")
+    dppo_delta: float = Field(0.15, gt=0, le=1, description="DPPO binary-TV threshold (probability difference); the default of both sides.")
+    dppo_delta_low: float | None = Field(None, gt=0, le=1, description="DPPO threshold for negative-advantage tokens (probability drop); None: dppo_delta (walkthrough: 0.15).")
+    dppo_delta_high: float | None = Field(None, gt=0, le=1, description="DPPO threshold for positive-advantage tokens (probability rise); None: dppo_delta (walkthrough: 0.15).")
     loss_reduction: Literal["token_mean", "seq_mean", "prompt_mean"] = Field("token_mean", description="How per-token losses are reduced.")
     r3: bool = Field(True, description="Replay the rollout's routing in the actor forward (R3).")
     weight_decay: float = Field(0.1, ge=0, le=1, description="AdamW weight decay.")
@@ -135,12 +137,31 @@ class RolloutConfig(Section):
     max_concurrency: int = Field(8, ge=1, description="Trials in flight at once.")
     sandbox_rate_per_s: float = Field(20.0, gt=0, description="Sandbox creations per second (token bucket).")
     skim_overprovision: float = Field(1.0, ge=1, le=4, description="Launch this multiple of the batch; accept the first to finish.")
+    data_plane: Literal["object_store", "coordinator"] = Field("object_store", description="Where trajectories travel: 'object_store' (workers put them, the trainer fetches them, the coordinator carries refs; docs/scale.md) or 'coordinator' (the results carry them, the old path).")
     timeout_override_s: float | None = Field(None, gt=0, description="Global agent timeout; never lowers a task's own budget unless allow_lower_timeouts.")
     allow_lower_timeouts: bool = Field(False, description="Let timeout_override_s lower task-declared budgets (logged).")
     reward_scale: float = Field(20.0, gt=0, description="CTRF reward = passed tests / scale (report: S = 20).")
     num_workers: int = Field(1, ge=1, description="Rollout workers (one per node).")
     num_train_tasks: int | None = Field(None, ge=1, description="Train on a fixed, seeded subset of this many tasks (None: the whole pool).")
+    failed_trials: Literal["drop", "zero", "abort"] = Field("drop", description="A trial that raised (sandbox or engine error): 'drop' it (counted in the ledger); 'zero' = keep it as reward 0 with loss mask 0, so it still counts in its group's GRPO baseline (SkyRL walkthrough, section 5); 'abort' = the rollout fails, nothing is dropped (T1 report, section 05: dropping conditions the batch on success). A RoutingError always aborts.")
+    truncated_reward_zero: bool = Field(False, description="A trial whose last turn hit max_new_tokens without a tool call (end_reason 'truncated') trains on reward 0 whatever the verifier said (walkthrough, section 5).")
+    context_overflow_clear_mask: bool = Field(False, description="A trial that ran out of context (end_reason 'context_exhausted') trains with its whole loss mask cleared (walkthrough, section 5); its reward still counts in its GRPO group.")
+    zero_variance_filter: bool = Field(False, description="sync / one_step pipelines: drop groups whose trained rewards are all equal (no GRPO signal), counted per step (fully_async uses fully_async.zero_variance_filter). Needs n_samples_per_prompt > 1.")
+    debug_dump: bool = Field(False, description="Write each trajectory's TITO transitions (tito_transitions.json: every turn's relation, span and repair) and its stream with special tokens (tito_debug.txt) under RUN/debug/<sample_id>/ (the walkthrough's debug dump, section 5).")
     agent: Literal["builtin", "command"] = Field("builtin", description="'builtin': t1ops's token-in agent loop; 'command': the [harness] program runs as the agent in the sandbox against the OpenAI endpoint (docs/harness.md).")
+
+
+class RewardsConfig(Section):
+    """What a trial trains on (T1 report, section 06); the verifier's reward is logged as is."""
+
+    mode: Literal["dense", "binary"] = Field("dense", description="'dense': the verdict's reward (CTRF passed / S, fallbacks tagged); 'binary': 1 when the verdict says fully solved, else 0 (the report's binary-reward runs).")
+    shape_length: Literal["none", "multiplicative", "additive_penalty", "efficiency_bonus"] = Field("none", description="Length shaping of the trained reward (T1 report, section 06; the production run used none): multiplicative discount with free zone and zero-pass branch, additive per-turn penalty, or efficiency bonus in same-test-count buckets.")
+    free_turns: float = Field(25.0, gt=0, description="Free zone of the multiplicative discount (report: 25 turns).")
+    power: float = Field(1.0, gt=0, description="Exponent of the multiplicative discount (free_turns / turns) ** power.")
+    zero_pass_value: float = Field(-0.025, le=0, description="Multiplicative: what zero passes score in the free zone (report: half a test at S = 20).")
+    penalty_per_turn: float = Field(0.0008, ge=0, description="Additive penalty per turn.")
+    max_penalty: float = Field(0.04, ge=0, description="Cap of the additive penalty (report: below one test's worth, 1/20).")
+    bonus: float = Field(0.025, ge=0, description="Efficiency bonus of the shortest full solve of a bucket.")
 
 
 class HarnessConfig(Section):
@@ -217,7 +238,8 @@ class SandboxConfig(Section):
     cpus / storage_mb replace the limits below for its trials."""
 
     isolation: Literal["strict", "namespaces", "none"] = Field("strict", description="Weakest isolation `t1ops run` accepts: strict = per-trial uid + namespaces + cgroup; namespaces = the same with per-process rlimits; none = host user (non-root only).")
-    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network).")
+    allow_internet: bool = Field(False, description="Give the network to tasks that declare allow_internet (otherwise every trial has no network). Such a trial needs an egress-only network namespace; where none can be made it is refused (docs/sandbox.md).")
+    env_allow: list[str] = Field(default_factory=list, description="Campaign environment variables a task's [environment.env] ${VAR} templates may read (any other name reads as unset); values read are redacted like secrets.")
     memory_mb: int = Field(1024, ge=16, description="Memory of one trial, all its processes and its tmpfs together (cgroup; rlimit fallback per process).")
     cpus: float | None = Field(None, gt=0, description="CPU quota of one trial in cores (cgroup cpu.cfs_quota_us); None: no quota.")
     storage_mb: int = Field(256, ge=1, description="Size of the trial's tmpfs: workspace, /tmp, /var/tmp, /dev/shm together.")
@@ -231,6 +253,18 @@ class TelemetryConfig(Section):
     export_interval_s: float = Field(5.0, gt=0, description="Metric export interval.")
 
 
+class TrackingConfig(Section):
+    """Experiment trackers fed every step row, eval, guard event and the final report (docs/tracking.md).
+    summary.json and telemetry/*.jsonl stay the source of truth: a tracker that fails is turned off."""
+
+    tensorboard: bool = Field(True, description="Write TensorBoard event files into the run directory (`tensorboard --logdir runs/<id>`); no network.")
+    wandb: Literal["off", "offline", "online"] = Field("off", description="Weights & Biases: 'offline' writes run_dir/wandb/ (upload later with `wandb sync`), 'online' streams (needs `wandb login`).")
+    project: str = Field("t1ops", min_length=1, description="W&B project.")
+    entity: str | None = Field(None, description="W&B entity (team or user); None: the logged-in default.")
+    run_name: str | None = Field(None, description="W&B run display name; None: the run id.")
+    tags: list[str] = Field(default_factory=list, description="W&B run tags.")
+
+
 class CampaignConfig(Section):
     """The root of a campaign file. Fields that depend on each other are checked together."""
 
@@ -239,27 +273,36 @@ class CampaignConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Inference engines.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Learning.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent rollouts.")
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig, description="The trained reward (mode, length shaping).")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig, description="Checkpoint retention.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Guardrail thresholds.")
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="The command agent (rollout.agent = 'command').")
     mcp: McpConfig = Field(default_factory=McpConfig, description="MCP tool servers for both agents.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="TensorBoard and Weights & Biases.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
     fully_async: FullyAsyncConfig = Field(default_factory=FullyAsyncConfig, description="Fully async pipeline (run.mode = 'fully_async').")
 
     @property
     def pipeline_mode(self) -> str:
-        """run.mode, or the legacy run.one_step_pipeline switch when mode is unset."""
-        return self.run.mode or ("one_step" if self.run.one_step_pipeline else "sync")
+        """run.mode (one key: the former run.one_step_pipeline switch is RENAMED_KEYS')."""
+        return self.run.mode
 
     @model_validator(mode="after")
     def _consistent(self) -> "CampaignConfig":
         r, m = self.rollout, self.model
-        if self.pipeline_mode == "fully_async" and self.trainer.parallel.world_size > 1:
-            raise ValueError("run.mode = 'fully_async' needs a single-rank trainer for now: the multi-rank trainer "
-                             "(rl/trainer/ranks.py) does not take per-token rollout log-probs as the behaviour yet; "
-                             "set trainer.parallel to one rank or run.mode = 'one_step'")
+        if self.pipeline_mode == "fully_async" and self.trainer.tis_mode != "off":
+            raise ValueError(f"trainer.tis_mode = '{self.trainer.tis_mode}' is not applied under run.mode = "
+                             "'fully_async': the rollout log-probs are the behaviour there, so the ratio already "
+                             "holds the correction and TIS is recorded only; set trainer.tis_mode = 'off' "
+                             "(docs/async.md)")
+        if self.trainer.critic_warm_load and (self.trainer.mode != "ppo" or self.trainer.parallel.world_size > 1):
+            raise ValueError("trainer.critic_warm_load needs trainer.mode = 'ppo' (GRPO has no critic) on a "
+                             "single-rank trainer (the multi-rank trainer does not load it yet)")
+        if r.zero_variance_filter and (r.n_samples_per_prompt < 2 or self.pipeline_mode == "fully_async"):
+            raise ValueError("rollout.zero_variance_filter needs groups (n_samples_per_prompt > 1) and the sync "
+                             "or one_step pipeline; under fully_async set fully_async.zero_variance_filter")
         if r.batch_size % r.n_samples_per_prompt:
             raise ValueError(f"rollout.batch_size ({r.batch_size}) must be a multiple of "
                              f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a partial group would "
@@ -290,10 +333,20 @@ class CampaignConfig(Section):
         return self
 
 
+# Keys that were renamed or moved: old dotted key -> new dotted key. An old key in a file or a
+# --set is an error naming the new one (never silently ignored, never silently mapped).
+RENAMED_KEYS: dict[str, str] = {
+    "run.one_step_pipeline": 'run.mode ("one_step" for true, "sync" for false)',
+}
+
+
 def _explain(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden" and key in RENAMED_KEYS:
+            lines.append(f"  key '{key}' was renamed: use '{RENAMED_KEYS[key]}' (see `t1ops config`)")
+            continue
         if e["type"] == "extra_forbidden":
             lines.append(f"  unknown key '{key}' (check spelling; see `t1ops config --help` for the schema)")
             continue
@@ -317,8 +370,11 @@ def parse_config(data: dict[str, Any], model: type[BaseModel] = CampaignConfig, 
         raise ConfigError(_explain(err, source), source=source) from None
 
 
-def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig) -> Any:
-    """Load a TOML file into ``model`` (CampaignConfig unless told otherwise)."""
+def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig,
+              overrides: list[tuple[str, Any]] | None = None) -> Any:
+    """Load a TOML file into ``model`` (CampaignConfig unless told otherwise). ``overrides``:
+    (dotted key, value) pairs set into the file's data before validation (``t1ops run --set``,
+    :func:`t1ops.overrides.parse_assignments`), so they are validated exactly like the file."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -328,6 +384,11 @@ def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig) -> Any:
         raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {err}", path=str(path)) from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}", path=str(path)) from None
+    if overrides:
+        from t1ops.overrides import apply_overrides
+
+        data = apply_overrides(data, overrides)
+        return parse_config(data, model, source=f"{path} with --set " + " ".join(k for k, _ in overrides))
     return parse_config(data, model, source=str(path))
 
 

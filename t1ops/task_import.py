@@ -18,7 +18,8 @@ from typing import Iterator
 from rl.agent import tblegacy
 from rl.agent.archive import ArchiveLimits, extract_task_archive, extract_task_bytes
 from rl.agent.environment import LOCAL
-from rl.agent.tasks import inspect_task, load_task
+from rl.agent.bounded import short
+from rl.agent.tasks import inspect_task, links_leaving, load_task
 from rl.errors import T1OpsError, TaskError, UnsafeArchiveError
 from t1ops import telemetry
 
@@ -34,10 +35,11 @@ class Report:
 
     def add_refusal(self, source: str, err: Exception) -> None:
         member = getattr(err, "context", {}).get("member")
-        self.refused.append({"source": source, "error": type(err).__name__, "member": member,
-                             "message": str(err)})
+        self.refused.append({"source": short(source, 200), "error": type(err).__name__,
+                             "member": None if member is None else short(member, 200),
+                             "message": short(err, 600)})
         telemetry.event("tasks.refused", severity="error", source=source, error=type(err).__name__,
-                        member=str(member))
+                        member=short(member, 200))
 
 
 def _rows(path: Path) -> Iterator[tuple[str, bytes]]:
@@ -108,7 +110,14 @@ def _validated(target: Path, report: Report, source: str) -> None:
 
 
 def _copy_dir(src: Path, into: Path, name: str | None) -> Path:
-    """A task directory given to import: copied (links kept as links, checked by load)."""
+    """A task directory given to import: copied (links kept as links) only if no link in it
+    leaves it and it holds no special file (rl/agent/tasks.py:links_leaving), so a refused
+    directory leaves nothing in the pool."""
+    leaving = links_leaving(src)
+    if leaving:
+        raise UnsafeArchiveError(f"{short(src, 120)}: {len(leaving)} entr(y/ies) would be followed out of "
+                                 f"the task: {'; '.join(leaving[:3])}", archive=str(src)[:200],
+                                 member=leaving[0][:200])
     target = into.resolve() / (name or src.resolve().name)
     if target.exists():
         raise UnsafeArchiveError(f"{src}: {target} already exists; remove it or import elsewhere",

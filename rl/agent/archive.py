@@ -10,20 +10,33 @@ whole archive passed, so a refused archive leaves nothing behind.
 """
 from __future__ import annotations
 
+import bz2
 import io
+import lzma
 import posixpath
 import shutil
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from rl.agent.bounded import short
 from rl.errors import InputError, UnsafeArchiveError
+
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "hostile-archive": (),
+}
 
 MAX_MEMBERS = 2_000
 MAX_TOTAL_BYTES = 64 * 1024 * 1024     # a terminal task is KiBs; 64 MiB leaves room for data files
 MAX_MEMBER_BYTES = 32 * 1024 * 1024
 MAX_COMPRESSED_BYTES = 32 * 1024 * 1024
+MAX_HEADER_BYTES = 64 * 1024          # a GNU long-name/long-link or pax header: a path, not data
+MAX_NAME_BYTES = 1024                 # a member path (each component at most 255)
+_BLOCK = 512
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,10 @@ class ArchiveLimits:
 
 def _normalised(name: str, archive: str) -> PurePosixPath:
     """A member name as a relative path inside the root, or UnsafeArchiveError."""
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES or any(
+            len(p.encode("utf-8", "surrogateescape")) > 255 for p in name.split("/")):
+        raise UnsafeArchiveError(f"{archive}: member {short(name, 80)!r} has a name over {MAX_NAME_BYTES} "
+                                 "bytes (or a component over 255)", archive=archive, member=short(name, 80))
     if not name or "\x00" in name:
         raise UnsafeArchiveError(f"{archive}: member {name!r} has an empty or NUL-bearing name",
                                  archive=archive, member=name)
@@ -56,14 +73,18 @@ def _normalised(name: str, archive: str) -> PurePosixPath:
     return PurePosixPath(*[p for p in parts if p != "."]) if parts else PurePosixPath(".")
 
 
-def _link_stays_inside(member: tarfile.TarInfo, rel: PurePosixPath) -> bool:
+def _link_stays_inside(member: tarfile.TarInfo, rel: PurePosixPath, top: str = "") -> bool:
+    """Whether a link lands inside the *task* root: ``top`` (the single top folder that is
+    stripped, or "" for the archive root), never merely inside the archive."""
     target = member.linkname
-    if not target or target.startswith("/"):
+    if not target or target.startswith("/") or len(target) > MAX_NAME_BYTES:
         return False
     # symlinks resolve against the member's own dir; hard links against the archive root
     base = rel.parent if member.issym() else PurePosixPath(".")
     joined = posixpath.normpath(posixpath.join(str(base), target))
-    return not (joined == ".." or joined.startswith("../") or joined.startswith("/"))
+    if joined == ".." or joined.startswith("../") or joined.startswith("/"):
+        return False
+    return not top or joined == top or joined.startswith(top + "/")
 
 
 def check_members(tar: tarfile.TarFile, archive: str, limits: ArchiveLimits) -> list[tarfile.TarInfo]:
@@ -81,7 +102,7 @@ def check_members(tar: tarfile.TarFile, archive: str, limits: ArchiveLimits) -> 
             raise UnsafeArchiveError(f"{archive}: member {member.name!r} is a device or fifo",
                                      archive=archive, member=member.name)
         if (member.issym() or member.islnk()) and not _link_stays_inside(member, rel):
-            raise UnsafeArchiveError(f"{archive}: member {member.name!r} links to {member.linkname!r} "
+            raise UnsafeArchiveError(f"{archive}: member {member.name!r} links to {short(member.linkname, 120)!r} "
                                      "outside the task root", archive=archive, member=member.name)
         if member.islnk() and posixpath.normpath(member.linkname) not in files_before:
             raise UnsafeArchiveError(f"{archive}: member {member.name!r} is a hard link to {member.linkname!r}, "
@@ -104,12 +125,77 @@ def check_members(tar: tarfile.TarFile, archive: str, limits: ArchiveLimits) -> 
     return members
 
 
-def _open(data: bytes, archive: str) -> tarfile.TarFile:
+def decompress(data: bytes, archive: str, limit: int) -> bytes:
+    """The raw tar stream of ``data`` (gzip, bzip2, xz or none), never more than ``limit``
+    bytes: a decompression bomb is refused after ``limit`` bytes, not after all of them."""
+    if data[:2] == b"\x1f\x8b":
+        d, kind = zlib.decompressobj(16 + zlib.MAX_WBITS), "gzip"
+    elif data[:3] == b"BZh":
+        d, kind = bz2.BZ2Decompressor(), "bzip2"
+    elif data[:6] == b"\xfd7zXZ\x00":
+        d, kind = lzma.LZMADecompressor(), "xz"
+    else:
+        return data
     try:
-        return tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
+        if kind == "gzip":
+            out = d.decompress(data, limit + 1)
+        else:
+            out = d.decompress(data, max_length=limit + 1)
+    except (zlib.error, OSError, EOFError, ValueError, lzma.LZMAError) as e:
+        raise UnsafeArchiveError(f"{archive}: corrupt {kind} stream ({short(e, 120)})", archive=archive,
+                                 member=None) from None
+    if len(out) > limit:
+        raise UnsafeArchiveError(f"{archive}: decompresses to more than {limit} bytes; refusing a "
+                                 "decompression bomb", archive=archive, member=None)
+    return out
+
+
+def check_headers(raw: bytes, archive: str, limits: "ArchiveLimits") -> None:
+    """Walk the tar headers of ``raw`` before tarfile parses any: a GNU long-name/long-link
+    (``L``/``K``) or pax (``x``/``g``) header larger than :data:`MAX_HEADER_BYTES`, a member
+    size that runs past the stream, or more headers than members allowed, is refused here."""
+    pos, count = 0, 0
+    while pos + _BLOCK <= len(raw):
+        block = raw[pos:pos + _BLOCK]
+        if block == b"\0" * _BLOCK:
+            return
+        count += 1
+        if count > 2 * limits.max_members + 2:
+            raise UnsafeArchiveError(f"{archive}: more than {limits.max_members} members; refusing a "
+                                     "member-count bomb", archive=archive, member=None)
+        size = _header_size(block[124:136], archive)
+        kind = block[156:157]
+        if kind in (b"L", b"K", b"x", b"g") and size > MAX_HEADER_BYTES:
+            what = {b"L": "GNU long-name", b"K": "GNU long-link", b"x": "pax", b"g": "pax global"}[kind]
+            raise UnsafeArchiveError(f"{archive}: a {what} header of {size} bytes (at most "
+                                     f"{MAX_HEADER_BYTES}); refusing it unread", archive=archive,
+                                     member=None)
+        pos += _BLOCK + -(-size // _BLOCK) * _BLOCK
+    # a truncated stream is tarfile's to report
+
+
+def _header_size(field: bytes, archive: str) -> int:
+    if field[:1] and field[0] & 0x80:   # base-256 (GNU) encoding
+        return int.from_bytes(field[1:], "big") if not field[0] & 0x40 else -1
+    text = field.split(b"\0", 1)[0].strip(b" \0")
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise UnsafeArchiveError(f"{archive}: a tar header has a malformed size field",
+                                 archive=archive, member=None) from None
+
+
+def _open(data: bytes, archive: str, limits: "ArchiveLimits | None" = None) -> tarfile.TarFile:
+    limits = limits or ArchiveLimits()
+    # the members' bytes plus, per member, its header, padding and a long name at most
+    raw = decompress(data, archive, limits.max_total_bytes + limits.max_members * (3 * _BLOCK + MAX_NAME_BYTES)
+                     + 4 * MAX_HEADER_BYTES)
+    check_headers(raw, archive, limits)
+    try:
+        return tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
     except (tarfile.TarError, EOFError, OSError, ValueError) as e:
-        raise UnsafeArchiveError(f"{archive}: not a readable tar or zip archive ({e})",
-                                 archive=archive, member=None) from e
+        raise UnsafeArchiveError(f"{archive}: not a readable tar or zip archive ({short(e, 120)})",
+                                 archive=archive, member=None) from None
 
 
 def is_zip(data: bytes) -> bool:
@@ -145,11 +231,16 @@ def extract_task_bytes(data: bytes, dest: str | Path, *, name: str | None = None
         from rl.agent.ziparchive import extract_zip
         return extract_zip(data, dest_dir, name=name, archive=archive, limits=limits)
     try:
-        with _open(data, archive) as tar:
+        with _open(data, archive, limits) as tar:
             members = check_members(tar, archive, limits)
             parts = [_normalised(m.name, archive).parts for m in members]
             task_name, strip = _task_name(parts, name, archive)
             top = next(ps[0] for ps in parts if ps) if strip else ""
+            for m, ps in zip(members, parts):   # links are judged against the task root
+                if (m.issym() or m.islnk()) and not _link_stays_inside(m, PurePosixPath(*ps), top):
+                    raise UnsafeArchiveError(f"{archive}: member {short(m.name, 120)!r} links to "
+                                             f"{short(m.linkname, 120)!r} outside the task root",
+                                             archive=archive, member=short(m.name, 120))
             target = _free_target(dest_dir, task_name, archive)
             with tempfile.TemporaryDirectory(prefix=".import-", dir=dest_dir) as staging:
                 tar.extractall(staging, members=members, filter="data")
@@ -157,11 +248,12 @@ def extract_task_bytes(data: bytes, dest: str | Path, *, name: str | None = None
     except UnsafeArchiveError:
         raise
     except tarfile.TarError as e:   # the stdlib "data" filter is a second line of defence
-        raise UnsafeArchiveError(f"{archive}: refused by the tar data filter ({e})", archive=archive,
-                                 member=getattr(e, "tarinfo", None) and e.tarinfo.name) from e
+        raise UnsafeArchiveError(f"{archive}: refused by the tar data filter ({short(e, 200)})",
+                                 archive=archive, member=short(getattr(getattr(e, "tarinfo", None),
+                                                                       "name", ""), 120)) from None
     except (EOFError, OSError, ValueError, UnicodeDecodeError) as e:
-        raise UnsafeArchiveError(f"{archive}: corrupt archive ({type(e).__name__}: {e})",
-                                 archive=archive, member=None) from e
+        raise UnsafeArchiveError(f"{archive}: corrupt archive ({type(e).__name__}: {short(e, 200)})",
+                                 archive=archive, member=None) from None
     return target
 
 

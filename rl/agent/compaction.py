@@ -39,6 +39,12 @@ from rl.agent import budget, response
 from rl.chat import STOP_IDS, ChatRenderer
 from rl.errors import BudgetError, EngineError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "summary-overflow": ("rollout.summary_max_new_tokens", "rollout.max_new_tokens", "rollout.context_window"),
+}
+
 log = logging.getLogger("rl.agent.compaction")
 
 SUMMARY_INSTRUCTION = "Context full: summarize your progress so you can continue from it alone. No tool call."

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rl.agent.bounded import check_nesting, read_regular, short
 from rl.errors import ParseError
 
 MAX_CTRF_BYTES = 8 * 1024 * 1024   # a real report for a few dozen tests is a few KiB
@@ -21,9 +22,13 @@ def parse_ctrf(raw: bytes | str, *, source: str = "ctrf.json") -> dict[str, Any]
     start <= stop when present) and ``results.tests`` (list of objects with a string status)."""
     if len(raw) > MAX_CTRF_BYTES:
         raise ParseError(f"{source}: {len(raw)} bytes exceeds {MAX_CTRF_BYTES}", source=source)
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+    deep = check_nesting(text)
+    if deep:
+        raise ParseError(f"{source}: {deep}", source=source)
     try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:   # ValueError: bad JSON or an int past the digit limit
         raise ParseError(f"{source}: not JSON ({type(e).__name__}: {e})"[:300], source=source) from e
     results = doc.get("results") if isinstance(doc, dict) else None
     if not isinstance(results, dict):
@@ -57,8 +62,7 @@ def read_ctrf(path: str | Path) -> dict[str, Any]:
     """Read and validate a CTRF file (a missing file is a ParseError too)."""
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_CTRF_BYTES:
-            raise ParseError(f"{p}: {p.stat().st_size} bytes exceeds {MAX_CTRF_BYTES}", source=str(p))
-        return parse_ctrf(p.read_bytes(), source=str(p))
+        data, _ = read_regular(p, MAX_CTRF_BYTES)   # never blocks on a FIFO, never follows a link
     except OSError as e:
-        raise ParseError(f"{p}: cannot read ({e.strerror})", source=str(p)) from e
+        raise ParseError(f"{p}: cannot read ({short(e, 200)})", source=str(p)) from e
+    return parse_ctrf(data, source=str(p))

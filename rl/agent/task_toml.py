@@ -18,20 +18,25 @@ and more. Here every key is sorted into one of three bins (docs/tasks.md):
 from __future__ import annotations
 
 import math
+import os
 import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl.agent.bounded import check_nesting, short
 from rl.errors import TaskError
 
 MAX_TIMEOUT_S = 86_400.0
 # what each known key must be; "size" = int MiB or a "4G"/"512M" string (Harbor's deprecated form)
 _NUM, _INT, _STR, _BOOL, _ENV, _STRS = "number", "int", "string", "bool", "env table", "list of strings"
+_RANGE = "[low, high] pair of numbers"
+MAX_TOML_BYTES = 256 * 1024
+MAX_TURNS = 100_000
 _KNOWN: dict[str, dict[str, str]] = {
     "agent": {"timeout_sec": _NUM, "max_turns": _INT},
-    "verifier": {"timeout_sec": _NUM, "env": _ENV},
+    "verifier": {"timeout_sec": _NUM, "env": _ENV, "reward_range": _RANGE},
     "solution": {"env": _ENV},
     "environment": {"cpus": _NUM, "memory_mb": _INT, "memory": _STR, "storage_mb": _INT,
                     "storage": _STR, "allow_internet": _BOOL, "allow_network": _BOOL, "env": _ENV,
@@ -92,17 +97,24 @@ def _type_ok(kind: str, v: Any) -> bool:
     if kind == _ENV:
         return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
                                            for k, x in v.items())
+    if kind == _RANGE:
+        return (isinstance(v, list) and len(v) == 2 and all(_type_ok(_NUM, x) for x in v)
+                and v[0] < v[1])
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
 def read_task_toml(text: str, *, source: str = "task.toml") -> TomlReport:
     """Sort every key of a task.toml into applied / ignored / problems (see module doc).
     Only unparsable TOML raises (there is nothing to sort)."""
+    bound = (f"{len(text)} characters (at most {MAX_TOML_BYTES})" if len(text) > MAX_TOML_BYTES
+             else check_nesting(text))
+    if bound:
+        raise TaskError(f"{source}: {bound}; refusing it unparsed", file=source, key=None)
     try:
         data = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise TaskError(f"{source}: not valid TOML ({e}); fix the syntax", file=source,
-                        key=None) from e
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:   # TOMLDecodeError, int digits
+        raise TaskError(f"{source}: not valid TOML ({short(e, 200)}); fix the syntax", file=source,
+                        key=None) from None
     ignored: list[str] = []
     problems: list[tuple[str, str]] = []
     for key, value in data.items():
@@ -171,45 +183,104 @@ def _values(data: dict[str, Any], problems: list[tuple[str, str]]) -> None:
         if _type_ok(_NUM, v) and not 0 < v <= MAX_TIMEOUT_S:
             problems.append((f"{sec}.timeout_sec", f"{sec}.timeout_sec = {v} must be in "
                              f"(0, {MAX_TIMEOUT_S:g}] seconds"))
-    for key in ("cpus", "memory_mb", "storage_mb", "max_turns"):
+    cap = host_capacity()
+    for key in ("cpus", "memory_mb", "storage_mb", "max_turns", "memory", "storage"):
         sec = "agent" if key == "max_turns" else "environment"
         v = get(sec, key)
-        if _type_ok(_NUM, v) and v <= 0:
-            problems.append((f"{sec}.{key}", f"{sec}.{key} = {v} must be > 0"))
-    for key in ("memory", "storage"):
-        v = get("environment", key)
-        if isinstance(v, str):
+        if isinstance(v, str) and key in ("memory", "storage"):
             try:
-                parse_size_mb(v)
+                v = parse_size_mb(v)
             except ValueError as e:
-                problems.append((f"environment.{key}", f"environment.{key}: {e}"))
+                problems.append((f"environment.{key}", f"environment.{key}: {short(e, 120)}"))
+                continue
+        if not _type_ok(_NUM, v):
+            continue
+        if v <= 0:
+            problems.append((f"{sec}.{key}", f"{sec}.{key} = {short(v, 40)} must be > 0"))
+        elif v > cap[key]:
+            problems.append((f"{sec}.{key}", f"{sec}.{key} = {short(v, 40)} exceeds what this host can "
+                             f"give ({cap[key]:g}); lower it"))
     keys = get("environment", "required_env_keys")
     if _type_ok(_STRS, keys) and not all(k.isidentifier() for k in keys):
         problems.append(("environment.required_env_keys",
                          f"environment.required_env_keys must be identifiers, got {keys!r:.80}"))
     gpus = get("environment", "gpus")
-    if _type_ok(_INT, gpus) and gpus < 0:
-        problems.append(("environment.gpus", f"environment.gpus = {gpus} must be >= 0"))
+    if _type_ok(_INT, gpus) and not 0 <= gpus <= 1024:
+        problems.append(("environment.gpus", f"environment.gpus = {short(gpus, 40)} must be in [0, 1024]"))
+    workdir = get("environment", "workdir")
+    if isinstance(workdir, str) and workdir_problem(workdir):
+        problems.append(("environment.workdir", f"environment.workdir: {workdir_problem(workdir)}"))
     os_name = get("environment", "os")
     if isinstance(os_name, str) and os_name.lower() != "linux":
         problems.append(("environment.os", f"environment.os = {os_name!r}: only linux tasks run here"))
+
+
+def host_capacity() -> dict[str, float]:
+    """Upper bounds of declared resources on this host: its CPUs, its RAM (a trial's tmpfs
+    storage lives in RAM too), and a turn count no episode reaches."""
+    import psutil
+
+    mem_mb = psutil.virtual_memory().total / 2**20
+    cpus = float(os.cpu_count() or 1)
+    return {"cpus": cpus, "memory_mb": mem_mb, "memory": mem_mb, "storage_mb": mem_mb,
+            "storage": mem_mb, "max_turns": MAX_TURNS}
+
+
+# where a WORKDIR may not be: the jail binds the host's system trees and its own mounts there
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/logs",
+               "/proc", "/root", "/run", "/sbin", "/solution", "/sys", "/tests", "/tmp", "/usr",
+               "/var/tmp", "/dev/shm")
+MAX_PATH_CHARS = 256
+
+
+def workdir_problem(workdir: str) -> str | None:
+    """Why ``workdir`` cannot be a trial's working directory, or None: it must be a plain
+    absolute path outside the system trees and the sandbox's own mounts."""
+    import posixpath
+
+    if len(workdir) > MAX_PATH_CHARS or not workdir.startswith("/") or "\x00" in workdir:
+        return f"{short(workdir, 80)!r} must be an absolute path of at most {MAX_PATH_CHARS} characters"
+    norm = posixpath.normpath(workdir)
+    if norm != workdir.rstrip("/") or ".." in workdir.split("/") or norm == "/":
+        return f"{short(workdir, 80)!r} must be a normalized path below / (no '..', no '//')"
+    for d in SYSTEM_DIRS:
+        if norm == d or norm.startswith(d + "/") or d.startswith(norm + "/"):
+            return (f"{short(workdir, 80)!r} is or holds the system location {d}: the sandbox binds "
+                    "the host's tree or its own mounts there; use a directory like /app")
+    return None
 
 
 _TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 def template_vars(env: dict[str, str]) -> list[str]:
-    """Host variables an ``[environment.env]`` table needs: ``${VAR}`` without a default.
-    They become required env keys, so their values are redacted like any declared secret."""
-    return sorted({m.group(1) for v in env.values() for m in _TEMPLATE.finditer(v)
-                   if m.group(2) is None})
+    """Host variables an ``[environment.env]`` table names in ``${VAR}`` / ``${VAR:-default}``."""
+    return sorted({m.group(1) for v in env.values() for m in _TEMPLATE.finditer(v)})
 
 
-def resolve_env(env: dict[str, str], environ: Mapping[str, str]) -> dict[str, str]:
-    """Harbor's ``${VAR}`` / ``${VAR:-default}`` templates, resolved from the host at runtime
-    (an unset ``${VAR}`` without default resolves to "", as the shell would)."""
-    return {k: _TEMPLATE.sub(lambda m: environ.get(m.group(1)) or (m.group(2) or ""), v)
-            for k, v in env.items()}
+def resolve_env(env: dict[str, str], environ: Mapping[str, str],
+                allow: frozenset[str] | set[str] = frozenset()) -> tuple[dict[str, str], dict[str, str]]:
+    """Harbor's ``${VAR}`` / ``${VAR:-default}`` templates, resolved from ``environ`` for the
+    names in ``allow`` only (``[sandbox] env_allow``): any other name reads as unset. Returns
+    (env, {VAR: value} of every value taken from ``environ``: the caller redacts them like
+    secrets). A ``${VAR}`` without default that is not allowed, or allowed and unset, is a
+    TaskError naming the fix."""
+    taken: dict[str, str] = {}
+
+    def sub(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        value = environ.get(name) if name in allow else None
+        if value:
+            taken[name] = value
+            return value
+        if default is not None:
+            return default
+        why = ("is not set" if name in allow else "is not in [sandbox] env_allow (add it there to "
+               "pass the campaign's value to tasks)")
+        raise TaskError(f"[environment.env] needs ${{{name}}}, which {why}", key="environment.env",
+                        missing=[name])
+
+    return {k: _TEMPLATE.sub(sub, v) for k, v in env.items()}, taken
 
 
 def parse_task_toml(text: str, *, source: str = "task.toml") -> dict[str, Any]:

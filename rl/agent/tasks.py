@@ -23,14 +23,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl.agent.bounded import read_regular, short
 from rl.agent.dockerfile import image_settings
 from rl.agent.task_toml import (parse_size_mb, parse_task_toml, read_task_toml,  # noqa: F401
-                               resolve_env, template_vars)
+                               resolve_env, template_vars, workdir_problem)
 from rl.errors import TaskError
+
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "timeout-override": ("rollout.timeout_override_s", "rollout.allow_lower_timeouts"),
+}
 
 log = logging.getLogger("rl.agent.tasks")
 
@@ -67,12 +75,20 @@ class Task:
     solution_env: dict[str, str] = field(default_factory=dict)   # [solution.env]
     ignored: tuple[str, ...] = ()          # task.toml keys kept but not used, "key (why)"
     image_env: dict[str, str] = field(default_factory=dict)      # the Dockerfile's ENV lines
+    reward_range: tuple[float, float] = (0.0, 1.0)               # [verifier] reward_range
 
     @property
     def agent_env(self) -> dict[str, str]:
-        """What the task's commands see besides the sandbox's base: the Dockerfile's ENV,
-        then ``[environment.env]`` with ``${VAR}`` resolved from the host now (as Harbor)."""
-        return {**self.image_env, **resolve_env(self.env, os.environ)}
+        """What the task's commands see besides the sandbox's base, with no host variable
+        allowed (see :meth:`resolved_env`)."""
+        return self.resolved_env(os.environ, frozenset())[0]
+
+    def resolved_env(self, environ, allow) -> tuple[dict[str, str], dict[str, str]]:
+        """(the Dockerfile's ENV then ``[environment.env]`` with ``${VAR}`` resolved from
+        ``environ`` for the names in ``allow`` only, {VAR: value} taken from ``environ``:
+        redact them like secrets). rl/agent/task_toml.py:resolve_env."""
+        env, taken = resolve_env(self.env, environ, allow)
+        return {**self.image_env, **env}, taken
 
     @property
     def allow_network(self) -> bool:
@@ -126,8 +142,58 @@ def snapshot_tree(root: Path) -> dict[str, bytes]:
             raise TaskError(f"{root}: {rel} is a link or special file; tests/ may hold only "
                             "regular files and directories", path=str(root), member=rel)
         if p.is_file():
-            files[rel] = p.read_bytes()
+            files[rel] = read_regular(p, MAX_TASK_FILE_BYTES)[0]
     return files
+
+
+MAX_TASK_FILE_BYTES = 32 * 2**20
+MAX_NAME_CHARS = 64
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _text(path: Path) -> str:
+    """A task file's text: a regular file (never a FIFO, never through a final link), bounded."""
+    return read_regular(path, MAX_TASK_FILE_BYTES)[0].decode("utf-8", errors="replace")
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a task name (it names trial dirs and cgroups), or None."""
+    if len(name) > MAX_NAME_CHARS or not _NAME.match(name):
+        return (f"task name {short(name, 80)!r} must be at most {MAX_NAME_CHARS} characters of "
+                "letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return None
+
+
+def links_leaving(root: Path, max_entries: int = 100_000) -> list[str]:
+    """Entries under ``root`` that a reader would follow out of it: a link whose target
+    leaves ``root`` (judged lexically against ``root``, link by link) or a special file
+    (FIFO, socket, device). Never follows a link itself."""
+    bad: list[str] = []
+    base = os.path.realpath(root)
+    stack, seen = [str(root)], 0
+    while stack:
+        top = stack.pop()
+        try:
+            entries = list(os.scandir(top))
+        except OSError as e:
+            return bad + [f"{short(top, 120)} ({e.strerror})"]
+        for entry in entries:
+            seen += 1
+            if seen > max_entries:
+                return bad + [f"more than {max_entries} entries"]
+            rel = os.path.relpath(entry.path, root)
+            if entry.is_symlink():
+                target = os.readlink(entry.path)
+                joined = os.path.normpath(os.path.join(os.path.dirname(entry.path), target))
+                real = os.path.realpath(entry.path)
+                inside = lambda p: p == base or p.startswith(base + "/")  # noqa: E731
+                if target.startswith("/") or not inside(joined) or not inside(real):
+                    bad.append(f"{short(rel, 120)} -> {short(target, 120)} leaves the task")
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            elif not entry.is_file(follow_symlinks=False):
+                bad.append(f"{short(rel, 120)} is a special file (FIFO, socket or device)")
+    return bad
 
 
 def digest_files(files: dict[str, bytes]) -> tuple[str, dict[str, str]]:
@@ -151,7 +217,13 @@ def inspect_task(path: str | Path) -> TaskCheck:
     root = Path(path).resolve()
     if (root / "task.yaml").is_file() and not (root / "task.toml").is_file():
         return TaskCheck(root, None, (f"{root}: {LEGACY_HINT}",))
-    problems: list[str] = []
+    problems: list[str] = [f"{root}: {p}" for p in filter(None, [name_problem(root.name)])]
+    leaving = links_leaving(root)
+    if leaving:
+        problems.append(f"{short(root, 120)}: {len(leaving)} entr(y/ies) a reader would follow out of "
+                        f"the task: {'; '.join(leaving[:3])}; keep every link inside the task")
+    if problems:
+        return TaskCheck(root, None, tuple(problems))
     missing = [f for f in ("instruction.md", "task.toml", "tests/test.sh") if not (root / f).is_file()]
     if missing:
         problems.append(f"{root}: not a Harbor task, missing {missing}; see docs/tasks.md")
@@ -159,8 +231,8 @@ def inspect_task(path: str | Path) -> TaskCheck:
     if (root / "task.toml").is_file():
         source = str(root / "task.toml")
         try:
-            report = read_task_toml((root / "task.toml").read_text(errors="replace"), source=source)
-        except TaskError as e:
+            report = read_task_toml(_text(root / "task.toml"), source=source)
+        except (TaskError, OSError) as e:
             problems.append(str(e))
         else:
             problems += [f"{source}: {msg}" for _, msg in report.problems]
@@ -169,9 +241,17 @@ def inspect_task(path: str | Path) -> TaskCheck:
     if (root / "tests").is_dir():
         try:
             snapshot = snapshot_tree(root / "tests")
-        except TaskError as e:
+        except (TaskError, OSError) as e:
             problems.append(str(e))
     ignored = report.ignored if report else ()
+    if not problems and report is not None and (root / "environment" / "Dockerfile").is_file():
+        try:
+            wd, _ = image_settings(_text(root / "environment" / "Dockerfile"))
+        except OSError as e:
+            problems.append(f"{root}: environment/Dockerfile: {short(e, 200)}")
+        else:
+            if wd and workdir_problem(wd):
+                problems.append(f"{root}/environment/Dockerfile: WORKDIR {workdir_problem(wd)}")
     if problems or report is None or snapshot is None:
         return TaskCheck(root, None, tuple(problems), ignored, tuple(keys))
     return TaskCheck(root, _build(root, report.data, snapshot, ignored), (), ignored)
@@ -189,25 +269,24 @@ def _build(root: Path, data: dict[str, Any], snapshot: dict[str, bytes],
     internet = env.get("allow_internet", env.get("allow_network"))
     workdir, image_env = None, {}
     if (root / "environment" / "Dockerfile").is_file():
-        workdir, image_env = image_settings((root / "environment" / "Dockerfile").read_text(
-            errors="replace"))
+        workdir, image_env = image_settings(_text(root / "environment" / "Dockerfile"))
     task_env = dict(env.get("env", {}))
-    secret_keys = tuple(dict.fromkeys([*env.get("required_env_keys", ()), *template_vars(task_env)]))
+    secret_keys = tuple(dict.fromkeys(env.get("required_env_keys", ())))
     return Task(
         name=root.name, path=root,
         family=meta.get("family") or meta.get("category") or root.name.split("-")[0],
-        instruction=(root / "instruction.md").read_text(errors="replace"),
+        instruction=_text(root / "instruction.md"),
         agent_timeout_s=float(agent.get("timeout_sec", DEFAULT_AGENT_TIMEOUT_S)),
         verifier_timeout_s=float(verifier.get("timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S)),
         required_env_keys=secret_keys,
         memory_mb=memory, max_turns=agent.get("max_turns"), allow_internet=internet,
         verifier_env=dict(verifier.get("env", {})),
         tests_sha256=files, tests_digest=digest, tests_snapshot=snapshot,
-        solution=sol.read_text(errors="replace") if sol.is_file() else None,
+        solution=_text(sol) if sol.is_file() else None,
         cpus=env.get("cpus"), storage_mb=storage, gpus=env.get("gpus", 0),
         docker_image=env.get("docker_image"), workdir=env.get("workdir") or workdir,
         env=task_env, solution_env=dict(solution.get("env", {})), ignored=ignored,
-        image_env=image_env,
+        image_env=image_env, reward_range=tuple(verifier.get("reward_range", (0.0, 1.0))),
     )
 
 

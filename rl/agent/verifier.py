@@ -36,6 +36,7 @@ import logging
 import os
 import secrets as _secrets
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +46,18 @@ from rl.agent.ctrf import read_ctrf
 from rl.agent.sandbox import PINNED_PYTEST_INI, VERIFIER_LIMITS, ExecResult, Limits, Trial
 from rl.agent.tamper import TamperEvent, scan_trial_dir, scan_tree
 from rl.agent.tasks import hash_tree
-from rl.agent.verdict import SOURCE_NO_VERDICT, decide, foreign_reward_files, no_verdict
+from rl.agent.verdict import (SOURCE_NO_VERDICT, InconsistentVerdict, ctrf_problem, decide,
+                              foreign_reward_files, no_verdict)
+from rl.agent.verifier_env import git_env, import_dirs, task_env_for_verifier
 from rl.errors import ParseError, TaskError, TrialDirError
 from rl.rewards import RewardResult, ctrf_reward
+
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "stale-trial-dirs": (),
+    "verifier-tamper": (),
+}
 
 log = logging.getLogger("rl.agent.verifier")
 
@@ -79,13 +89,16 @@ def run_tag_for(trial: Trial) -> str:
     return f"{trial.run_id}/{trial.trial_id}"
 
 
-def scan_for_tampering(trial: Trial) -> list[TamperEvent]:
+def scan_for_tampering(trial: Trial, env: dict[str, str] | None = None) -> list[TamperEvent]:
     """Everything in the trial that only a forger would put there (read-only, iterative);
-    a scan that fails is itself a ``scan-failed`` event."""
+    a scan that fails is itself a ``scan-failed`` event. ``env``: the verifier's environment
+    (which workspace dirs are on its import path)."""
     tid = trial.trial_id
+    dirs = import_dirs(env or {}, trial.workdir, trial.task.tests_snapshot)
     try:
         events = scan_trial_dir(tid, trial.dir, _TRIAL_ENTRIES)
-        events += scan_tree(tid, trial.workspace, trial.task.environment_dir)
+        events += scan_tree(tid, trial.workspace, trial.task.environment_dir, dirs)
+        events += scan_tree(tid, trial.fs / "logs_agent", trial.task.environment_dir / ".none")
     except Exception as e:   # a hostile tree must end in a verdict, never a crash
         events = [TamperEvent(tid, "scan-failed", str(trial.dir), f"{type(e).__name__}: {e}")]
     return events + _tests_intact(trial, trial.task.tests_dir,
@@ -133,8 +146,10 @@ def _pinned_ini(trial: Trial) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
-    # the image's ENV and [environment.env] first, as in Harbor's container, then [verifier.env]
-    return {**trial.env, **trial.task.verifier_env,
+    # the image's ENV and [environment.env] first, as in Harbor's container, less what loads
+    # code (rl/agent/verifier_env.py); then [verifier.env], the task author's declared intent
+    return {"PYTHONSAFEPATH": "1", **task_env_for_verifier(trial.env), **git_env(),
+            **trial.task.verifier_env,
             "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
             # only the CTRF plugin: no entry-point plugin an agent (or a stray package) provides
@@ -164,8 +179,15 @@ def accept_ctrf(vdir: Path, tag: str, t0_ms: float, t1_ms: float) -> dict[str, A
     return doc
 
 
-def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.0) -> VerifierResult:
+def verifier_limits(trial: Trial) -> Limits:
+    """The verifier's limits: the trial's own memory and cpu (the task's declared resources
+    hold for its verifier too), the verifier's larger process and cpu-second budgets."""
+    return dataclasses.replace(VERIFIER_LIMITS, memory_mb=trial.limits.memory_mb, cpus=trial.limits.cpus)
+
+
+def verify(trial: Trial, *, limits: Limits | None = None, scale: float = 20.0) -> VerifierResult:
     """Run the task's verifier on a finished trial and compute its reward (see module doc)."""
+    limits = verifier_limits(trial) if limits is None else limits
     if trial.verified:
         raise TrialDirError(f"trial {trial.trial_id} was already verified; a verdict is final",
                             trial_id=trial.trial_id)
@@ -173,7 +195,9 @@ def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.
     trial.verified = True
     trial.finish()
     tag = run_tag_for(trial)
-    events = scan_for_tampering(trial)
+    ini, files = _pinned_ini(trial)
+    env = _verifier_env(trial, tag, ini)
+    events = scan_for_tampering(trial, env)
     for name in ("tests", "verifier"):
         _quarantine(trial.dir / name)
     tests = _install_tests(trial)
@@ -183,9 +207,8 @@ def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.
     os.chmod(vdir / "run_tag", 0o444)
     if events:   # a forgery voids the trial: run nothing the agent may have prepared
         return _finish(trial, tag, vdir, events, None, t_start, scale)
-    ini, files = _pinned_ini(trial)
     t0_ms = time.time() * 1000
-    out = trial.run_verifier(["/bin/bash", "/tests/test.sh"], env=_verifier_env(trial, tag, ini),
+    out = trial.run_verifier(["/bin/bash", "/tests/test.sh"], env=env,
                              limits=limits, timeout_s=trial.task.verifier_timeout_s, tests=tests,
                              vdir=vdir, files=files)
     t1_ms = time.time() * 1000
@@ -196,13 +219,44 @@ def verify(trial: Trial, *, limits: Limits = VERIFIER_LIMITS, scale: float = 20.
     return _finish(trial, tag, vdir, events, out, t_start, scale, reward, reason)
 
 
+VERIFY_SLACK_S = 60.0   # the scan, the copies and the verdict around the verifier's own timeout
+
+
+def verify_within(trial: Trial, *, bound_s: float | None = None, **kw: Any) -> VerifierResult:
+    """:func:`verify` under a wall-clock bound the caller enforces (``bound_s``, default the
+    task's verifier timeout plus :data:`VERIFY_SLACK_S`): past it the trial's processes are
+    killed and the verdict is ``verifier-timeout``, reward 0, whatever verify was blocked on."""
+    bound = trial.task.verifier_timeout_s + VERIFY_SLACK_S if bound_s is None else bound_s
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = verify(trial, **kw)
+        except BaseException as e:   # re-raised in the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=target, name=f"verify-{trial.trial_id}", daemon=True)
+    worker.start()
+    worker.join(bound)
+    if "error" in box:
+        raise box["error"]
+    if "result" in box:
+        return box["result"]
+    if trial.cgroup is not None:
+        trial.cgroup.kill_all()
+    log.error("verification of trial %s passed its wall-clock bound of %.0fs", trial.trial_id, bound)
+    return VerifierResult(trial.trial_id, run_tag_for(trial),
+                          no_verdict(f"verification passed its wall-clock bound of {bound:g}s"), (),
+                          None, "verifier-timeout", bound, None)
+
+
 def _finish(trial: Trial, tag: str, vdir: Path, events: list[TamperEvent], out: ExecResult | None,
             t_start: float, scale: float, reward: RewardResult | None = None,
             reason: str = "tamper") -> VerifierResult:
     if reward is None or events:
         kinds = ",".join(sorted({e.kind for e in events}))
         base = ctrf_reward(None, solved=False, scale=scale)
-        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}"), "tamper"
+        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}", ctrf_fallback=None), "tamper"
     for ev in events:
         log.warning("tamper event in trial %s: %s at %s (%s)", ev.trial_id, ev.kind, ev.path, ev.detail)
     result = VerifierResult(trial.trial_id, tag, reward, tuple(events),
@@ -231,13 +285,23 @@ def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out:
         return None, "tamper"
     except ParseError as e:
         problem = str(e) if (vdir / "ctrf.json").exists() else "no CTRF report"
+    bad = ctrf_problem(doc, trial.task.tests_snapshot) if doc is not None else None
+    if bad is not None:
+        events.append(TamperEvent(trial.trial_id, "ctrf-inconsistent", str(vdir / "ctrf.json"),
+                                  f"not the pinned runner's own finished report on the task's tests: {bad}"))
+        return None, "tamper"
     foreign = foreign_reward_files(vdir, trial.task.tests_snapshot)
     if foreign:
         events.append(TamperEvent(trial.trial_id, "foreign-verdict", str(vdir),
                                   f"{', '.join(foreign)} written, but no file of the task's tests/ "
                                   "names it: not the task's verifier"))
         return None, "tamper"
-    reward = decide(doc, problem, vdir, since_s=t0_ms / 1000, scale=scale)
+    try:
+        reward = decide(doc, problem, vdir, since_s=t0_ms / 1000, scale=scale,
+                        reward_range=trial.task.reward_range)
+    except InconsistentVerdict as e:
+        events.append(TamperEvent(trial.trial_id, e.kind, str(vdir), str(e)))
+        return None, "tamper"
     if out.limit_hit:
         return reward, out.reason
     return reward, "no-verdict" if reward.source == SOURCE_NO_VERDICT else "ok"

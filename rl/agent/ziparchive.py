@@ -43,7 +43,7 @@ def _check(zf: zipfile.ZipFile, archive: str, limits: ArchiveLimits) -> list[tup
         if len(out) >= limits.max_members:
             raise UnsafeArchiveError(f"{archive}: more than {limits.max_members} members (at {name!r}); "
                                      "refusing a member-count bomb", archive=archive, member=name)
-        rel = _normalised(name.rstrip("/") or name, archive)
+        rel = _normalised(name.rstrip("/") or name, archive)   # bounded name length too
         kind = _kind(info)
         if kind == "special":
             raise UnsafeArchiveError(f"{archive}: member {name!r} is a device, fifo or socket",

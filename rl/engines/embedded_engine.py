@@ -119,6 +119,7 @@ class EmbeddedEngine:
         self.model = build_policy(spec, seed, dtype=dtype, unk_id=vocab.unk_id)
         self.model.eval()
         self.weight_version = weight_version
+        self.emission_log = None  # an rl.engines.emission_log.EmissionLog: every answered request's ids
         self.model_path: str | None = None
         self._model_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -210,7 +211,10 @@ class EmbeddedEngine:
         finally:
             with self._state_lock:
                 self._requests.pop(running.rid, None)
-        return self._response(request, running.rid, gen)
+        resp = self._response(request, running.rid, gen)
+        if self.emission_log is not None:  # the engine's own record, for the audit (rl.engines.emission_log)
+            self.emission_log.record(running.rid, resp.output_ids, self.weight_version, resp.finish_reason.type)
+        return resp
 
     def _generator(self, params: P.SamplingParams) -> torch.Generator:
         return self._sampler if params.sampling_seed is None else torch.Generator().manual_seed(params.sampling_seed)

@@ -40,6 +40,12 @@ from rl.engines.wire import as_bool, as_ids, as_int, as_num, as_obj, as_str, no_
 from rl.errors import MissingRoutingError, ParseError
 from rl.routing import decode_routed_experts, encode_routed_experts, expected_num_rows
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "missing-routing": ("trainer.r3",),
+}
+
 #: SGLang release whose ``io_struct.py`` / ``http_server.py`` this schema was checked against.
 SGLANG_SCHEMA_VERSION = "0.5.23"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -28,15 +29,36 @@ from rl.harness.openai_api import ApiError, completion_json, parse_request, stre
 from rl.harness.session import HarnessSession
 
 DEFAULT_SESSION = "default"
+SAFE_SESSION = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+MAX_BODY_BYTES = 8 * 2**20        # a chat request is a conversation, not a data set: 413 above
+MAX_SESSIONS = 4096               # sessions a factory may open at once
 
 
 class SessionRegistry:
-    """Sessions by name; thread-safe."""
+    """Sessions by name; thread-safe. With a ``factory``, a session opens on first sight of a
+    plain name (:data:`SAFE_SESSION`; anything else is a 400) and one unused for ``idle_s``
+    is dropped (at most :data:`MAX_SESSIONS` open: a 429 past that)."""
 
-    def __init__(self, factory: Callable[[str], HarnessSession] | None = None) -> None:
-        self.factory = factory
+    def __init__(self, factory: Callable[[str], HarnessSession] | None = None, *,
+                 idle_s: float | None = None) -> None:
+        self.factory, self.idle_s = factory, idle_s
         self._sessions: dict[str, HarnessSession] = {}
+        self._used: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Drop the factory-opened sessions unused for ``idle_s``; returns their names."""
+        if self.idle_s is None:
+            return []
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            gone = [n for n, t in self._used.items() if now - t > self.idle_s]
+            dropped = [s for s in (self._sessions.pop(n, None) for n in gone) if s is not None]
+            for n in gone:
+                self._used.pop(n, None)
+        for session in dropped:   # outside the registry lock: a session's own lock may wait
+            session.close()
+        return gone
 
     def add(self, session: HarnessSession) -> HarnessSession:
         with self._lock:
@@ -54,13 +76,23 @@ class SessionRegistry:
             return list(self._sessions.values())
 
     def resolve(self, path_sid: str | None, api_key: str | None, user: str | None) -> HarnessSession:
+        self.expire()
         with self._lock:
             for name in (path_sid, api_key, user):
                 if name and name in self._sessions:
+                    if name in self._used:
+                        self._used[name] = time.monotonic()
                     return self._sessions[name]
             if self.factory is not None:
                 name = path_sid or user or DEFAULT_SESSION
+                if not isinstance(name, str) or not SAFE_SESSION.fullmatch(name):
+                    raise ApiError(400, f"session name {str(name)[:40]!r}... must match {SAFE_SESSION.pattern}",
+                                   code="invalid_session")
+                if len(self._sessions) >= MAX_SESSIONS:
+                    raise ApiError(429, f"{MAX_SESSIONS} sessions are open; retry after idle ones expire",
+                                   code="too_many_sessions")
                 session = self._sessions[name] = self.factory(name)
+                self._used[name] = time.monotonic()
                 return session
         raise ApiError(404, f"no session {path_sid or api_key or user!r} on this endpoint: use the base URL "
                        "(.../s/<session>/v1) or the API key your trial was given", code="session_not_found")
@@ -69,6 +101,20 @@ class SessionRegistry:
 def _api_key(headers) -> str | None:
     auth = headers.get("authorization", "")
     return auth[7:].strip() or None if auth.lower().startswith("bearer ") else None
+
+
+async def _bounded_body(request) -> bytes:
+    """The request body, or a 413 once it passes :data:`MAX_BODY_BYTES` (declared or read)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or len(declared) > 12 or int(declared) > MAX_BODY_BYTES):
+        raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def build_app(registry: SessionRegistry, on_turn: Callable[[HarnessSession], None] | None = None):
@@ -84,7 +130,7 @@ def build_app(registry: SessionRegistry, on_turn: Callable[[HarnessSession], Non
     async def chat(request: Request):
         try:
             try:
-                body = json.loads(await request.body())
+                body = json.loads(await _bounded_body(request))
             except (ValueError, RecursionError) as exc:
                 raise ApiError(400, f"the request body is not JSON: {exc}", code="invalid_json") from None
             req = parse_request(body)

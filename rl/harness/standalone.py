@@ -9,6 +9,8 @@ turn (``<session>.c<chunk>.npz``, the audit's format).
 """
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 from pathlib import Path
 
@@ -19,12 +21,23 @@ from rl.engines.client import EngineClient
 from rl.engines.embedded import serve
 from rl.engines.embedded_engine import EmbeddedEngine
 from rl.engines.ports import free_port
-from rl.harness.server import OpenAIServer, SessionRegistry
+from rl.harness.server import SAFE_SESSION, OpenAIServer, SessionRegistry
 from rl.harness.session import HarnessSession, SessionLimits
 
 
+def dump_name(session_id: str) -> str:
+    """A file-name stem for ``session_id`` that stays inside the dump dir: the id itself when
+    it is a plain name (``[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}``), else its safe characters and
+    a hash of the whole id (a ``user`` field of ``../../x`` becomes ``x-<hash>``)."""
+    if SAFE_SESSION.fullmatch(session_id) and len(session_id) <= 64:
+        return session_id
+    clean = re.sub(r"[^A-Za-z0-9_-]+", "_", session_id)[:40].strip("_") or "session"
+    return f"{clean}-{hashlib.sha256(session_id.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
+
+
 def write_session(session: HarnessSession, dump_dir: Path) -> None:
-    """Rewrite ``session``'s chunks as ``<session>.c<chunk>.npz`` (numpy; the audit's format)."""
+    """Rewrite ``session``'s chunks as ``<session>.c<chunk>.npz`` (numpy; the audit's format),
+    named by :func:`dump_name`: never a path outside ``dump_dir``."""
     import json
 
     import numpy as np
@@ -33,10 +46,16 @@ def write_session(session: HarnessSession, dump_dir: Path) -> None:
     for traj in session.finish():
         meta = {**traj.meta, "harness": session.stats()}
         routing = traj.routing if traj.routing is not None else np.zeros((0,), dtype=np.int32)
-        np.savez_compressed(dump_dir / f"{meta['sample_id']}.c{meta['chunk_id']}.npz", tokens=traj.tokens,
+        path = dump_dir / f"{dump_name(str(meta['sample_id']))}.c{int(meta['chunk_id'])}.npz"
+        if path.parent != dump_dir:
+            raise ValueError(f"dump name for session {meta['sample_id']!r:.80} leaves {dump_dir}")
+        np.savez_compressed(path, tokens=traj.tokens,
                             loss_mask=traj.loss_mask, rollout_logprobs=traj.rollout_logprobs,
                             engine_tokens=traj.engine_tokens, origin=traj.origin,
                             policy_version=traj.policy_version, routing=routing, meta=np.array(json.dumps(meta)))
+
+
+IDLE_SESSION_S = 3600.0   # a session opened on first sight and unused this long is dropped
 
 
 def serve_openai(engine: EmbeddedEngine, host: str, port: int, *, limits: SessionLimits,
@@ -48,7 +67,8 @@ def serve_openai(engine: EmbeddedEngine, host: str, port: int, *, limits: Sessio
                           num_moe_layers=engine.spec.num_layers, topk=engine.spec.moe_router_topk,
                           num_experts=engine.spec.num_experts)
     renderer = ChatRenderer.default()
-    registry = SessionRegistry(factory=lambda name: HarnessSession(name, client.generate, renderer, limits))
+    registry = SessionRegistry(factory=lambda name: HarnessSession(name, client.generate, renderer, limits),
+                               idle_s=IDLE_SESSION_S)
     on_turn = None if dump_dir is None else (lambda s: write_session(s, Path(dump_dir)))
     server = OpenAIServer(registry, host=host, port=port, on_turn=on_turn)
     print(f"OpenAI endpoint ready on {server.base_url} (sessions: {server.base_url[:-3]}/s/<name>/v1 or the "

@@ -22,6 +22,12 @@ from rl.metrics import logprob_gap
 from rl.trainer.batch import TrainBatch
 from rl.trainer.forward import actor_logprobs, forward_rows
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "routing-drift": ("trainer.r3",),
+}
+
 
 @dataclass
 class RoutingGap:

@@ -44,7 +44,7 @@ from rl.trainer.packing import MicroBatch, pack_to_ranks, plan_micro_batches
 from rl.trainer.settings import TrainerSettings
 from rl.trainer.shard import assemble, local_from_full, placements
 from rl.trainer.sft import SftStats
-from rl.trainer.step import grpo_token_advantages
+from rl.trainer.step import behaviour_plan, grpo_token_advantages
 from rl.trainer.trainer import StepStats, Trainer, _weights, copy_state
 
 
@@ -267,7 +267,7 @@ class RankTrainer:
                                                    s.clip_ratio_c)
                 else:
                     loss_bT, stats = dppo_loss(lp, rf.slice_rows(batch.rollout_logprobs_BT, mb), adv, mask,
-                                               s.dppo_delta, s.dppo_delta)
+                                               *s.dppo_deltas)
                 if tis_BT is not None:
                     loss_bT = loss_bT * rf.slice_rows(tis_BT, mb)
                 loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
@@ -279,9 +279,10 @@ class RankTrainer:
                 norm = reduce_clip_step(self.actor, self.actor_optimizer, s.grad_clip)
         return tally.total(self.dp_group), norm
 
-    def train_step(self, batch: TrainBatch) -> StepStats:
-        """The distributed twin of ``Trainer.train_step`` (same numbers up to float summation order)."""
-        s, mask_BT = self.settings, batch.loss_mask_BT
+    def train_step(self, batch: TrainBatch, *, behaviour: str = "snapshot") -> StepStats:
+        """The distributed twin of ``Trainer.train_step`` (same numbers up to float summation order);
+        ``behaviour`` as there (``rl.trainer.step.behaviour_plan``: "rollout" is fully async)."""
+        s, mask_BT, bp = self.settings, batch.loss_mask_BT, behaviour_plan(self.settings, behaviour)
         if batch.num_loss_tokens == 0:
             raise InputError("the batch has no loss-bearing token; skip it explicitly rather than "
                              "stepping on nothing", num_samples=batch.num_samples)
@@ -297,15 +298,16 @@ class RankTrainer:
             critic = (ev, *self._critic_update(batch, plan, weights_BT, old_values_BT, returns_BT))
         else:
             advantages = grpo_token_advantages(batch, s.grpo_norm_by_std)
-        recompute = s.mode == "ppo" or s.tis_mode != "off"
+        recompute = bp.recompute
         # GRPO without TIS: the 1-rank trainer measures on its first epoch's forward (current weights)
         old_BT = self.logprobs(batch, plan, behaviour=recompute)
         tis_BT, tis = tis_weights(old_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
                                   "token" if s.tis_mode == "off" else s.tis_mode)
         gap = checked_logprob_gap(old_BT, batch.rollout_logprobs_BT, mask_BT, s.gap_reducer)
         actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
-        actor = self._actor_update(batch, plan, weights_BT, advantages, old_BT,
-                                   None if s.tis_mode == "off" else tis_BT) if actor_updated else None
+        ratio_old_BT = batch.rollout_logprobs_BT if bp.ratio_from_rollout else old_BT
+        actor = self._actor_update(batch, plan, weights_BT, advantages, ratio_old_BT,
+                                   tis_BT if bp.apply_tis else None) if actor_updated else None
         self.step += 1
         adv_BT = advantages if advantages.dim() == 2 else advantages[:, None].expand(mask_BT.shape)
         nan = math.nan

@@ -46,7 +46,7 @@ from rl.trainer.forward import actor_logprobs
 from rl.trainer.optim import build_optimizer
 from rl.trainer.settings import TrainerSettings
 from rl.trainer.sft import SftStats, sft_update
-from rl.trainer.step import actor_step, critic_step, grpo_token_advantages
+from rl.trainer.step import actor_step, behaviour_plan, critic_step, grpo_token_advantages
 
 
 @dataclass
@@ -74,6 +74,7 @@ class StepStats:
     dual_clip_fraction: float = math.nan
     tis_mode: str = "off"             # "off": recorded only; "token"/"sequence": applied to the loss
     behaviour_recomputed: bool = True  # False: GRPO without TIS skipped the old-log-prob forward
+    entropy: float = math.nan          # policy entropy over loss tokens, logged without gradient
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -124,25 +125,22 @@ class Trainer:
 
         ``behaviour``: ``"snapshot"`` recomputes old log-probs under the behaviour snapshot;
         ``"rollout"`` takes the per-token rollout log-probs (fully async)."""
-        s = self.settings
-        if behaviour not in ("snapshot", "rollout"):
-            raise InputError(f"behaviour must be 'snapshot' or 'rollout', got {behaviour!r}", argument="behaviour")
+        s, plan = self.settings, behaviour_plan(self.settings, behaviour)
         if batch.num_loss_tokens == 0:
             raise InputError("the batch has no loss-bearing token; skip it explicitly rather than "
                              "stepping on nothing", num_samples=batch.num_samples)
         critic = critic_step(self.critic, self.critic_optimizer, batch, s) if s.mode == "ppo" else None
         advantages = critic.advantages_BT if critic else grpo_token_advantages(batch, s.grpo_norm_by_std)
         mask_BT = batch.loss_mask_BT
-        recompute = s.mode == "ppo" or s.tis_mode != "off"
-        old_logprobs_BT = self.behaviour_logprobs(batch) if recompute else None
+        recompute = plan.recompute
+        old_logprobs_BT, behaviour_entropy = self.behaviour_logprobs(batch, with_entropy=True) \
+            if recompute else (None, math.nan)
         tis_BT = None
         if old_logprobs_BT is not None:
             tis_BT, tis = tis_weights(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
                                       "token" if s.tis_mode == "off" else s.tis_mode)
-        # Fully async: the rollout's per-token log-probs are the behaviour, so the ratio already holds the
-        # off-policy correction; TIS (current weights vs rollout) is then recorded, not applied on top.
-        ratio_old_BT = batch.rollout_logprobs_BT if behaviour == "rollout" else old_logprobs_BT
-        apply_tis = s.tis_mode != "off" and behaviour != "rollout"
+        ratio_old_BT = batch.rollout_logprobs_BT if plan.ratio_from_rollout else old_logprobs_BT
+        apply_tis = plan.apply_tis
         actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
         actor = actor_step(self.actor, self.actor_optimizer, batch, advantages, ratio_old_BT, s,
                            temperature=self.temperature, tis_BT=tis_BT if apply_tis else None) \
@@ -165,12 +163,22 @@ class Trainer:
             tis_max_raw=tis["tis_max_raw"], tis_clip_fraction=tis["tis_clip_fraction"],
             advantage_mean=float(adv_BT[mask_BT].mean()),
             dual_clip_fraction=actor.dual_clip_fraction if actor else nan, tis_mode=s.tis_mode,
-            behaviour_recomputed=recompute)
+            behaviour_recomputed=recompute,
+            # the actor's first forward; a critic-only step has none, but its actor has not moved since
+            # the behaviour snapshot it was published as, so the behaviour forward is the same policy
+            entropy=actor.entropy if actor else behaviour_entropy)
 
-    def behaviour_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Old log-probs recomputed by the trainer under the behaviour snapshot (R3 as configured)."""
+    def behaviour_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False):
+        """Old log-probs recomputed by the trainer under the behaviour snapshot (R3 as configured);
+        ``with_entropy``: ``(logprobs, token-mean entropy over the loss tokens)``."""
         with torch.no_grad(), _weights(self.actor, self._behaviour):
-            return actor_logprobs(self.actor, batch, replay=self.settings.r3, temperature=self.temperature)
+            out = actor_logprobs(self.actor, batch, replay=self.settings.r3, temperature=self.temperature,
+                                 with_entropy=with_entropy)
+        if not with_entropy:
+            return out
+        from rl.trainer.step import masked_token_mean
+
+        return out[0], masked_token_mean(out[1], batch.loss_mask_BT)
 
     def snapshot_behaviour(self) -> None:
         """Remember the actor's current weights as the policy that samples the next batch."""

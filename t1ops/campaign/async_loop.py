@@ -1,6 +1,7 @@
-"""run.mode = "fully_async": the walkthrough's staleness-bounded pipeline (docs/async.md).
+"""run.mode = "fully_async": the walkthrough's staleness-bounded batch source (docs/async.md).
 
-Generation never waits for the trainer except through the capacity rule.
+The step itself is the one every mode takes (``t1ops.campaign.runner.take_step``);
+:class:`AsyncSource` is what differs. Generation never waits for the trainer except through the capacity rule.
 The coordinator keeps ``fully_async.num_parallel_generation_workers`` prompt
 groups generating (one Ray call per group, ``RolloutWorker.rollout_group``),
 settles each finished group in :class:`~t1ops.campaign.async_buffer.GroupBuffer`
@@ -24,15 +25,24 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from typing import TYPE_CHECKING
 
 from t1ops import telemetry
 from t1ops.campaign.async_buffer import GroupBuffer, version_lag_histogram, spans_versions
-from t1ops.campaign.runner import Campaign, _metrics_row, dump_results
 from t1ops.campaign.progress import Progress
+from t1ops.campaign.rollouts import StepBatch
 from t1ops.campaign.summary import Summary
-from t1ops.campaign.trialtrace import step_split
 from t1ops.campaign.worker import TrialSpec
-from t1ops.errors import MissingRoutingError
+from t1ops.errors import ConfigError, RoutingError
+
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "long-tail-stall": ("run.mode", "fully_async.max_staleness_steps", "fully_async.num_parallel_generation_workers", "fully_async.staleness_alarm_share"),
+}
+
+if TYPE_CHECKING:  # the type only: the step loop (t1ops.campaign.runner) imports this module
+    from t1ops.campaign.runner import Campaign
 
 POLL_S = 0.2
 END_GRACE_S = 60.0  # how long running groups may take to stop at the end of the run
@@ -41,24 +51,24 @@ END_GRACE_S = 60.0  # how long running groups may take to stop at the end of the
 class GroupPlanner:
     """An endless seeded order over the training tasks: every task once per epoch."""
 
-    def __init__(self, task_names: list[str], group_size: int, seed: int) -> None:
+    def __init__(self, task_names: list[str], group_size: int, seed: int, start: int = 0) -> None:
         self.names, self.group_size, self.seed = sorted(task_names), group_size, seed
-        self.count = itertools.count()
-        self._order: list[str] = []
+        self.next_index = start  # a resumed run continues the order: no group id is ever reused
 
     def next_group(self) -> list[TrialSpec]:
-        k = next(self.count)
-        if k % len(self.names) == 0:
-            self._order = list(self.names)
-            random.Random(self.seed * 1_000_003 + k).shuffle(self._order)
-        task = self._order[k % len(self.names)]
+        k = self.next_index
+        self.next_index += 1
+        epoch = k - k % len(self.names)
+        order = list(self.names)
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        task = order[k % len(self.names)]
         return [TrialSpec(task, f"ag{k}-{task}", s) for s in range(self.group_size)]
 
 
 class AsyncDriver:
     """The coordinator side: submit groups within capacity, collect them, settle them."""
 
-    def __init__(self, c: Campaign, first_step: int = 1) -> None:
+    def __init__(self, c: "Campaign", first_step: int = 1, planner_start: int = 0) -> None:
         cfg, fa, r = c.cfg, c.cfg.fully_async, c.cfg.rollout
         self.c = c
         self.buffer = GroupBuffer(groups_per_step=r.batch_size // r.n_samples_per_prompt,
@@ -67,7 +77,7 @@ class AsyncDriver:
                                   zero_variance_filter=fa.zero_variance_filter,
                                   sample_full_batch=fa.sample_full_batch, max_draws_factor=fa.max_draws_factor,
                                   first_step=first_step)
-        self.planner = GroupPlanner(c.rollouts.task_names, r.n_samples_per_prompt, cfg.run.seed)
+        self.planner = GroupPlanner(c.rollouts.task_names, r.n_samples_per_prompt, cfg.run.seed, planner_start)
         self.in_flight: dict = {}  # ray ref -> (started_step, group_id)
         self._sizes: dict = {}  # ray ref -> trials in the group (stall accounting at arrival)
         self._next_worker = itertools.count()
@@ -109,7 +119,7 @@ class AsyncDriver:
             data = ray.get(ref)
         except ray.exceptions.RayTaskError as err:
             cause = err.as_instanceof_cause()
-            if isinstance(cause, MissingRoutingError):
+            if isinstance(cause, RoutingError):  # any routing error aborts (T1 report, section 05)
                 telemetry.event("rollout.aborted", severity="error", group=group_id, reason=str(cause))
                 raise cause from None
             telemetry.event("rollout.group_failed", severity="error", group=group_id, error=str(cause)[:300])
@@ -141,75 +151,72 @@ class AsyncDriver:
         return self.buffer.books()
 
 
-def async_step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
-    """Run ``cfg.run.steps`` steps in fully async mode (module docstring)."""
-    first = (c.resume_from or 0) + 1
-    d, ev = AsyncDriver(c, first), c.evaluator
-    if ev is not None and not any(e["step"] == first - 1 for e in summary.evals):
-        ev.maybe_submit(first - 1)
-    d.fill()
-    try:
-        for step in range(first, c.cfg.run.steps + 1):
-            _one_step(c, d, summary, progress, step)
-    finally:
-        books = d.stop()
+class AsyncSource:
+    """The fully async batch source for the one step loop (``t1ops.campaign.runner.take_step``)."""
+
+    behaviour = "rollout"  # trajectories may span versions: the per-token rollout log-probs are the behaviour
+
+    def __init__(self, c: "Campaign") -> None:
+        self.c = c
+        self.driver: AsyncDriver | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.driver.in_flight)
+
+    def start(self, first: int, summary: Summary) -> None:
+        """A resumed run continues the group order after the resume row's and records the books
+        it carries across the crash and the capacity it starts with (the rule's value)."""
+        kept = resumed_books(summary, first - 1) if first > 1 else None
+        self.driver = AsyncDriver(self.c, first, planner_start=kept["planner_next"] if kept else 0)
+        if kept is not None:
+            m, fa = self.driver.buffer.manager, self.c.cfg.fully_async
+            summary.extra.setdefault("async_resumes", []).append({
+                "from_step": first - 1, "books_at_resume_point": kept,
+                "lost_in_crash": kept["running"] + kept["queued"],  # generated, never trained: the rows after it run again
+                "headroom": (m.max_staleness + m.current_step) * m.batch_size - (m.accepted + m.running),
+                "headroom_rule": (fa.max_staleness_steps + 1) * m.batch_size, "capacity": m.capacity()})
+        self.driver.fill()
+
+    def take(self, step: int, progress: Progress) -> StepBatch:
+        t0, d = time.monotonic(), self.driver
+        while not d.buffer.batch_ready():  # generation never stops; the step waits for its groups
+            progress.update(step=step, phase="generate", in_flight=len(d.in_flight))
+            d.poll()
+        groups = d.buffer.take_batch()
+        return StepBatch([r for g in groups for r in g.data["results"]], time.monotonic() - t0, groups=groups)
+
+    def while_training(self, train_ref, guards) -> None:
+        while not self.driver.poll(extra=[train_ref]):  # generation continues while the trainer trains
+            if guards.watchdog is not None:
+                guards.watchdog.check()
+
+    def before_sync(self) -> None:
+        """Nothing to drain: the engines pause requests in place (docs/async.md, the barrier)."""
+
+    def after_sync(self) -> None:
+        self.driver.buffer.advance()  # the staleness manager opens the next step's slots
+
+    def row_fields(self, step: int, batch: StepBatch) -> dict:
+        out = _accounting(self.driver.buffer, batch.groups, batch.results, step,
+                          self.c.cfg.fully_async.staleness_alarm_share)
+        out["async_books"] = {**self.driver.buffer.books(), "planner_next": self.driver.planner.next_index}
+        return out
+
+    def before_row(self, summary: Summary) -> None:
+        summary.extra["async_books"] = self.driver.buffer.books()
+
+    def after_step(self) -> None:
+        self.driver.fill()
+
+    def stop(self, summary: Summary) -> None:
+        if self.driver is None:
+            return
+        books = self.driver.stop()
         summary.extra["async_books"] = books
         summary.save()
         if not books["balanced"]:
             telemetry.event("rollout.books_unbalanced", severity="error", **books)
-    if ev is not None and ev.collect() is not None:
-        progress.log(progress.eval_text(ev.latest))
-
-
-def _one_step(c: Campaign, d: AsyncDriver, summary: Summary, progress: Progress, step: int) -> None:
-    import ray
-
-    t_step, ev = time.monotonic(), c.evaluator
-    for hook in c.on_step:  # e.g. a chaos fault schedule
-        hook(c, step)
-    while not d.buffer.batch_ready():  # generation never stops; the step waits for its groups
-        progress.update(step=step, phase="generate", in_flight=len(d.in_flight))
-        d.poll()
-    groups = d.buffer.take_batch()
-    rollout_s = time.monotonic() - t_step
-    results = [r for g in groups for r in g.data["results"]]
-    progress.update(step=step, phase="train", in_flight=len(d.in_flight))
-    t_train = time.monotonic()
-    c.guards.train_submitted(step)
-    telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
-    train_ref = c.trainer.train.remote(results, "rollout")
-    while not d.poll(extra=[train_ref]):  # generation continues while the trainer trains
-        if c.guards.watchdog is not None:
-            c.guards.watchdog.check()
-    stats = c.guards.wait_train(train_ref, step)
-    train_s = time.monotonic() - t_train
-    telemetry.event("campaign.train_done", step=step)
-    if ev is not None:
-        ev.collect()  # an eval request must not span the sync: each eval sees the weights it evaluates
-    t_sync = time.monotonic()
-    ckpt = ray.get(c.trainer.publish.remote(step))
-    telemetry.event("campaign.sync_barrier", step=step)
-    sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))  # pause in place, publish, resume
-    d.buffer.advance()
-    sync_s = time.monotonic() - t_sync
-    telemetry.event("campaign.sync_done", step=step)
-    if ev is not None:
-        ev.maybe_submit(step)
-    dump_results(c.run, step, results)
-    row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
-    row.update(ray.get(c.trainer.checkpoint_report.remote()))
-    row.update(mode="fully_async", engines_recreated=sync["recreated"], engines_dead=sync["dead"],
-               **_accounting(d.buffer, groups, results, step, c.cfg.fully_async.staleness_alarm_share),
-               **step_split(results, rollout_s))
-    c.guards.after_step(step)
-    row["guards_s"] = round(c.guards.take_busy_s(), 4)
-    if stats.get("ranks"):
-        row["ranks"] = stats["ranks"]
-    summary.extra["async_books"] = d.buffer.books()
-    summary.add_step(row)
-    d.fill()
-    progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()),
-                    evaluation=ev.latest if ev is not None else None)
 
 
 def _accounting(buffer: GroupBuffer, groups, results: list[dict], step: int, alarm_share: float) -> dict:
@@ -228,3 +235,13 @@ def _accounting(buffer: GroupBuffer, groups, results: list[dict], step: int, ala
             telemetry.event("rollout.staleness_violation", severity="warn", step=step, group=g.group_id,
                             staleness=g.violation.staleness, max_staleness=g.violation.max_staleness)
     return out
+
+
+def resumed_books(summary: Summary, step: int) -> dict:
+    """The run's group books as of the row of ``step`` (the resume point)."""
+    rows = [r for r in summary.steps if r["step"] == step and "async_books" in r]
+    if not rows:
+        raise ConfigError(f"resuming a fully_async run at step {step}: its summary row has no async_books "
+                          "(written by an older t1ops), so the group order cannot continue without reusing "
+                          "group ids; start a new run", key="run.mode")
+    return dict(rows[-1]["async_books"])

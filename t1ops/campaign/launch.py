@@ -18,6 +18,7 @@ from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 from t1ops import telemetry
+from t1ops.campaign.dataplane import TrajectoryStore
 from t1ops.campaign.engines import EngineRouter
 from t1ops.campaign.evaluation import Evaluator, eval_task_names
 from t1ops.campaign.resume import open_for_resume, resumed_summary
@@ -27,11 +28,13 @@ from t1ops.campaign.rollouts import Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.runner import Campaign, step_loop
 from t1ops.campaign.summary import Summary, plot
+from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trainer_host import TrainerHost
 from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
 from t1ops.errors import ConfigError
+from t1ops.tracking import Tracker
 from t1ops.guards.dist import timeout_for
 from t1ops.preflight import require_ok
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
@@ -91,7 +94,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     if cfg.trainer.parallel.world_size > 1:  # one Ray actor per rank in a placement group
         from t1ops.campaign.rank_actors import start_ranks
 
-        c.trainer, rank_watch = start_ranks(cfg, run, spec, resume=c.resume_from is not None)
+        c.trainer, rank_watch = start_ranks(cfg, run, spec)
         progress.log(f"trainer: {cfg.trainer.parallel.world_size} ranks (dp {cfg.trainer.parallel.dp}, "
                      f"tp {cfg.trainer.parallel.tp}, ep {cfg.trainer.parallel.ep})")
     else:
@@ -99,7 +102,8 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
             spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
             ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
             telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
-            temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+            temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump(),
+            reward_policy=RewardPolicy.from_config(cfg).to_dict())
     if c.resume_from is None:
         examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
         c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
@@ -110,9 +114,11 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     else:
         loaded = ray.get(c.trainer.resume.remote(c.resume_from))
         ckpt0 = loaded["actor"]
-        progress.log(f"resumed at step {c.resume_from}: actor {loaded['actor']} and critic {loaded['critic']} "
-                     f"loaded and verified, optimizer state, RNG and trainer step {loaded['trainer_step']} "
-                     f"restored; next step {loaded['next_step']}")
+        critic = f" and critic {loaded['critic']}" if loaded["critic"] else ""
+        ranks = cfg.trainer.parallel.world_size
+        progress.log(f"resumed at step {c.resume_from}: actor {loaded['actor']}{critic} loaded and verified, "
+                     f"optimizer state and RNG of {ranks} rank{'s' if ranks > 1 else ''} and trainer step "
+                     f"{loaded['trainer_step']} restored; next step {loaded['next_step']}")
         telemetry.event("campaign.resumed", **loaded)
     sender = _configure_weight_sender(cfg, c.trainer, run)
     c.router = ray.remote(EngineRouter).options(num_cpus=0, max_concurrency=256).remote(
@@ -132,12 +138,15 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
         c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
     settings = _worker_settings(cfg)
+    store = None  # the trajectories' owner: outlives any worker (t1ops.campaign.dataplane)
+    if cfg.rollout.data_plane == "object_store":
+        store = ray.remote(TrajectoryStore).options(num_cpus=0).remote()
     for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
         c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
             num_cpus=0, max_restarts=2, max_task_retries=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
             run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
             settings=settings, router=c.router, node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
-            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg)))
+            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg), store=store))
     ray.get([w.ping.remote() for w in c.workers])
     c.rollouts = Rollouts(cfg, c.workers, train_task_names(tasks, cfg), c.guards.stall)
     if c.eval_tasks:
@@ -150,10 +159,6 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
     """The evaluation task names (empty when eval is off); ConfigError unless held out."""
     if cfg.eval.every_steps == 0:
         return []
-    if cfg.pipeline_mode == "fully_async":
-        raise ConfigError("eval.every_steps > 0 is not supported with run.mode = 'fully_async' yet (its loop has "
-                          "no weight-sync point per step to evaluate at); set eval.every_steps = 0 or use "
-                          "run.mode = 'one_step'", key="eval.every_steps")
     eval_pool = load_pool(cfg.eval.tasks_dir) if cfg.eval.tasks_dir else None
     return eval_task_names(cfg, tasks, train_task_names(tasks, cfg), eval_pool)
 
@@ -218,7 +223,8 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
     return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
                           skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
                           timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
-                          sandbox=cfg.sandbox.model_dump(), harness=harness_settings(cfg))
+                          sandbox=cfg.sandbox.model_dump(), harness=harness_settings(cfg),
+                          failed_trials=r.failed_trials)
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,
@@ -228,6 +234,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     ``on_step`` callables ``(campaign, step)`` run as each step starts (the chaos schedule's seam).
     ``resume``: continue that run directory from its newest verified step (``t1ops.campaign.resume``)."""
     require_isolation(cfg.sandbox.isolation)   # before anything starts: never weaker than asked
+    held_out_tasks(cfg, load_pool(cfg.rollout.tasks_dir))   # a bad pool: refused before any run dir or Ray
     previous, point = None, None
     if resume is None:
         run = RunDir.create(out_dir or cfg.run.out_dir, cfg.run.name)
@@ -238,6 +245,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     raise_nofile_limit()
     progress = Progress(cfg.run.steps, enabled=show_progress)
     c = Campaign(cfg=cfg, run=run, resume_from=point.step if point else None)
+    tracker = None
     try:
         if point is not None:
             progress.log(point.message)
@@ -251,13 +259,17 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
                                  "eval_tasks": c.eval_tasks, "train_tasks": c.rollouts.task_names})
         if previous is not None:
             resumed_summary(summary, previous, point)
+        summary.tracker = tracker = Tracker.open(cfg.tracking, run.path, run.run_id, cfg.model_dump(),
+                                                 resume_step=point.step if point else None)
         if c.eval_tasks:
             c.evaluator = Evaluator(cfg, c.workers, c.eval_tasks, summary.add_eval)
         with progress:
             step_loop(c, summary, progress)
-        plot(summary.save())
+        tracker.report(plot(summary.save()), cfg.run.steps)
         return run.path
     finally:
+        if tracker is not None:
+            tracker.close()
         _shutdown(c)
         telemetry.shutdown()
 

@@ -20,6 +20,7 @@ manifest (``t1ops.guards.sharded_checkpoints``), loadable at any layout (docs/pa
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import time
 from pathlib import Path
@@ -31,7 +32,8 @@ from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from rl.trainer.settings import TrainerSettings
 from rl.vocab import CompactVocab
 from t1ops import telemetry
-from t1ops.campaign.trainer_host import TrainerHost
+from t1ops.campaign.reward_policy import RewardPolicy
+from t1ops.campaign.trainer_host import TrainerHost, load_rank_state, rank_state, resumed
 from t1ops.campaign.trainer_rank import join_world
 from t1ops.config import CampaignConfig, GuardsConfig
 from t1ops.errors import ConfigError
@@ -47,8 +49,10 @@ class TrainerRankHost(TrainerHost):
 
     def __init__(self, *, rank: int, layout: dict, spec: dict, settings: dict, vocab_path: str, ckpt_base: str,
                  seed: int, run_dir: str, guards: dict, telemetry_cfg: dict | None = None,
-                 temperature: float = 1.0, num_threads: int = 1, retention: dict | None = None) -> None:
+                 temperature: float = 1.0, num_threads: int = 1, retention: dict | None = None,
+                 reward_policy: dict | None = None) -> None:
         torch.set_num_threads(num_threads)
+        self.reward_policy, self.last_policy_counts = RewardPolicy(**(reward_policy or {})), {}
         self.rank, self.layout, self.run_dir = rank, Layout(**layout), Path(run_dir)
         telemetry.setup(run_dir, role=f"trainer-rank{rank}", **(telemetry_cfg or {}))
         self.guards = GuardsConfig(**guards)
@@ -105,25 +109,58 @@ class TrainerRankHost(TrainerHost):
         return [d for role in ("actor", "critic") for d in _prune(base / f"{role}-shards", self.retention.keep)]
 
     def publish(self, version: int) -> str | None:
-        """Gather the full actor once (a collective on every rank); rank 0 saves it for the engines,
-        and the critic every save_every steps. Every rank keeps its shard as the behaviour snapshot."""
+        """Gather the full actor once (a collective on every rank); rank 0 saves it for the engines.
+        Every save_every steps: both roles sharded per rank, and the resume point (the full critic
+        and every rank's optimizer and RNG state, gathered to rank 0: ``trainer_state``, the same
+        format a 1-rank trainer writes). Every rank keeps its shard as the behaviour snapshot."""
         actor = self.trainer.full_state("actor")  # the engines' weights: gathered once per step
-        if version % self.settings.save_every == 0:  # both roles, sharded per rank, no gather
+        resume_point = version % self.settings.save_every == 0
+        critic = ranks = None
+        if resume_point:
             with self._collective_watch("sharded checkpoint save"):
                 for role in ("actor", "critic") if self.trainer.critic is not None else ("actor",):
                     save_sharded(self.ckpt.actor_dir.parent, role, version, self.trainer)
+            critic = self.trainer.full_state("critic") if self.trainer.critic is not None else None
+            ranks = [None] * self.layout.world_size if self.rank == 0 else None
+            with self._collective_watch("trainer state gather"):  # bytes: tensors do not survive gather_object
+                torch.distributed.gather_object(_to_bytes(rank_state(self.trainer)), ranks, dst=0)
+            ranks = None if ranks is None else [torch.load(io.BytesIO(b), weights_only=True) for b in ranks]
         path = None
         if self.rank == 0:
+            from t1ops.campaign.resume import save_trainer_state, trainer_state
             from t1ops.campaign.retention import disk_bytes
 
             path = str(self.ckpt.save("actor", version, actor))
+            if resume_point:
+                if critic is not None:
+                    self.ckpt.save("critic", version, critic)
+                save_trainer_state(self.retention.base, version, trainer_state(self.trainer, version, ranks))
             deleted = self.retention.apply() + self._prune_shards()
             self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base),
-                                "checkpoints_deleted": len(deleted), "resume_point": None}
+                                "checkpoints_deleted": len(deleted), "resume_point": self.retention.resume_point()}
         self.published[version] = self.trainer.snapshot_behaviour()
         for old in sorted(self.published)[:-2]:
             del self.published[old]
         return path
+
+
+    def resume(self, step: int) -> dict:
+        """Every rank: the full (layout-free) weights of ``step``, its own optimizer and RNG state."""
+        from t1ops.campaign.resume import load_trainer_state
+
+        actor = self.ckpt.load("actor", step)
+        critic = self.ckpt.load("critic", step) if self.trainer.critic is not None else None
+        state = load_trainer_state(self.retention.base, step)
+        self.trainer.load_full(actor=actor, critic=critic, step=int(state["step"]))
+        load_rank_state(self.trainer, state, rank=self.rank, world_size=self.layout.world_size)
+        self.published = {step: self.trainer.snapshot_behaviour()}
+        return resumed(self, step, state, critic is not None)
+
+
+def _to_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
 
 
 def _prune(role_dir: Path, keep) -> list[str]:
@@ -173,18 +210,10 @@ class RankGroup:
         return _Broadcast(self, name)
 
 
-def start_ranks(cfg: CampaignConfig, run, spec: dict, resume: bool = False) -> tuple[RankGroup, RankWatch]:
+def start_ranks(cfg: CampaignConfig, run, spec: dict) -> tuple[RankGroup, RankWatch]:
     """Placement group, one actor per rank, rendezvous; returns the group and the coordinator's watch."""
     import ray
 
-    if resume:  # refused before any rank starts
-        raise ConfigError("resuming a multi-rank trainer is not supported yet: its checkpoints' weights are "
-                          "layout-free, but the optimizer state is per rank and not saved; resume with "
-                          "trainer.parallel at 1 rank or start a new run", key="trainer.parallel")
-    if cfg.pipeline_mode == "fully_async":
-        raise ConfigError("pipeline_mode = 'fully_async' trains on per-token rollout log-probs, which the "
-                          "multi-rank trainer does not implement yet; use the one-step pipeline or 1 rank",
-                          key="trainer.parallel")
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -207,7 +236,8 @@ def start_ranks(cfg: CampaignConfig, run, spec: dict, resume: bool = False) -> t
         vocab_path=str(run.vocab), ckpt_base=str(run.checkpoints), seed=cfg.run.seed, run_dir=str(run.path),
         guards=cfg.guards.model_dump(), telemetry_cfg={"otlp_endpoint": cfg.telemetry.otlp_endpoint,
                                                        "export_interval_s": cfg.telemetry.export_interval_s},
-        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump(),
+        reward_policy=RewardPolicy.from_config(cfg).to_dict())
         for r in range(layout.world_size)]
     init_method = ray.get(actors[0].address.remote())
     pids = ray.get([a.join.remote(init_method) for a in actors])

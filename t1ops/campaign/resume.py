@@ -25,24 +25,28 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from rl.atomic import publish_dir
 from t1ops.errors import CheckpointError, ConfigError
-from t1ops.guards.checkpoints import (_fsync_dir, _write_synced, file_sha256, list_steps, load_checkpoint,
-                                      step_dir_name)
+from t1ops.guards.checkpoints import file_sha256, list_steps, load_checkpoint, step_dir_name
+
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "coordinator-crash": ("trainer.save_every", "checkpoints.keep_last", "checkpoints.keep_every"),
+}
 
 STATE_ROLE = "trainer_state"
 STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
 # config keys a resume may change; any other difference is refused
 RESUMABLE_KEYS = {"run.steps", "run.out_dir", "run.ray_address", "run.num_cpus", "telemetry", "guards", "eval",
-                  "checkpoints"}
+                  "checkpoints", "tracking"}
 
 
 def save_trainer_state(base: str | Path, step: int, state: dict) -> Path:
@@ -52,18 +56,19 @@ def save_trainer_state(base: str | Path, step: int, state: dict) -> Path:
     final = role_dir / step_dir_name(step)
     if final.exists():
         raise CheckpointError(f"trainer state {final} already exists and is never overwritten", path=str(final))
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=role_dir))
-    try:
-        _write_synced(tmp / STATE_FILE, lambda f: torch.save(state, f))
+
+    def fill(tmp: Path) -> None:
+        torch.save(state, tmp / STATE_FILE)
         manifest = {"role": STATE_ROLE, "step": step, "file_sha256": file_sha256(tmp / STATE_FILE)}
-        _write_synced(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest).encode()))
-        _fsync_dir(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(role_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+        (tmp / MANIFEST).write_text(json.dumps(manifest))
+
+    return publish_dir(final, fill)
+
+
+def trainer_state(trainer, version: int, ranks: list[dict]) -> dict:
+    """The trainer state a resume at ``version`` needs: step count, data-sampler position and
+    every rank's optimizer and RNG state (``t1ops.campaign.trainer_host.rank_state``)."""
+    return {"step": trainer.step, "next_step": version + 1, "ranks": ranks}
 
 
 def load_trainer_state(base: str | Path, step: int) -> dict:
@@ -161,7 +166,7 @@ def supersede_after(run_path: Path, step: int) -> Path | None:
     """Move what a crashed run wrote after ``step`` into ``superseded/<timestamp>/``; return it (None if nothing)."""
     dest = run_path / "superseded" / time.strftime("%Y%m%d-%H%M%S")
     moved = 0
-    for role in ("actor", "critic", STATE_ROLE):
+    for role in ("actor", "critic", STATE_ROLE, "actor-shards", "critic-shards"):
         role_dir = run_path / "checkpoints" / role
         for s in list_steps(role_dir):
             if s > step:
@@ -238,6 +243,8 @@ def resumed_summary(summary, previous: dict, point: ResumePoint) -> None:
     summary.steps[:] = [r for r in previous.get("steps", []) if r["step"] <= point.step]
     summary.evals[:] = [e for e in previous.get("eval", []) if e["step"] <= point.step]
     summary.extra["warm_start_loss"] = previous.get("warm_start_loss", summary.extra.get("warm_start_loss"))
+    if previous.get("async_resumes"):  # fully_async: the group books carried across earlier crashes
+        summary.extra["async_resumes"] = list(previous["async_resumes"])
     rerun = sorted(r["step"] for r in previous.get("steps", []) if r["step"] > point.step)
     summary.extra["resumes"] = previous.get("resumes", []) + [
         {"from_step": point.step, "message": point.message, "steps_run_again": rerun,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from t1ops import telemetry
 from t1ops.campaign.worker import plan_groups
-from t1ops.errors import MissingRoutingError
+from t1ops.errors import RoutingError
 
 POLL_S = 0.5
 
@@ -113,7 +113,7 @@ class Rollouts:
                 out = ray.get(ready[0])
             except ray.exceptions.RayTaskError as err:
                 cause = err.as_instanceof_cause()
-                if isinstance(cause, MissingRoutingError):
+                if isinstance(cause, RoutingError):  # any routing error aborts (T1 report, section 05)
                     telemetry.event("rollout.aborted", severity="error", step=pending.step, reason=str(cause))
                     raise cause from None
                 raise
@@ -134,3 +134,65 @@ def _split(total: int, sizes: list[int]) -> list[int]:
     for i in sorted(range(len(sizes)), key=lambda i: exact[i] - out[i], reverse=True)[: total - sum(out)]:
         out[i] += 1
     return [min(o, k) for o, k in zip(out, sizes)]
+
+
+@dataclass
+class StepBatch:
+    """What a batch source hands the step: the results, the seconds it waited, its own books."""
+
+    results: list[dict]
+    rollout_s: float
+    books: dict = field(default_factory=dict)   # sync/one_step: the trial ledger; fully_async: unused
+    groups: list = field(default_factory=list)  # fully_async: the groups trained (async_buffer.Group)
+
+
+class PipelinedSource:
+    """run.mode "sync" (generate step t's batch, then train) or "one_step" (batch t+1 generates
+    while step t trains; drained before the weight sync, so no request spans it). The behaviour
+    policy is the snapshot published for the batch (``TrainerHost.train(..., "snapshot")``)."""
+
+    behaviour = "snapshot"
+
+    def __init__(self, rollouts: Rollouts, *, pipelined: bool, steps: int) -> None:
+        self.rollouts, self.pipelined, self.steps = rollouts, pipelined, steps
+        self.pending: Pending | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return self.rollouts.in_flight
+
+    def start(self, first: int, summary) -> None:
+        self.pending = self.rollouts.submit(first)
+
+    def take(self, step: int, progress) -> StepBatch:
+        if self.pending is None:  # sequential mode: generate this step's batch now
+            self.pending = self.rollouts.submit(step)
+        results, rollout_s, books = self.rollouts.collect(self.pending)
+        self.rollouts.check_workers()
+        self.pending = self.rollouts.submit(step + 1) if self.pipelined and step < self.steps else None
+        return StepBatch(results, rollout_s, books=books)
+
+    def while_training(self, train_ref, guards) -> None:
+        """Nothing to do: batch t+1 (one_step) is already generating on the workers."""
+
+    def before_sync(self) -> None:
+        if self.pending is not None:
+            self.rollouts.wait_done(self.pending)  # no request may span the weight sync
+
+    def after_sync(self) -> None:
+        """Nothing: the next batch was drained before the sync."""
+
+    def row_fields(self, step: int, batch: StepBatch) -> dict:
+        from t1ops.campaign.async_buffer import version_lag_histogram
+
+        lags = version_lag_histogram(batch.results, step - 1)
+        return {"ledger": batch.books, "version_lag_tokens": {str(k): v for k, v in lags.items()}}
+
+    def before_row(self, summary) -> None:
+        """No run-level books beyond the step rows."""
+
+    def after_step(self) -> None:
+        """Nothing: one_step submitted the next batch when it took this one."""
+
+    def stop(self, summary) -> None:
+        """Nothing in flight survives the last step's drain."""

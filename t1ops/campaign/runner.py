@@ -5,6 +5,10 @@ embedded CPU engine by default), one rollout worker per node (agent loop and
 sandboxes), the trainer (actor + critic), and this coordinator (step loop,
 weight-sync barrier, guardrails, telemetry).
 
+Every mode takes the same step (:func:`take_step`); what differs is the batch
+source: :class:`~t1ops.campaign.rollouts.PipelinedSource` (sync, one_step) or
+:class:`~t1ops.campaign.async_loop.AsyncSource` (fully_async, docs/async.md).
+
 The one-step pipeline: while the trainer takes step t on batch t, the workers
 already generate batch t+1 with the weights they have. When both are done the
 barrier pauses the engines, publishes the trainer's weights (the actor's
@@ -22,9 +26,11 @@ import numpy as np
 
 from t1ops import telemetry
 from t1ops.audit import write_trajectory
+from t1ops.campaign.async_loop import AsyncSource
+from t1ops.campaign.dataplane import write_dumps
 from t1ops.campaign.guarding import CampaignGuards
 from t1ops.campaign.progress import Progress
-from t1ops.campaign.rollouts import Rollouts
+from t1ops.campaign.rollouts import PipelinedSource, Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.summary import Summary
 from t1ops.campaign.trialtrace import step_split
@@ -63,6 +69,12 @@ def _metrics_row(step: int, results: list[dict], stats: dict, rollout_s: float, 
             "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
             "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
             "reward_sources": _count(r["reward_source"] for r in results),
+            # every non-CTRF reward named by its source and why CTRF was not used (T1 report, section 06)
+            "reward_fallbacks": _count(f"{r['reward_source']} ({r.get('reward_fallback') or 'no CTRF tag'})"
+                                       for r in results if r["reward_source"] != "ctrf"),
+            "entropy": stats.get("entropy", math.nan), "actor_updated": stats.get("actor_updated", True),
+            "reward_trained_mean": (stats.get("policy") or {}).get("reward_trained_mean", math.nan),
+            "reward_policy": {k: v for k, v in (stats.get("policy") or {}).items() if k != "reward_trained_mean"},
             "end_reasons": _count(r["end_reason"] for r in results),
             "compactions": sum(r.get("compactions", 0) for r in results),
             "summary_failures": sum(r.get("summary_failures", 0) for r in results)}
@@ -75,81 +87,91 @@ def _count(items) -> dict:
     return out
 
 
-def _lag_histogram(results: list[dict], step: int) -> dict[str, int]:
-    from t1ops.campaign.async_buffer import version_lag_histogram
-
-    return {str(k): v for k, v in version_lag_histogram(results, step - 1).items()}
-
-
-def dump_results(run: RunDir, step: int, results: list[dict]) -> int:
-    """Write every trajectory chunk of a step in the audit dump format; returns the count."""
+def dump_results(run: RunDir, step: int, results: list[dict], debug: bool = False) -> int:
+    """Write every trajectory chunk of a step in the audit dump format; returns the count.
+    ``debug`` (rollout.debug_dump): also each trajectory's tito_transitions.json and tito_debug.txt."""
     n = 0
     for r in results:
         for chunk in r["chunks"]:
             write_trajectory(chunk, run.dumps, step=step, reward=r["reward"], reward_source=r["reward_source"],
                              task=r["task"], trial_id=r["trial_id"], end_reason=r["end_reason"])
             n += 1
+        if debug and r["chunks"]:
+            from t1ops.tito_debug import write_debug
+
+            write_debug(run.path / "debug", r)
     return n
 
 
-def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
-    """Run ``cfg.run.steps`` RL steps with the one-step pipeline (see module docstring), or
-    sequentially (run.mode "sync"); "fully_async" has its own loop (t1ops.campaign.async_loop)."""
-    import ray
-
+def batch_source(c: Campaign):
+    """The run mode's batch source: the one difference between the modes (docs/async.md)."""
     if c.cfg.pipeline_mode == "fully_async":
-        from t1ops.campaign.async_loop import async_step_loop
+        return AsyncSource(c)
+    return PipelinedSource(c.rollouts, pipelined=c.cfg.pipeline_mode == "one_step", steps=c.cfg.run.steps)
 
-        return async_step_loop(c, summary, progress)
-    steps, pipelined = c.cfg.run.steps, c.cfg.pipeline_mode == "one_step"
+
+def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
+    """Run ``cfg.run.steps`` RL steps; every mode takes the same step (:func:`take_step`), the batch
+    source differs: sync, one_step (module docstring) or fully_async (``t1ops.campaign.async_loop``)."""
     first = (c.resume_from or 0) + 1  # the data-sampler position: task order is a function of the step
-    ev = c.evaluator
+    source, ev = batch_source(c), c.evaluator
     if ev is not None and not any(e["step"] == first - 1 for e in summary.evals):
         ev.maybe_submit(first - 1)  # the warm-started (or resumed) weights, evaluated while the step runs
-    pending = c.rollouts.submit(first)
-    for step in range(first, steps + 1):
-        t_step = time.monotonic()
-        for hook in c.on_step:  # e.g. a chaos fault schedule
-            hook(c, step)
-        if pending is None:  # sequential mode: generate this step's batch now
-            pending = c.rollouts.submit(step)
-        results, rollout_s, books = c.rollouts.collect(pending)
-        c.rollouts.check_workers()
-        pending = c.rollouts.submit(step + 1) if pipelined and step < steps else None  # t+1 generates ...
-        progress.update(step=step, phase="train", in_flight=c.rollouts.in_flight)
-        t_train = time.monotonic()
-        c.guards.train_submitted(step)
-        telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
-        stats = c.guards.wait_train(c.trainer.train.remote(results), step)  # ... while step t trains
-        train_s = time.monotonic() - t_train
-        telemetry.event("campaign.train_done", step=step)
-        if pending is not None:
-            c.rollouts.wait_done(pending)  # no request may span the weight sync
-        if ev is not None:
-            ev.collect()  # nor an eval request: each eval sees exactly the weights it evaluates
-        t_sync = time.monotonic()
-        ckpt = ray.get(c.trainer.publish.remote(step))
-        telemetry.event("campaign.sync_barrier", step=step)
-        sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
-        sync_s = time.monotonic() - t_sync
-        telemetry.event("campaign.sync_done", step=step)
-        if ev is not None:
-            ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
-        dump_results(c.run, step, results)
-        row = _metrics_row(step, results, stats, rollout_s, train_s, time.monotonic() - t_step, sync_s)
-        row.update(ray.get(c.trainer.checkpoint_report.remote()))  # disk used, retention
-        row.update(ledger=books, engines_recreated=sync["recreated"], engines_dead=sync["dead"],
-                   mode=c.cfg.pipeline_mode, version_lag_tokens=_lag_histogram(results, step),
-                   **step_split(results, rollout_s))
-        c.guards.after_step(step)
-        row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
-        if stats.get("ranks"):  # per-rank timing of a multi-rank trainer
-            row["ranks"] = stats["ranks"]
-        summary.add_step(row)
-        for key in ("reward_mean", "explained_variance", "logprob_gap", "step_s"):
-            if not math.isnan(row[key]):  # NaN: not defined this step (e.g. EV with constant returns)
-                telemetry.gauge(f"campaign.{key}", row[key], step=step)
-        progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()),
-                        evaluation=ev.latest if ev is not None else None)
+    source.start(first, summary)
+    try:
+        for step in range(first, c.cfg.run.steps + 1):
+            take_step(c, source, summary, progress, step)
+    finally:
+        source.stop(summary)
     if ev is not None and ev.collect() is not None:  # the last step's weights
         progress.log(progress.eval_text(ev.latest))
+
+
+def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: int) -> dict:
+    """One step of any mode: batch, train, weight sync (with the eval around it), the step row."""
+    import ray
+
+    t_step, ev = time.monotonic(), c.evaluator
+    for hook in c.on_step:  # e.g. a chaos fault schedule
+        hook(c, step)
+    batch = source.take(step, progress)
+    results = batch.results
+    progress.update(step=step, phase="train", in_flight=source.in_flight)
+    t_train = time.monotonic()
+    c.guards.train_submitted(step)
+    telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
+    train_ref = c.trainer.train.remote(results, source.behaviour)
+    source.while_training(train_ref, c.guards)  # generation goes on while step t trains
+    stats = c.guards.wait_train(train_ref, step)
+    train_s = time.monotonic() - t_train
+    telemetry.event("campaign.train_done", step=step)
+    source.before_sync()  # what must not span the weight sync is drained
+    if ev is not None:
+        ev.collect()  # nor an eval request: each eval sees exactly the weights it evaluates
+    t_sync = time.monotonic()
+    ckpt = ray.get(c.trainer.publish.remote(step))
+    telemetry.event("campaign.sync_barrier", step=step)
+    sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
+    source.after_sync()
+    sync_s = time.monotonic() - t_sync
+    telemetry.event("campaign.sync_done", step=step)
+    if ev is not None:
+        ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
+    write_dumps(c.workers, c.run, step, results)  # by the workers that hold the trajectories
+    row = _metrics_row(step, results, stats, batch.rollout_s, train_s, time.monotonic() - t_step, sync_s)
+    row.update(ray.get(c.trainer.checkpoint_report.remote()))  # disk used, retention
+    row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,
+               **source.row_fields(step, batch), **step_split(results, batch.rollout_s))
+    c.guards.after_step(step)
+    row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
+    if stats.get("ranks"):  # per-rank timing of a multi-rank trainer
+        row["ranks"] = stats["ranks"]
+    source.before_row(summary)
+    summary.add_step(row)
+    source.after_step()
+    for key in ("reward_mean", "explained_variance", "logprob_gap", "step_s"):
+        if not math.isnan(row[key]):  # NaN: not defined this step (e.g. EV with constant returns)
+            telemetry.gauge(f"campaign.{key}", row[key], step=step)
+    progress.update(step=step, phase="done", row=row, engines=ray.get(c.router.describe.remote()),
+                    evaluation=ev.latest if ev is not None else None)
+    return row

@@ -8,17 +8,17 @@ summary.json: ``{"run_id", "config", "warm_start": {...}, "steps": [{"step",
 (the split: docs/tracing.md; the eval: docs/campaign.md); rewritten atomically after every step and
 every evaluation so a crash leaves what was completed so far. An evaluation's fields are also copied
 into the row of the step whose weights it evaluated (step 0, the warm-started weights, has only its
-``eval`` entry).
+``eval`` entry). This is the one writer of step rows in every pipeline mode: its ``tracker``
+(``t1ops.tracking.Tracker``; docs/tracking.md) gets each row and evaluation after summary.json has it.
 """
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl.atomic import publish_file
 from t1ops.errors import InputError
 
 STEP_KEYS = ("step", "reward_mean", "explained_variance", "logprob_gap", "turns_mean", "tokens",
@@ -26,18 +26,8 @@ STEP_KEYS = ("step", "reward_mean", "explained_variance", "logprob_gap", "turns_
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via temp file + fsync + rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # never leave a half-written temp file beside summary.json
-        os.unlink(tmp)
-        raise
+    """Write JSON atomically and durably (``rl.atomic.publish_file``): readers never see half a file."""
+    publish_file(path, json.dumps(data, indent=2, default=str))
 
 
 @dataclass
@@ -48,6 +38,7 @@ class Summary:
     steps: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
     evals: list[dict] = field(default_factory=list)
+    tracker: Any = None  # t1ops.tracking.Tracker (None: no trackers); never lets a failure through
 
     def add_step(self, row: dict) -> None:
         missing = [k for k in STEP_KEYS if k not in row]
@@ -55,6 +46,8 @@ class Summary:
             raise InputError(f"summary step row lacks {missing}", missing=missing)
         self.steps.append(row)
         self.save()
+        if self.tracker is not None:
+            self.tracker.step(row)
 
     def add_eval(self, row: dict) -> None:
         """Record one held-out evaluation (``t1ops.campaign.evaluation.eval_row``)."""
@@ -64,54 +57,70 @@ class Summary:
                 step_row.update({k: v for k, v in row.items() if k.startswith("eval_")
                                  and k not in ("eval_per_task", "eval_trial_rewards")})
         self.save()
+        if self.tracker is not None:
+            self.tracker.eval(row)
 
     def save(self) -> Path:
         path = self.run_dir / "summary.json"
-        write_json_atomic(path, {"run_id": self.run_id, "config": self.config, **self.extra, "steps": self.steps,
-                                 "eval": self.evals})
+        fallbacks: dict = {}
+        for row in self.steps:  # every non-CTRF reward of the run, by source (and why CTRF was not used)
+            for k, v in (row.get("reward_fallbacks") or {}).items():
+                fallbacks[k] = fallbacks.get(k, 0) + v
+        write_json_atomic(path, {"run_id": self.run_id, "config": self.config, **self.extra,
+                                 "reward_fallbacks": fallbacks, "steps": self.steps, "eval": self.evals})
         return path
 
 
+def report_panels(data: dict) -> list[str]:
+    """The titles of report.png's panels, in order: only those the run's rows carry data for (a
+    one_step run has no group books, so no "groups per step" panel; docs/async.md)."""
+    from t1ops.campaign import async_report
+
+    steps = data["steps"]
+    titles = [title for _, title in _CURVES] + [SPLIT_TITLE]
+    if async_report.has_staleness(steps):
+        titles.append(async_report.LAG_TITLE)
+    if async_report.has_group_books(steps):
+        titles.append(async_report.GROUPS_TITLE)
+    return titles
+
+
+_CURVES = (("reward_mean", "mean reward (CTRF, passed/S)"), ("explained_variance", "critic explained variance"),
+           ("logprob_gap", "train-vs-rollout log-prob gap"), ("step_s", "seconds per step"),
+           ("solved_share", "solved share"))
+SPLIT_TITLE = "where trial time goes (share of trial-seconds)"
+
+
 def plot(summary_path: Path, out: Path | None = None) -> Path:
-    """Render reward, EV, log-prob gap and timings per step into a PNG next to summary.json."""
+    """Render reward, EV, log-prob gap and timings per step into a PNG next to summary.json; the
+    staleness panels only when the run produced them (:func:`report_panels`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from t1ops.campaign import async_report
+
     data = json.loads(Path(summary_path).read_text())
     steps = data["steps"]
     out = out or Path(summary_path).with_name("report.png")
     x = [s["step"] for s in steps]
-    from t1ops.campaign import async_report
-
     evals = data.get("eval", [])
-    rows = 3 if async_report.has_staleness(steps) else 2
+    titles = report_panels(data)
+    rows = -(-len(titles) // 3)
     fig, axes = plt.subplots(rows, 3, figsize=(15, 3.5 * rows))
-    panels = [("reward_mean", "mean reward (CTRF, passed/S)"), ("explained_variance", "critic explained variance"),
-              ("logprob_gap", "train-vs-rollout log-prob gap"), ("step_s", "seconds per step"),
-              ("solved_share", "solved share")]
-    _plot_split(axes.flat[5], steps)
-    for ax, (key, title) in zip(axes.flat, panels):
-        ax.plot(x, [s.get(key) for s in steps], marker="o", label="training batch")
-        if key in ("reward_mean", "solved_share") and evals:
-            ex = [e["step"] for e in evals]
-            ey = [e["eval_" + key] for e in evals]
-            err = [e.get("eval_reward_sem") or 0 for e in evals] if key == "reward_mean" else None
-            ax.errorbar(ex, ey, yerr=err, marker="s", capsize=3, label="held-out eval")
-            if key == "reward_mean":
-                _plot_eval_groups(ax, summary_path)
-            ax.legend()
-        if key == "step_s":
-            ax.plot(x, [s.get("rollout_s") for s in steps], marker=".", label="rollout")
-            ax.plot(x, [s.get("train_s") for s in steps], marker=".", label="train")
-            ax.legend()
+    drawers = {title: (lambda ax, key=key: _plot_curve(ax, key, x, steps, evals, summary_path))
+               for key, title in _CURVES}
+    drawers.update({SPLIT_TITLE: lambda ax: _plot_split(ax, steps),
+                    async_report.LAG_TITLE: lambda ax: async_report.draw_lags(ax, steps),
+                    async_report.GROUPS_TITLE: lambda ax: async_report.draw_groups(ax, steps)})
+    for ax, title in zip(axes.flat, titles):
+        drawers[title](ax)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    if rows == 3:
-        async_report.draw(axes[2][0], axes[2][1], steps)
-        axes[2][2].set_visible(False)
+    for ax in list(axes.flat)[len(titles):]:
+        ax.set_visible(False)
     fig.suptitle(f"t1ops run {data.get('run_id', '')}")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -135,6 +144,22 @@ def _plot_eval_groups(ax, summary_path: Path) -> None:
                     marker=".", linestyle="--", capsize=2, label=f"eval: {g.group}")
 
 
+def _plot_curve(ax, key: str, x: list, steps: list[dict], evals: list[dict], summary_path: Path) -> None:
+    ax.plot(x, [s.get(key) for s in steps], marker="o", label="training batch")
+    if key in ("reward_mean", "solved_share") and evals:
+        ex = [e["step"] for e in evals]
+        ey = [e["eval_" + key] for e in evals]
+        err = [e.get("eval_reward_sem") or 0 for e in evals] if key == "reward_mean" else None
+        ax.errorbar(ex, ey, yerr=err, marker="s", capsize=3, label="held-out eval")
+        if key == "reward_mean":
+            _plot_eval_groups(ax, summary_path)
+        ax.legend()
+    if key == "step_s":
+        ax.plot(x, [s.get("rollout_s") for s in steps], marker=".", label="rollout")
+        ax.plot(x, [s.get("train_s") for s in steps], marker=".", label="train")
+        ax.legend()
+
+
 def _plot_split(ax, steps: list[dict]) -> None:
     """Stacked shares of the active trial-seconds per step: generate, sandbox, verify, other."""
     x = [s["step"] for s in steps]
@@ -144,7 +169,5 @@ def _plot_split(ax, steps: list[dict]) -> None:
         ax.bar(x, values, bottom=bottom, label=name)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.plot(x, [s.get("queue_share", 0.0) for s in steps], "k.--", label="queued (of all)")
-    ax.set_title("where trial time goes (share of trial-seconds)")
-    ax.set_xlabel("step")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7)

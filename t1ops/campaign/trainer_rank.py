@@ -69,7 +69,7 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
         times = []
         for _ in range(job["steps"]):
             t0 = time.perf_counter()
-            stats = rt.train_step(job["batch"])
+            stats = rt.train_step(job["batch"], behaviour=job["behaviour"])
             times.append(time.perf_counter() - t0)
         full = rt.full_state("actor")
         if job.get("shards_to"):
@@ -85,12 +85,13 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
 
 def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk_id: int | None = None,
                     steps: int = 1, temperature: float = 1.0, timeout_s: float = 600.0,
-                    shards_to: str | None = None) -> dict:
+                    shards_to: str | None = None, behaviour: str = "snapshot") -> dict:
     """Spawn ``layout.world_size`` local ranks, take ``steps`` steps on ``batch``; rank 0's results.
 
     Returns ``logprobs`` (full ``[B, T]`` before the step), ``stats`` (StepStats of the last step),
     ``step_s`` (seconds per step) and ``actor`` (the full actor state after the steps). With
-    ``shards_to`` the ranks also save the actor sharded there (step = ``steps``)."""
+    ``shards_to`` the ranks also save the actor sharded there (step = ``steps``). ``behaviour``:
+    as ``RankTrainer.train_step``'s ("rollout": the fully async behaviour policy)."""
     import tempfile
 
     import torch.multiprocessing as mp
@@ -100,7 +101,8 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
     ctx = mp.get_context("spawn")
     out = os.path.join(tempfile.mkdtemp(prefix="t1ops-ranks-"), "rank0.pt")
     job = {"layout": asdict(layout), "batch": batch, "spec": spec, "settings": settings, "seed": seed,
-           "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to}
+           "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to,
+           "behaviour": behaviour}
     init_method = f"tcp://127.0.0.1:{free_port()}"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     procs = [ctx.Process(target=_one_step, args=(r, layout.world_size, init_method, job, out), daemon=True)

@@ -19,6 +19,10 @@ log-prob gap, timings), report.png, telemetry/*.jsonl, trajectory dumps
 (`t1ops audit RUN/dumps`), and actor/critic checkpoints. With [eval] it also
 evaluates held-out tasks during training (summary.json "eval", the step line).
 
+Any key can be overridden for one run, validated like the file:
+
+  t1ops run examples/tiny/campaign.toml --set trainer.actor_lr=1e-6 --set run.mode=fully_async
+
 After a crash, continue the same run directory from its newest verified step:
 
   t1ops run examples/tiny/campaign.toml --resume runs/tiny-20260101-120000-abcd
@@ -31,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="override run.steps")
     p.add_argument("--ray-address", help="join an existing Ray cluster (default: start a local one)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a live display")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override one config key, e.g. --set trainer.actor_lr=1e-6 --set run.mode=fully_async "
+                        "(repeatable; a TOML value or bare text; validated like the file)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR",
                    help="continue RUN_DIR from the newest step at which actor, critic and trainer state all "
                         "exist and verify, appending to it (docs/campaign.md)")
@@ -38,13 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from t1ops.campaign.launch import run_campaign
-    from t1ops.config import load_toml, parse_config
+    from t1ops.config import load_toml
+    from t1ops.overrides import parse_assignments
 
-    cfg = load_toml(args.config)
-    overrides = {"steps": args.steps, "ray_address": args.ray_address}
-    data = cfg.model_dump()
-    data["run"].update({k: v for k, v in overrides.items() if v is not None})
-    cfg = parse_config(data, source=f"{args.config} with command-line overrides")
+    pairs = parse_assignments(args.overrides)
+    pairs += [(k, v) for k, v in (("run.steps", args.steps), ("run.ray_address", args.ray_address)) if v is not None]
+    cfg = load_toml(args.config, overrides=pairs)
     run_dir = run_campaign(cfg, out_dir=str(args.out) if args.out else None,
                            show_progress=not args.no_progress and sys.stderr.isatty(), resume=args.resume)
     print(f"run complete: {run_dir}\n  summary: {run_dir / 'summary.json'}\n  report:  {run_dir / 'report.png'}\n"

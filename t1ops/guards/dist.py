@@ -28,6 +28,12 @@ from t1ops.config import GuardsConfig
 from t1ops.doctor import Check, check
 from t1ops.errors import ConfigError, DistributedTimeoutError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "gloo-default-timeout": ("guards.gloo_timeout_min", "guards.nccl_timeout_min", "guards.nccl_timeout_cp_min"),
+}
+
 RUNBOOK = "runbooks/gloo-default-timeout.md"
 
 

@@ -18,6 +18,13 @@ from t1ops.config import EngineConfig
 from t1ops.guards.engine_slots import ENGINE_FAILURES, Slot, kill_engine
 from t1ops.guards.weight_sync import WeightSync
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "dead-engine": ("engine.health_interval_s", "engine.failure_threshold", "engine.max_resubmits"),
+    "engine-warmup-grace": ("engine.warmup_grace_s", "engine.failure_threshold"),
+}
+
 
 class EngineHealth:
     """Pinging, admission and death of the pool's engines (state lives on :class:`EnginePool`)."""

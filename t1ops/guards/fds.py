@@ -29,6 +29,12 @@ from t1ops import telemetry
 from t1ops.doctor import Check, check
 from t1ops.errors import InputError, StallError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "fd-exhaustion": ("guards.fd_warn_fraction", "guards.fd_sample_interval_s", "guards.stall_timeout_s"),
+}
+
 RUNBOOK = "runbooks/fd-exhaustion.md"
 
 

@@ -29,6 +29,12 @@ from t1ops.config import GuardsConfig
 from t1ops.doctor import Check, check
 from t1ops.errors import HostOOMKilled, InputError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "host-oom-kill": ("guards.host_ram_warn_fraction", "guards.adam_host_bytes_per_param", "guards.sandbox_host_gib"),
+}
+
 RUNBOOK = "runbooks/host-oom-kill.md"
 GIB = 1024 ** 3
 #: cgroup v1 reports "no limit" as a page-rounded 2**63 - 1.

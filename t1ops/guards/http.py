@@ -39,6 +39,12 @@ from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import ControlPlaneTimeout, EngineError, InputError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "unbounded-http": ("engine.request_timeout_s", "engine.request_attempts", "engine.retry_backoff_s", "engine.generate_timeout_s"),
+}
+
 RUNBOOK = "runbooks/unbounded-http.md"
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,13 @@ from typing import Callable
 from t1ops import telemetry
 from t1ops.errors import InputError, StallError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "single-loop-lock": ("rollout.sandbox_rate_per_s", "eval.every_steps", "eval.timeout_s"),
+    "skim-tail-bias": ("rollout.skim_overprovision",),
+}
+
 
 class TokenBucket:
     """An async token bucket whose lock and sleeps belong to the loop that awaits.

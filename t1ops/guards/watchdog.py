@@ -36,6 +36,12 @@ from t1ops import telemetry
 from t1ops.config import GuardsConfig
 from t1ops.errors import HangError, InputError
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "jit-as-deadlock": ("guards.watchdog_safety_factor", "guards.watchdog_first_step_bound_s", "guards.watchdog_min_bound_s", "guards.watchdog_warmup_ratio", "guards.nccl_timeout_min"),
+}
+
 RUNBOOK = "runbooks/jit-as-deadlock.md"
 Status = Literal["ok", "warming_up", "straggler", "hung"]
 #: Intervals within this ratio of each other over the last three micro-batches are "flat".

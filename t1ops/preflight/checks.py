@@ -17,6 +17,13 @@ from t1ops.preflight.memory import MemoryEstimate, estimate
 from t1ops.preflight.params import gpu_params, layer_params, total_expert_params
 from t1ops.preflight.plan import Plan
 
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "max-tokens-per-gpu": ("trainer.parallel.max_tokens_per_gpu", "run.plan"),
+    "dp1-incompatible": ("trainer.parallel.dp", "trainer.parallel.ep", "run.plan"),
+}
+
 Severity = Literal["error", "warning", "info"]
 
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-WHEEL_DIRS = (os.environ.get("T1OPS_SGLANG_WHEEL_DIR", ""), "/tmp/sglang-wheel")
+# .ci/run downloads the wheel into the venv (``<venv>/sglang-wheel``); README "Set up" says how by hand
+WHEEL_DIRS = (os.environ.get("T1OPS_SGLANG_WHEEL_DIR", ""), os.path.join(sys.prefix, "sglang-wheel"),
+              "/tmp/sglang-wheel")
 
 
 def find_wheel(version: str) -> Path | None:

@@ -1,8 +1,9 @@
 """The client's request payloads against SGLang's own request classes (io_struct.py of the wheel).
 
 Needs the ``sglang`` wheel of :data:`rl.engines.protocol.SGLANG_SCHEMA_VERSION`, downloaded (not
-installed) with ``pip download sglang==0.5.23 --no-deps -d /tmp/sglang-wheel`` (or a directory
-in ``T1OPS_SGLANG_WHEEL_DIR``); skipped with that reason when absent. ``tests/rl/sglang_schema.py``
+installed): .ci/run does ``pip download sglang==0.5.23 --no-deps -d .venv/sglang-wheel``
+(``<venv>/sglang-wheel``, ``/tmp/sglang-wheel`` or ``T1OPS_SGLANG_WHEEL_DIR`` are searched).
+Skipped with that reason when absent, which fails CI (tests/conftest.py). ``tests/rl/sglang_schema.py``
 says why the classes are read from source instead of imported.
 """
 from __future__ import annotations
@@ -15,8 +16,8 @@ from rl.engines import protocol_weights as PW
 from tests.rl.sglang_schema import check_payload, find_wheel, read_classes
 
 WHEEL = find_wheel(P.SGLANG_SCHEMA_VERSION)
-pytestmark = pytest.mark.skipif(WHEEL is None, reason=f"no sglang-{P.SGLANG_SCHEMA_VERSION} wheel: run `pip download "
-                                f"sglang=={P.SGLANG_SCHEMA_VERSION} --no-deps -d /tmp/sglang-wheel`")
+pytestmark = pytest.mark.skipif(WHEEL is None, reason=f"no sglang-{P.SGLANG_SCHEMA_VERSION} wheel: run `.venv/bin/pip "
+                                f"download sglang=={P.SGLANG_SCHEMA_VERSION} --no-deps -d .venv/sglang-wheel`")
 
 
 @pytest.fixture(scope="module")

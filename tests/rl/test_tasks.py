@@ -142,15 +142,20 @@ def test_every_solution_passes_all_its_tests(tmp_path):
     assert all(v.reward.source == "ctrf" and v.reward.total >= 3 for _, _, v in results)
 
 
-def test_environment_env_templates_resolve_from_the_host_and_become_required_secrets(tmp_path,
-                                                                                     monkeypatch):
+def test_environment_env_templates_resolve_only_allowed_names(tmp_path):
     d = _copy(tmp_path)
     (d / "task.toml").write_text('[environment.env]\nAPI = "${T1_TEST_KEY}"\n'
                                  'MODE = "${T1_TEST_MODE:-fast}"\nPLAIN = "x"\n')
     t = load_task(d)
-    assert t.required_env_keys == ("T1_TEST_KEY",)       # redacted like any declared secret
-    monkeypatch.setenv("T1_TEST_KEY", "sk-secret-value")
-    monkeypatch.delenv("T1_TEST_MODE", raising=False)
-    assert t.agent_env == {"API": "sk-secret-value", "MODE": "fast", "PLAIN": "x"}
-    monkeypatch.setenv("T1_TEST_MODE", "slow")
-    assert t.agent_env["MODE"] == "slow"
+    assert t.required_env_keys == ()
+    host = {"T1_TEST_KEY": "sk-secret-value", "T1_TEST_MODE": "slow"}
+    allow = frozenset({"T1_TEST_KEY"})
+    env, taken = t.resolved_env(host, allow)   # issue #28: T1_TEST_MODE is not allowed: unset
+    assert env == {"API": "sk-secret-value", "MODE": "fast", "PLAIN": "x"}
+    assert taken == {"T1_TEST_KEY": "sk-secret-value"}   # redacted like a secret by the sandbox
+    env, _ = t.resolved_env(host, allow | {"T1_TEST_MODE"})
+    assert env["MODE"] == "slow"
+    with pytest.raises(TaskError, match="env_allow"):
+        t.resolved_env(host, frozenset())              # ${T1_TEST_KEY} without default, not allowed
+    with pytest.raises(TaskError, match="is not set"):
+        t.resolved_env({}, allow)

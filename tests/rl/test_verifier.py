@@ -139,13 +139,13 @@ def test_harbor_reward_file_is_the_verdict_when_there_is_no_ctrf(sandbox, tmp_pa
     assert (v.reward.source, v.reward.value) == (source, value)
 
 
-def test_a_solved_verdict_never_scores_zero_even_with_a_zero_pass_ctrf(sandbox, tmp_path):
+def test_a_reward_file_claiming_more_than_the_ctrf_gave_is_tampered(sandbox, tmp_path):
     task = _script_task(tmp_path, "zeroctrf", 'cd "$T1_WORKSPACE"\n'
                         'pytest -q -p no:cacheprovider --ctrf "$T1_CTRF_PATH" "$T1_TESTS_DIR"\n'
                         'echo 1 > "$(dirname "$T1_CTRF_PATH")/reward.txt"\n')
-    v = verify(sandbox.create(task, 0))     # nothing done: CTRF 0 passed, reward.txt 1
-    assert (v.reward.source, v.reward.value) == ("harbor-reward", 1.0)
-    assert "own verdict wins" in v.reward.detail
+    v = verify(sandbox.create(task, 0))     # nothing done: CTRF 0 passed, reward.txt 1 (issue #28)
+    assert (v.reason, v.reward.value) == ("tamper", 0.0)
+    assert [e.kind for e in v.tamper_events] == ["inconsistent-verdict"]
 
 
 def test_hidden_pool_blocks_the_tests_edit_outright(tmp_path, task):

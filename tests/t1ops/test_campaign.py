@@ -13,32 +13,9 @@ from t1ops.config import load_toml
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def two_node_cluster():
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    yield cluster
-    cluster.shutdown()
-
-
 @pytest.mark.slow
-def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
-    from t1ops.campaign.launch import run_campaign
-
-    cfg = load_toml(REPO / "examples" / "tiny" / "campaign.toml")
-    cfg.run.steps = 2
-    cfg.run.ray_address = two_node_cluster.address
-    cfg.rollout.num_workers = 2
-    cfg.rollout.batch_size = 4
-    cfg.rollout.tasks_dir = str(REPO / "examples" / "families" / "train")
-    cfg.trainer.warm_start_steps = 2
-    cfg.eval.tasks_dir = str(REPO / "examples" / "families" / "heldout")
-    cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.samples_per_task = 1, ["sum-0016", "max-0000"], 2
-    run_dir = run_campaign(cfg, out_dir=str(tmp_path), show_progress=False)
-
+def test_two_step_campaign_on_two_nodes(tiny_campaign):
+    run_dir = tiny_campaign.run_dir  # examples/tiny at 2 steps on two Ray nodes (tests/t1ops/conftest.py)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [s["step"] for s in summary["steps"]] == [1, 2]
     assert summary["num_workers"] == 2  # one rollout worker per Ray node
@@ -67,6 +44,34 @@ def test_two_step_campaign_on_two_nodes(tmp_path, two_node_cluster):
     for trial in train.values():
         assert {"sandbox.create", "agent.turn", "generate", "verify", "reward"} <= set(trial["names"])
         assert trial["root"] == "rollout.submit" and trial["root_step"] == trial["step"]
+
+
+@pytest.mark.slow
+def test_campaign_tensorboard_files_hold_one_point_per_step(tiny_campaign):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tiny_campaign.run_dir
+    summary = json.loads((run_dir / "summary.json").read_text())
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    reward = [(e.step, e.value) for e in acc.Scalars("reward/reward_mean")]
+    assert reward == [(r["step"], pytest.approx(r["reward_mean"])) for r in summary["steps"]]  # steps 1, 2
+    evals = [(e.step, e.value) for e in acc.Scalars("reward/eval_reward_mean")]
+    assert evals == [(e["step"], pytest.approx(e["eval_reward_mean"])) for e in summary["eval"]]  # 0, 1, 2
+    for tag in ("train/explained_variance", "train/logprob_gap", "time/step_s", "time/generate_share",
+                "checkpoints/checkpoint_bytes", "engines/engines_dead", "async/ledger/missing"):
+        assert [e.step for e in acc.Scalars(tag)] == [1, 2], tag
+    assert [e.step for e in acc.Images("report")] == [2]  # report.png, at the last step
+
+
+@pytest.mark.slow
+def test_campaign_with_a_raising_tracker_finishes_with_one_warning(tiny_campaign):
+    assert len(tiny_campaign.tracker_warnings) == 1 and "wandb" in tiny_campaign.tracker_warnings[0]
+    assert tiny_campaign.wandb_calls == ["init", "log", "finish"]  # off after the first failure
+    summary = json.loads((tiny_campaign.run_dir / "summary.json").read_text())
+    assert [s["step"] for s in summary["steps"]] == [1, 2]  # JSON lines and summary.json stay the truth
+    events = (tiny_campaign.run_dir / "telemetry" / "events.jsonl").read_text()
+    assert events.count('"tracking.disabled"') == 1
 
 
 def test_refused_plan_stops_the_launch_before_any_role_starts(tmp_path):

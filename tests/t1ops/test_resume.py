@@ -157,7 +157,7 @@ def test_trainer_host_publish_saves_resume_state_retains_and_resumes(tmp_path):
     other = TrainerHost(**{**kw, "seed": 9})
     loaded = other.resume(point.step)
     assert loaded["next_step"] == 5 and set(other.published) == {4}
-    want = load_trainer_state(base, 4)["actor_optimizer"]["state"]
+    want = load_trainer_state(base, 4)["ranks"][0]["actor_optimizer"]["state"]  # one rank: one entry
     got = other.trainer.actor_optimizer.state_dict()["state"]
     assert want.keys() == got.keys() and all(torch.equal(want[k]["exp_avg"], got[k]["exp_avg"]) for k in want)
     from rl.model import weights_state_dict

@@ -84,3 +84,21 @@ def test_sharded_checkpoint_refuses_corruption_and_the_other_role(tmp_path):
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="checksum"):
         load_full(step_dir, "actor")
+
+
+def test_dp2_fully_async_behaviour_matches_one_rank():
+    """behaviour="rollout" (fully async: the rollout's per-token log-probs are the PPO ratio's
+    denominator) takes the same step on 2 data-parallel ranks as on 1 (rl.trainer.step.behaviour_plan)."""
+    t = Trainer(SPEC, SETTINGS, seed=0, temperature=TEMPERATURE)
+    sampler = rmodel.build_policy(SPEC, seed=7, dtype=torch.bfloat16)
+    rmodel.load_state(sampler, rmodel.weights_state_dict(t.actor))
+    seqs = sample_responses(sampler, [[1, 2, 3, 4]] * 4, 8, generator=torch.Generator().manual_seed(1))
+    batch = rollout_batch(sampler, seqs, [4] * 4, [0.0, 1.0, 0.5, 0.2], [0, 0, 1, 1], [0, 0, 1, 1],
+                          temperature=TEMPERATURE)
+    snapshot = Trainer(SPEC, SETTINGS, seed=0, temperature=TEMPERATURE).train_step(batch)
+    ref = t.train_step(batch, behaviour="rollout")
+    assert ref.policy_loss != pytest.approx(snapshot.policy_loss, rel=1e-6)  # the denominator really differs
+    got = run_local_ranks(Layout(dp=2, max_tokens_per_gpu=CAP), batch, SPEC, SETTINGS, seed=0,
+                          temperature=TEMPERATURE, behaviour="rollout")
+    for key in ("policy_loss", "value_loss", "actor_grad_norm", "ratio_mean", "logprob_gap"):
+        assert got["stats"][key] == pytest.approx(getattr(ref, key), rel=1e-5, abs=1e-7), key

@@ -21,15 +21,23 @@ from rl.agent.sandbox.isolation import (AGENT_UID, LEVELS, VERIFIER_UID, Isolati
 from rl.agent.sandbox.jail import PINNED_PYTEST_INI, View, run_jailed
 from rl.agent.sandbox.limits import LIMIT_REASONS, VERIFIER_LIMITS, ExecResult, Limits, classify
 from rl.agent.sandbox.trial import Trial, create_trial, task_limits
-from rl.agent.secrets import collect_secrets
-from rl.agent.tasks import Task, effective_timeout
-from rl.errors import InputError, SandboxError, TrialDirError
+from rl.agent.secrets import MIN_SECRET_CHARS, collect_secrets
+from rl.agent.task_toml import workdir_problem
+from rl.agent.tasks import Task, effective_timeout, name_problem
+from rl.errors import InputError, SandboxError, TaskError, TrialDirError
 
 __all__ = ["AGENT_UID", "LEVELS", "LIMIT_REASONS", "PINNED_PYTEST_INI", "VERIFIER_LIMITS",
            "VERIFIER_UID", "ExecResult", "Isolation", "Limits", "Sandbox", "Trial", "View",
            "classify", "make_sandbox", "probe_isolation", "require_isolation", "run_jailed"]
 
 log = logging.getLogger("rl.agent.sandbox")
+
+# docs/sandbox.md "Network": a trial never shares the host's network namespace (host
+# loopback, Ray's endpoints, abstract unix sockets); egress needs a user-mode network stack
+NO_EGRESS_REASON = ("this build gives a trial no egress-only network namespace (no slirp4netns or "
+                    "pasta here, and a trial never shares the host's network namespace: its loopback "
+                    "services and abstract unix sockets would be reachable); run the task without "
+                    "network, or on the container backend")
 
 
 class Sandbox:
@@ -43,7 +51,8 @@ class Sandbox:
                  isolation: str = "strict", allow_internet: bool = False,
                  agent_timeout_override_s: float | None = None, allow_lower_timeout: bool = False,
                  environ: Mapping[str, str] | None = None, isolate_network: bool = True,
-                 drop_privileges: bool = True, hide_task_pool: bool = True) -> None:
+                 drop_privileges: bool = True, hide_task_pool: bool = True,
+                 env_allow: tuple[str, ...] | list[str] = ()) -> None:
         if not run_id or "/" in run_id or run_id.startswith("."):
             raise InputError(f"run_id {run_id!r} must be a non-empty name without '/'", argument="run_id")
         if not drop_privileges or not hide_task_pool:
@@ -61,6 +70,7 @@ class Sandbox:
         self.override_s, self.allow_lower = agent_timeout_override_s, allow_lower_timeout
         self.environ = os.environ if environ is None else environ
         self.allow_internet = allow_internet or not isolate_network
+        self.env_allow = frozenset(env_allow)   # host variables [environment.env] templates may read
         self._open: "weakref.WeakSet[Trial]" = weakref.WeakSet()
 
     def close_all(self) -> int:
@@ -77,23 +87,34 @@ class Sandbox:
         the task's ``workdir`` or ``/app``); ``oracle`` mounts its solution/ at /solution."""
         budget = effective_timeout(task.agent_timeout_s, self.override_s,
                                    allow_lower=self.allow_lower, what=f"agent[{task.name}]")
+        bad_name = name_problem(task.name)
+        if bad_name:
+            raise TaskError(bad_name, task=task.name[:80])
+        wd = workdir or LocalEnvironment().check(task).workdir
+        if workdir_problem(wd):
+            raise SandboxError(f"task {task.name}: WORKDIR {workdir_problem(wd)}", workdir=wd[:200])
         secrets = collect_secrets(task.required_env_keys, self.environ)
+        if env is None:
+            env, taken = task.resolved_env(self.environ, self.env_allow)
+            # a value read from the campaign's environment is redacted like a declared secret
+            secrets.update({f"env:{k}": v for k, v in taken.items() if len(v) >= MIN_SECRET_CHARS})
+        wants_net = task.allow_network
+        if wants_net and self.allow_internet:
+            raise SandboxError(f"task {task.name} asks for the network and this sandbox allows it, but "
+                               f"{NO_EGRESS_REASON}", task=task.name, reason="no-egress-namespace")
         tdir = self.run_dir / f"{task.name}-{trial_idx}-{uuid.uuid4().hex[:8]}"
         try:
             tdir.mkdir(mode=0o755)
         except FileExistsError as e:
             raise TrialDirError(f"trial dir {tdir} already exists; trial dirs are never reused",
                                 path=str(tdir)) from e
-        wants_net = task.allow_network
         if wants_net and not self.allow_internet:
             log.warning("sandbox: task %s asks for the network; this sandbox gives none "
                         "(allow_internet = false)", task.name)
         trial = create_trial(
             task=task, run_id=self.run_id, trial_idx=trial_idx, tdir=tdir, budget=budget,
             limits=task_limits(limits or self.limits, task), isolation=self.isolation,
-            secrets=secrets, network=wants_net and self.allow_internet,
-            workdir=workdir or LocalEnvironment().check(task).workdir, oracle=oracle,
-            env=env if env is not None else task.agent_env)
+            secrets=secrets, network=False, workdir=wd, oracle=oracle, env=env)
         self._open.add(trial)
         return trial
 
@@ -111,4 +132,5 @@ def make_sandbox(root: str | Path, run_id: str, cfg: Mapping, **kw) -> Sandbox:
     names = ("memory_mb", "cpus", "storage_mb", "num_files", "num_procs", "cpu_s")
     limits = Limits(**{k: cfg[k] for k in names if k in cfg})
     return Sandbox(root, run_id, limits=limits, isolation=cfg.get("isolation", "strict"),
-                   allow_internet=cfg.get("allow_internet", False), **kw)
+                   allow_internet=cfg.get("allow_internet", False),
+                   env_allow=tuple(cfg.get("env_allow", ())), **kw)

@@ -78,6 +78,13 @@ class TrialCgroup:
     def __init__(self, support: CgroupSupport, name: str, *, memory_mb: int, max_pids: int,
                  cpus: float | None) -> None:
         self.dirs = {c: Path(support.bases[c]) / f"t1ops-{name}" for c in CONTROLLERS}
+        try:
+            self._create(memory_mb, max_pids, cpus)
+        except BaseException:   # a value the kernel refuses: leave no cgroup behind
+            self.remove()
+            raise
+
+    def _create(self, memory_mb: int, max_pids: int, cpus: float | None) -> None:
         for d in self.dirs.values():
             d.mkdir()
         limit = str(memory_mb * 2**20)

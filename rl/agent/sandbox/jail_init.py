@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import resource
+import stat
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -57,50 +58,124 @@ def _mount(src, dst, fstype, flags, data=None):
         f"mount {src} -> {dst}")
 
 
-def _target(root, dst, is_dir):
-    path = root + dst
+O_PATH = getattr(os, "O_PATH", 0o10000000)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _walk(root_fd, parts, create):
+    """A held fd of ``root/parts...``: each component opened relative to the one before with
+    O_NOFOLLOW (created with mkdirat when ``create``); a link anywhere on the way is refused,
+    so root never follows a path that someone else could have planted."""
+    fd = os.dup(root_fd)
+    for part in parts:
+        if part in ("", ".", ".."):
+            os.close(fd)
+            _die(f"bad path component {part!r}")
+        if create:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+        try:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except OSError as e:
+            os.close(fd)
+            _die(f"open {part!r} without following links: {e.strerror}")
+        os.close(fd)
+        fd = nxt
+    return fd
+
+
+def _target(root_fd, dst, is_dir):
+    """(held fd of the mount target ``dst`` under the new root, its parent fd, its name),
+    created without following any link (directories with mkdirat, files O_CREAT|O_EXCL)."""
+    parts = [p for p in dst.split("/") if p]
+    parent = _walk(root_fd, parts[:-1], True)
+    name = parts[-1]
     if is_dir:
-        os.makedirs(path, mode=0o755, exist_ok=True)
-    else:
-        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        if not os.path.exists(path):
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
-    return path
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as e:
+            _die(f"open {dst} without following links: {e.strerror}")
+        return fd, parent, name
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644, dir_fd=parent)
+    except FileExistsError:
+        try:
+            fd = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as e:
+            _die(f"open {dst} without following links: {e.strerror}")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            _die(f"mount target {dst} exists and is not a regular file")
+    except OSError as e:
+        _die(f"create {dst} without following links: {e.strerror}")
+    return fd, parent, name
 
 
-def _bind(root, src, dst, mode):
-    """Bind ``src`` at ``dst`` (not recursive: a host submount never leaks in writable)."""
+def _bind(root_fd, src, dst, mode):
+    """Bind ``src`` at ``dst`` (not recursive: a host submount never leaks in writable). The
+    target is reached through held fds (``/proc/self/fd/N``), never by a path that a link
+    could redirect; the read-only remount goes through the parent fd and the name."""
     if not os.path.exists(src):
         _die(f"bind source {src} does not exist")
-    path = _target(root, dst, os.path.isdir(src))
-    _mount(src, path, None, MS_BIND)
+    fd, parent, name = _target(root_fd, dst, os.path.isdir(src))
+    _mount(src, f"/proc/self/fd/{fd}", None, MS_BIND)
+    os.close(fd)
+    try:
+        top = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError as e:
+        _die(f"reopen {dst} after the bind: {e.strerror}")
     flags = MS_REMOUNT | MS_BIND | MS_NOSUID
     flags |= 0 if mode == "dev" else MS_NODEV
     flags |= MS_RDONLY if mode in ("ro", "exec-ro") else 0
-    _mount(None, path, None, flags)
+    _mount(None, f"/proc/self/fd/{top}", None, flags)
+    os.close(top)
+    os.close(parent)
+
+
+def _write_file(root_fd, dst, content, mode=0o444):
+    fd, parent, _ = _target(root_fd, dst, False)
+    os.close(fd)
+    wfd = os.open(f"/proc/self/fd/{parent}/{os.path.basename(dst)}",
+                  os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(wfd, "w") as f:
+        f.write(content)
+        os.fchmod(f.fileno(), mode)
+    os.close(parent)
 
 
 def build_root(spec):
     root = spec["root"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("t1ops-root", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    root_fd = os.open(root, _DIR_FLAGS)
     for target, dst in spec.get("symlinks", []):
-        os.makedirs(os.path.dirname(root + dst), mode=0o755, exist_ok=True)
-        os.symlink(target, root + dst)
-    for src, dst, mode in spec["binds"]:
-        _bind(root, src, dst, mode)
+        parent = _walk(root_fd, [p for p in dst.split("/") if p][:-1], True)
+        os.symlink(target, os.path.basename(dst), dir_fd=parent)
+        os.close(parent)
+    # the root's own files first (in the root-only tmpfs), then the binds: no bind target
+    # is ever reached through a directory a trial can write
     for dst, content in spec.get("files", []):
-        with open(_target(root, dst, False), "w") as f:
-            f.write(content)
-        os.chmod(root + dst, 0o444)
+        _write_file(root_fd, dst, content)
+    etc = []
     for dst, content in spec.get("etc", []):   # e.g. /etc/passwd naming the trial uid
-        src = f"{root}/run/t1ops/etc-{os.path.basename(dst)}"
-        os.makedirs(os.path.dirname(src), mode=0o755, exist_ok=True)
-        with open(src, "w") as f:
-            f.write(content)
-        os.chmod(src, 0o444)
-        _bind(root, src, dst, "ro")
-    _mount("proc", _target(root, "/proc", True), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        src = f"/run/t1ops/etc-{os.path.basename(dst)}"
+        _write_file(root_fd, src, content)
+        etc.append((f"{root}{src}", dst))
+    for src, dst, mode in spec["binds"]:
+        _bind(root_fd, src, dst, mode)
+    for src, dst in etc:
+        _bind(root_fd, src, dst, "ro")
+    proc_fd, parent, _ = _target(root_fd, "/proc", True)
+    _mount("proc", f"/proc/self/fd/{proc_fd}", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.close(proc_fd)
+    os.close(parent)
+    os.close(root_fd)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         if not os.path.lexists(f"{root}/dev/{name}"):

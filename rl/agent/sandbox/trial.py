@@ -31,12 +31,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
+from rl.agent.bounded import read_regular, short
 from rl.agent.environment import LocalEnvironment
 from rl.agent.sandbox.cgroup import TrialCgroup
 from rl.agent.sandbox.cgroup import probe as probe_cgroup
 from rl.agent.sandbox.isolation import AGENT_UID, UID_SPAN, VERIFIER_UID, Isolation
 from rl.agent.sandbox.jail import View, run_jailed
 from rl.agent.sandbox.limits import ExecResult, Limits
+from rl.agent.secrets import redact
+from rl.agent.task_toml import workdir_problem
 from rl.agent.tasks import Budget, Task
 from rl.errors import SandboxError
 
@@ -62,10 +65,15 @@ def unmount(path: Path) -> None:
         _LIBC.umount2(os.fsencode(path), MNT_DETACH)
 
 
-def collect_files(src: Path, dst: Path, max_bytes: int = 16 * 2**20) -> None:
+def collect_files(src: Path, dst: Path, max_bytes: int = 16 * 2**20, *,
+                  secrets: Mapping[str, str] = {}, max_depth: int = 16,
+                  max_entries: int = 10_000, max_name: int = 255) -> list[str]:
     """Copy the regular files under ``src`` into ``dst`` (same relative paths, root-owned),
-    never following a link, stopping at ``max_bytes`` in all; existing names in ``dst`` win."""
-    left, stack = max_bytes, [""]
+    redacted (``secrets``), never following a link or opening anything but a regular file
+    (``O_NOFOLLOW | O_NONBLOCK``, fstat), stopping at ``max_bytes`` in all; existing names
+    in ``dst`` win. Deeper than ``max_depth``, more than ``max_entries`` or a name longer
+    than ``max_name`` bytes is skipped, and named in the returned notes."""
+    left, stack, seen, notes = max_bytes, [""], 0, []
     while stack:
         rel = stack.pop()
         try:
@@ -73,21 +81,35 @@ def collect_files(src: Path, dst: Path, max_bytes: int = 16 * 2**20) -> None:
         except OSError:
             continue
         for entry in entries:
+            seen += 1
             sub = os.path.join(rel, entry.name)
-            if entry.is_dir(follow_symlinks=False):
-                (dst / sub).mkdir(exist_ok=True)
-                stack.append(sub)
-            elif entry.is_file(follow_symlinks=False) and not (dst / sub).exists():
-                try:
-                    fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
-                except OSError:
-                    continue
-                with os.fdopen(fd, "rb") as f:
-                    data = f.read(max(left, 0))
-                left -= len(data)
-                (dst / sub).write_bytes(data)
-                if left <= 0:
-                    return
+            if seen > max_entries or len(os.fsencode(entry.name)) > max_name or sub.count("/") >= max_depth:
+                notes.append(f"skipped {short(sub, 120)} (more than {max_entries} entries, a name over "
+                             f"{max_name} bytes or deeper than {max_depth})")
+                if seen > max_entries:
+                    return notes
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    (dst / sub).mkdir(exist_ok=True)
+                    stack.append(sub)
+                elif entry.is_file(follow_symlinks=False) and not (dst / sub).exists():
+                    data, _ = read_regular(entry.path, max(left, 0))
+                    left -= len(data)
+                    (dst / sub).write_bytes(redact_bytes(data, secrets))
+            except OSError as e:   # a file over the budget, a FIFO swapped in: skipped, named
+                notes.append(f"skipped {short(sub, 120)} ({short(e, 120)})")
+            if left <= 0:
+                return notes
+    return notes
+
+
+def redact_bytes(data: bytes, secrets: Mapping[str, str]) -> bytes:
+    """``data`` with every secret (and its encoded forms) replaced, bytes kept otherwise."""
+    if not secrets:
+        return data
+    return redact(data.decode("utf-8", errors="surrogateescape"), secrets).encode(
+        "utf-8", errors="surrogateescape")
 
 
 def chown_tree(root: Path, uid: int, *, owner_rw: bool = False) -> None:
@@ -209,7 +231,8 @@ class Trial:
         finally:
             if cg is not None:
                 cg.remove()
-            collect_files(out_dir, vdir)
+            for note in collect_files(out_dir, vdir, secrets=self.secrets):
+                log.warning("trial %s verifier output: %s", self.trial_id, note)
 
     def close(self) -> None:
         """Kill what is left, unmount the trial's tmpfs (its files go) and drop its cgroup."""
@@ -235,16 +258,20 @@ def _make_cgroup(isolation: Isolation, name: str, limits: Limits) -> TrialCgroup
     if not isolation.cgroup:
         return None
     support, _ = probe_cgroup()
-    return TrialCgroup(support, name, memory_mb=limits.memory_mb, max_pids=limits.num_procs,
-                       cpus=limits.cpus)
+    try:
+        return TrialCgroup(support, name, memory_mb=limits.memory_mb, max_pids=limits.num_procs,
+                           cpus=limits.cpus)
+    except OSError as e:   # TrialCgroup removed what it had made
+        raise SandboxError(f"cannot create cgroup t1ops-{short(name, 80)} with memory_mb="
+                           f"{limits.memory_mb}, cpus={limits.cpus}: {e.strerror}") from None
 
 
 def create_trial(*, task: Task, run_id: str, trial_idx: int, tdir: Path, budget: Budget,
                  limits: Limits, isolation: Isolation, secrets: dict[str, str], network: bool,
                  workdir: str, oracle: bool, env: Mapping[str, str]) -> Trial:
     """Lay out ``tdir`` (already created, empty) and return its Trial."""
-    if not workdir.startswith("/") or workdir in ("/", "/tmp", "/proc", "/dev") or ".." in workdir:
-        raise SandboxError(f"workdir {workdir!r} must be an absolute path like /app", workdir=workdir)
+    if workdir_problem(workdir):
+        raise SandboxError(f"WORKDIR {workdir_problem(workdir)}", workdir=workdir[:200])
     uid = AGENT_UID + secrets_mod.randbelow(UID_SPAN)
     vuid = VERIFIER_UID + secrets_mod.randbelow(UID_SPAN)
     trial_id = tdir.name
@@ -262,8 +289,9 @@ def create_trial(*, task: Task, run_id: str, trial_idx: int, tdir: Path, budget:
         if oracle:
             _install_solution(task, tdir / "solution")
         cg = _make_cgroup(isolation, trial_id, limits)
-    except BaseException:
+    except BaseException:   # nothing left behind: no mount, no trial dir, no cgroup
         unmount(tdir / "fs")
+        shutil.rmtree(tdir, ignore_errors=True)
         raise
     (tdir / "trial.json").write_text(json.dumps({
         "run_id": run_id, "trial_id": trial_id, "task": task.name, "trial_idx": trial_idx,

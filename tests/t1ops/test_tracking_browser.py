@@ -1,0 +1,123 @@
+"""The tiny campaign's TensorBoard files, opened as a person would: `tensorboard --logdir RUN_DIR`
+on loopback, the scalars dashboard in headless Chromium (Debian's `chromium`), driven over the
+DevTools protocol; the test waits until the reward chart is drawn and keeps a screenshot."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+TAG = "reward/reward_mean"
+# Walks the page through every shadow root (TensorBoard's dashboards are web components): is there a
+# scalar card for the tag, and has its chart drawn a line (an SVG path with points)?
+_FIND_CHART = """(() => {
+  const tag = %s;
+  const deep = (root, visit) => { for (const el of root.querySelectorAll('*')) { visit(el);
+      if (el.shadowRoot) deep(el.shadowRoot, visit); } };
+  const text = (el) => { let t = ''; const add = (root) => { t += root.textContent || ''; deep(root, (e) => {
+      if (e.shadowRoot) t += e.shadowRoot.textContent || ''; }); };
+      add(el); if (el.shadowRoot) add(el.shadowRoot); return t; };
+  let card = false, drawn = false;
+  deep(document, (el) => {
+    if (el.tagName.toLowerCase() !== 'tf-scalar-card' || !text(el).includes('tag: ' + tag)) return;
+    card = true;
+    deep(el.shadowRoot || el, (e) => { if (e.tagName.toLowerCase() === 'path' && (e.getAttribute('d') || '').length > 10
+        && (e.getAttribute('class') || '').split(' ').includes('line')) drawn = true; });
+  });
+  return JSON.stringify({card, drawn});
+})()"""
+
+
+@contextmanager
+def tensorboard(logdir: Path):
+    """A TensorBoard server on 127.0.0.1 (a free port); yields its URL."""
+    exe = Path(sys.executable).with_name("tensorboard")
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log")
+    proc = subprocess.Popen([str(exe), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", "0"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"http://127\.0\.0\.1:\d+/", Path(log.name).read_text())):
+            assert proc.poll() is None, f"tensorboard exited: {Path(log.name).read_text()}"
+            assert time.monotonic() < deadline, f"tensorboard did not start: {Path(log.name).read_text()}"
+            time.sleep(0.2)
+        yield m.group(0)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def chromium() -> str:
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.fail("Chromium is not installed: `apt-get install chromium` (README, Setup; .ci/run installs it)")
+    return exe
+
+
+async def _screenshot_when_drawn(url: str, out: Path, tag: str, timeout_s: float) -> dict:
+    import aiohttp
+
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.Popen([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+                                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                                 "--no-first-run", f"--user-data-dir={profile}", "--window-size=1400,900",
+                                 "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            port_file, deadline = Path(profile) / "DevToolsActivePort", time.monotonic() + timeout_s
+            while not port_file.exists():
+                assert proc.poll() is None and time.monotonic() < deadline, "chromium did not open its DevTools port"
+                await asyncio.sleep(0.1)
+            port = int(port_file.read_text().split()[0])
+            async with aiohttp.ClientSession() as http:
+                pages = await (await http.get(f"http://127.0.0.1:{port}/json/list")).json()
+                ws_url = next(p["webSocketDebuggerUrl"] for p in pages if p["type"] == "page")
+                async with http.ws_connect(ws_url, max_msg_size=0) as ws:
+                    ids = iter(range(1, 1_000_000))
+
+                    async def call(method: str, **params):
+                        n = next(ids)
+                        await ws.send_json({"id": n, "method": method, "params": params})
+                        while (msg := await ws.receive_json()).get("id") != n:
+                            pass
+                        return msg["result"]
+
+                    await call("Page.navigate", url=url)
+                    found = {"card": False, "drawn": False}
+                    while not found["drawn"] and time.monotonic() < deadline:
+                        await asyncio.sleep(0.5)
+                        r = await call("Runtime.evaluate", expression=_FIND_CHART % json.dumps(tag), returnByValue=True)
+                        found = json.loads(r["result"]["value"])
+                    await asyncio.sleep(1.0)  # let the chart's transition finish before the picture
+                    shot = await call("Page.captureScreenshot", format="png")
+                    out.write_bytes(base64.b64decode(shot["data"]))
+                    return found
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def screenshot_scalars(logdir: Path, out: Path, tag: str = TAG, timeout_s: float = 180) -> dict:
+    """Open TensorBoard's scalars dashboard on ``logdir`` filtered to ``tag``'s group, wait until the
+    tag's chart is drawn (or ``timeout_s``), save a screenshot to ``out``; returns what was found."""
+    with tensorboard(logdir) as url:
+        return asyncio.run(_screenshot_when_drawn(f"{url}#scalars&tagFilter={tag.split('/')[0]}", out, tag, timeout_s))
+
+
+@pytest.mark.slow
+def test_tensorboard_shows_the_campaign_reward_chart_in_chromium(tiny_campaign, tmp_path):
+    chromium()
+    found = screenshot_scalars(tiny_campaign.run_dir, tmp_path / "tensorboard.png")
+    assert found == {"card": True, "drawn": True}, f"no drawn {TAG} chart on the scalars dashboard: {found}"
+    assert (tmp_path / "tensorboard.png").stat().st_size > 20_000  # a picture of a dashboard, not a blank page
