@@ -128,6 +128,7 @@ class EmbeddedEngine:
         self._requests: dict[str, _Running] = {}
         self._sampler = torch.Generator().manual_seed(seed)
         self.weights_generation = 0  # bumped by every weight load: cached K/V of older weights is stale
+        self.num_generated_tokens = 0  # every token sampled so far, all requests (``/model_info``)
         self.model_lock, self.running_event = self._model_lock, self._running_event  # for the scheduler
         self.scheduler: BatchScheduler | None = None
         self.chaos_omit_routing: re.Pattern | None = None  # chaos mode only (--chaos-omit-routing-for)
@@ -248,6 +249,7 @@ class EmbeddedEngine:
         gen.output_compact.append(token)
         gen.logprobs.append(logprob)
         gen.versions.append(self.weight_version)
+        self.num_generated_tokens += 1
 
     def _response(self, request: P.GenerateRequest, rid: str, gen: Generation) -> P.GenerateResponse:
         output_ids = tuple(self.vocab.decode(gen.output_compact))

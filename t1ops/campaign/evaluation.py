@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from t1ops import telemetry
+from t1ops.campaign.trials import TrialSpec
 from t1ops.errors import ConfigError, StallError
 from t1ops.guards.pacing import TrialLedger
 
@@ -111,7 +112,7 @@ async def _eval_trials(worker, step: int, trials: list[EvalTrial], agent, tasks:
     async def one(t: EvalTrial, idx: int) -> dict:
         async with sem:
             await worker.bucket.acquire()  # the bucket the training loop also awaits
-            spec = _Spec(t.task, f"eval{step}-{t.task}", t.sample_idx)
+            spec = TrialSpec(t.task, f"eval{step}-{t.task}", t.sample_idx)
             return await loop.run_in_executor(pool, lambda: worker._trial(
                 spec, idx, threading.Event(), task=tasks[t.task], agent=agent))
 
@@ -132,13 +133,6 @@ async def _eval_trials(worker, step: int, trials: list[EvalTrial], agent, tasks:
                                                 "num_turns", "end_reason")})
     books = ledger.close()
     return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": worker.node}
-
-
-@dataclass(frozen=True)
-class _Spec:  # the fields of worker.TrialSpec that a trial reads
-    task: str
-    group_id: str
-    sample_idx: int
 
 
 # --- the coordinator side -------------------------------------------------------------------

@@ -63,6 +63,7 @@ class TrainerRankHost(TrainerHost):
         self.ckpt = CheckpointManager.from_base(ckpt_base, save_every=self.settings.save_every)
         self.seed, self.temperature = seed, temperature
         self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> this rank's behaviour shard
+        self.full_published: dict[int, dict[str, torch.Tensor]] = {}  # rank 0: version -> full actor
         self.trainer: RankTrainer | None = None
         from t1ops.campaign.retention import Retention
 
@@ -139,9 +140,19 @@ class TrainerRankHost(TrainerHost):
             self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base),
                                 "checkpoints_deleted": len(deleted), "resume_point": self.retention.resume_point()}
         self.published[version] = self.trainer.snapshot_behaviour()
+        if self.rank == 0:  # the full weights the weight sender exports or broadcasts (rl.weights.sender)
+            self.full_published[version] = actor
         for old in sorted(self.published)[:-2]:
             del self.published[old]
+        for old in sorted(self.full_published)[:-2]:
+            del self.full_published[old]
         return path
+
+    def _published_weights(self, version: str):
+        """Rank 0 is the weight sender of a multi-rank trainer: the full actor it gathered at publish."""
+        if self.rank != 0:
+            raise RuntimeError(f"rank {self.rank} holds a shard; the weight sender is rank 0")
+        return self.full_published[int(version)], self.spec
 
 
     def resume(self, step: int) -> dict:
@@ -154,6 +165,7 @@ class TrainerRankHost(TrainerHost):
         self.trainer.load_full(actor=actor, critic=critic, step=int(state["step"]))
         load_rank_state(self.trainer, state, rank=self.rank, world_size=self.layout.world_size)
         self.published = {step: self.trainer.snapshot_behaviour()}
+        self.full_published = {step: dict(actor)} if self.rank == 0 else {}
         return resumed(self, step, state, critic is not None)
 
 

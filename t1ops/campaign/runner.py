@@ -45,6 +45,7 @@ class Campaign:
     run: RunDir
     trainer: object = None            # Ray actor: t1ops.campaign.trainer_host.TrainerHost
     router: object = None             # Ray actor: t1ops.campaign.engines.EngineRouter
+    store: object = None              # Ray actor: t1ops.campaign.dataplane.TrajectoryStore (object_store plane)
     workers: list = field(default_factory=list)   # Ray actors: RolloutWorker, one per node
     rollouts: Rollouts | None = None
     guards: CampaignGuards | None = None

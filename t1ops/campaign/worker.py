@@ -35,6 +35,7 @@ from rl.errors import RoutingError
 from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
 from t1ops.campaign.dataplane import stage, write_dump_items
+from t1ops.campaign.trials import TrialSpec
 from t1ops.campaign.trialtrace import TrialClock
 from t1ops.config import EngineConfig
 from t1ops.guards.engine_direct import DirectEngines
@@ -44,13 +45,6 @@ from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
 
 class Cancelled(Exception):
     """A skimmed trial stopped at its next turn boundary."""
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    task: str
-    group_id: str
-    sample_idx: int
 
 
 @dataclass(frozen=True)
@@ -81,6 +75,15 @@ def direct_engines(router, max_concurrency: int) -> DirectEngines:
                          max_concurrency=max(8, max_concurrency))
 
 
+def _actor(handle_or_name):
+    """A Ray actor handle from its name (a str), or the handle (or None) as given."""
+    if not isinstance(handle_or_name, str):
+        return handle_or_name
+    import ray
+
+    return ray.get_actor(handle_or_name)
+
+
 class RolloutWorker:
     """Runs trials for the coordinator (wrapped as a Ray actor by the runner)."""
 
@@ -98,13 +101,22 @@ class RolloutWorker:
         if run_dir is not None:
             telemetry.setup(run_dir, role=f"worker-{index}", **(telemetry_cfg or {}))
         raise_nofile_limit()
+        # the router and the trajectory store come as Ray actor names, looked up here on every
+        # (re)start: an actor handle as a constructor argument of a restartable actor makes Ray log
+        # an error at creation (ray-project/ray#53727; docs/campaign.md, "Ray's lifetime")
+        router, store = _actor(router), _actor(store)
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
         self.store, self.index = store, index  # trajectories go to the object store (t1ops.campaign.dataplane)
         self.engines = direct_engines(router, settings.max_concurrency) if router is not None else None
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
         # fail before any trial, naming each task and Dockerfile line the local backend cannot honour
-        require_runnable(list(self.tasks.values()),
+        backend = (settings.sandbox or {}).get("backend", "local")
+        if backend == "container":
+            from rl.agent.container.backend import CONTAINER as env_backend
+        else:
+            from rl.agent.environment import LOCAL as env_backend
+        require_runnable(list(self.tasks.values()), backend=env_backend,
                          allow_internet=bool((settings.sandbox or {}).get("allow_internet", False)))
         self.renderer = ChatRenderer.default()
         self.sandbox = make_sandbox(trials_root, run_id, settings.sandbox or {},

@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     chk.add_argument("--json", action="store_true", help="print the report as JSON")
     chk.add_argument("--allow-internet", action="store_true",
                      help="tasks declaring allow_internet = true count as runnable")
+    chk.add_argument("--backend", choices=("local", "container"), default="local",
+                     help="check against this environment backend (container: FROM names, "
+                          "stand-ins, runtime)")
     run = sub.add_parser("run", help="run tasks with their reference solution (or no agent action) "
                                      "and the verifier; print reward, source, passed/total, reason")
     run.add_argument("paths", nargs="+", type=Path, metavar="PATH",
@@ -67,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--json", action="store_true", help="print a JSON list, one object per task")
     run.add_argument("--allow-internet", action="store_true",
                      help="give the network to tasks that declare allow_internet = true")
+    run.add_argument("--backend", choices=("local", "container"), default="local",
+                     help="local: namespaces on this host (default); container: build each task's "
+                          "Dockerfile and run it in a container (docs/containers.md)")
     run.add_argument("--trials-root", type=Path, default=None,
                      help="where trial directories go (default: a temporary directory)")
     _add_generate(sub)
@@ -106,11 +112,12 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_report(report: Report, *, checked: bool) -> None:
+def _print_report(report: Report, *, checked: bool, backend: str = "local") -> None:
+    runs = "runs locally" if backend == "local" else f"runs on the {backend} backend"
     for row in report.ok:
         extra = f" (missing optional: {', '.join(row['missing_optional'])})" \
             if row.get("missing_optional") else ""
-        where = row["path"] if not checked else "runs locally" if row["runs_locally"] \
+        where = row["path"] if not checked else runs if row["runs_locally"] \
             else "; ".join(row["needs"])
         print(f"ok       {row['task']:<28} {where}{extra}")
         for note in row.get("notes", []):
@@ -131,7 +138,7 @@ def _run_tasks(args: argparse.Namespace) -> int:
     from t1ops.task_runs import print_rows, run_paths
 
     rows = run_paths(args.paths, oracle=args.oracle, allow_internet=args.allow_internet,
-                     trials_root=args.trials_root)
+                     trials_root=args.trials_root, backend=args.backend)
     print_rows(rows, as_json=args.json)
     return 1 if any(r["reward"] is None for r in rows) else 0
 
@@ -147,9 +154,9 @@ def run(args: argparse.Namespace) -> int:
                                max_member_bytes=int(args.max_member_mb * 2**20))
         report = do_import(args.archives, args.into, limits, name=args.name)
     else:
-        report = do_check(args.dir, allow_internet=args.allow_internet)
+        report = do_check(args.dir, allow_internet=args.allow_internet, backend=args.backend)
     if args.json:
         print(json.dumps({"ok": report.ok, "refused": report.refused}, indent=2))
     else:
-        _print_report(report, checked=args.action == "check")
+        _print_report(report, checked=args.action == "check", backend=getattr(args, "backend", "local"))
     return 1 if report.refused else 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,56 @@ turns = {kind = "lognormal", mean = 3, p90 = 6}
     assert out["prediction"]["mode"] == "fully_async" and out["prediction"]["step_s"] > 0
     assert "staleness" in out["prediction"] and plot.stat().st_size > 0
     assert main(["plan", "simulate", "--config", str(sim), "--set", "rollout.typo=1"]) == 1  # unknown key: an error
+
+
+def _span(name, t0, t1, span_id, parent=None, **attrs):
+    from datetime import datetime, timezone
+
+    iso = lambda t: datetime.fromtimestamp(1_800_000_000 + t, timezone.utc).isoformat()  # noqa: E731
+    return {"name": name, "context": {"trace_id": "t", "span_id": span_id}, "parent_id": parent,
+            "start_time": iso(t0), "end_time": iso(t1), "attributes": attrs}
+
+
+def test_fit_reads_trials_costs_and_a_shared_host(tmp_path):
+    """Two 10 s trials (create, two generate calls, one command) beside a 10 s training step;
+    the next step trains alone in 2 s: training ran 5x slower beside 2.8 jobs -> 0.56 CPUs."""
+    from t1ops.config import load_toml
+    from t1ops.plan.fit import fit_run
+
+    (tmp_path / "config.json").write_text(load_toml(Path(__file__).resolve().parents[2] / "examples" / "tiny" / "campaign.toml").model_dump_json())
+    rows = [{"step": s, "train_s": t, "sync_s": 0.5, "step_s": t + 1.5, "num_trajectories": 2} for s, t in ((1, 10), (2, 2))]
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": rows}))
+    spans = []
+    for k in ("a", "b"):
+        spans += [_span("trial", 0, 10, f"{k}0", task=f"task-{k}", group_id=f"g{k}"),
+                  _span("sandbox.create", 0, 1, f"{k}1", f"{k}0"),
+                  _span("generate", 1, 3, f"{k}2", f"{k}0", prompt_tokens=100, output_tokens=20),
+                  _span("sandbox.exec", 3, 4, f"{k}3", f"{k}0"),
+                  _span("generate", 4, 6, f"{k}4", f"{k}0", prompt_tokens=130, output_tokens=20),
+                  _span("reward", 9, 10, f"{k}5", f"{k}0", reward=1.0)]
+    tele = tmp_path / "telemetry"
+    tele.mkdir()
+    (tele / "spans.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans))
+    t = 1_800_000_000
+    events = [("campaign.train_submitted", 1, 0), ("campaign.train_done", 1, 10), ("campaign.sync_done", 1, 10.5),
+              ("campaign.train_submitted", 2, 20), ("campaign.train_done", 2, 22), ("campaign.sync_done", 2, 22.5)]
+    (tele / "events.jsonl").write_text("".join(json.dumps({"name": n, "step": s, "time": t + x}) + "\n"
+                                               for n, s, x in events))
+    fields, workload, notes = fit_run(tmp_path)
+    assert fields["cluster"]["shared_host_cpus"] == pytest.approx(2.8 / 5)
+    assert fields["train"]["s_per_token"] == pytest.approx(2 / (2 * 150))   # the alone step, 150 tokens a trial
+    assert fields["train"]["sync_s"] == pytest.approx(0.5) and fields["train"]["overhead_s"] == pytest.approx(1.0)
+    assert fields["pipeline"]["zero_variance_share"] == 0.0   # single-sample groups: none to judge
+    (a, _) = sorted(workload.samples, key=lambda s: s.task)
+    assert a.task == "task-a" and [t.output_tokens for t in a.turns] == [20, 20]
+    assert [t.new_prompt_tokens for t in a.turns] == [100, 10] and a.turns[0].exec_s == pytest.approx(1.0)
+    k = 3 / (2.8 / 5)   # outside its command, each trial ran beside the other and the trainer: 3 jobs on 0.56 CPUs
+    assert a.turns[0].generate_s == pytest.approx(2 / k) and a.post_s == pytest.approx(4 / k)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "examples" / "simulate").glob("*.toml")))
+def test_shipped_simulation_configs_parse(path):
+    from t1ops.config import load_toml
+
+    cfg = load_toml(path, SimConfig)
+    assert cfg.trials is not None and cfg.cluster.engine_curve
