@@ -20,6 +20,7 @@ is 512, the issue's example 64: ``--trajectories 64`` needs ~7 GiB of object sto
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import threading
 import time
@@ -69,7 +70,7 @@ class SyntheticWorker:
                                 "chunks": [synthetic_chunk(self.length, seed)]})
                 self.finished += 1
         n = len(results)
-        return {"results": stage(results, self.store, self.index), "node": f"bench-{self.index}",
+        return {"results": await asyncio.to_thread(stage, results, self.store, self.index), "node": f"bench-{self.index}",
                 "ledger": {"expected": n, "completed": n, "failed": 0, "cancelled": 0, "missing": 0},
                 "failed": {}, "skim": {"accepted": {}, "cancelled": {}}}
 
@@ -153,8 +154,15 @@ def main() -> None:
 
     cfg = load_toml(os.path.join(os.path.dirname(__file__), "..", "examples", "tiny", "campaign.toml"))
     cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt = args.trajectories, 1
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             object_store_memory=int(args.object_store_gib * (1 << 30)))
+    for attempt in range(20):  # a loaded host can time a local Ray's start-up out: start it again
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     object_store_memory=int(args.object_store_gib * (1 << 30)))
+            break
+        except Exception as err:
+            if "timed out during startup" not in str(err) or attempt == 19:
+                raise
+            print(f"Ray start-up timed out (load {os.getloadavg()[0]:.1f}); retrying", flush=True)
     print(f"{args.trajectories} synthetic trajectories per step, routing {LAYERS} layers x top-{TOPK} int32 "
           f"({LAYERS * TOPK * 4} B/token), {args.workers} workers; load average {os.getloadavg()[0]:.1f}")
     print(f"{'path':5s} {'tokens':>7s} {'MiB/step':>9s} {'coord bytes/traj byte':>22s} {'coord RSS +MiB':>15s} "

@@ -134,10 +134,10 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
         c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
     settings = _worker_settings(cfg)
-    store = None  # the trajectories' owner: outlives any worker (t1ops.campaign.dataplane)
-    if cfg.rollout.data_plane == "object_store":
-        store = ray.remote(TrajectoryStore).options(num_cpus=0).remote()
+    object_store = cfg.rollout.data_plane == "object_store"  # the trajectories' owners (t1ops.campaign.dataplane)
     for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
+        store = ray.remote(TrajectoryStore).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node["NodeID"], soft=False)).remote() if object_store else None  # one per node, outliving its worker
         c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
             num_cpus=0, max_restarts=2, max_task_retries=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
             run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
