@@ -10,6 +10,8 @@
                         (sample ids carry the step: ``st<step>-g<group>-<task>-s<n>``)
   ``checkpoints/{actor,critic}/step_NNNNNNNN/``  role-separated weights
   ``trials/<run_id>/``  sandboxed trial directories, tagged with the run id
+  ``events.out.tfevents.*``  TensorBoard event files; ``wandb/``: offline W&B runs;
+  ``tracking.json``: the W&B run id and event offsets a resume continues (docs/tracking.md)
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ source of truth: a sink that raises is turned off with one warning (:class:`Trac
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import warnings
@@ -70,8 +71,8 @@ class Tracker:
 
     def step(self, row: dict) -> None:
         """One step row: its scalars and the guard events since the previous row, at ``row["step"]``."""
-        step = int(row["step"])
-        with self._lock:
+        with self._lock, self._guard():
+            step = int(row["step"])
             values = scalars(row)
             events = self.events.take()
             if events:
@@ -86,21 +87,37 @@ class Tracker:
 
     def eval(self, row: dict) -> None:
         """One held-out evaluation, at the step whose weights it evaluated."""
-        step = int(row["step"])
-        with self._lock:
+        with self._lock, self._guard():
+            step = int(row["step"])
             values = scalars(row, keys="eval")
             self._each(lambda s: s.scalars(step, values))
             self._each(lambda s: s.flush())
 
     def report(self, path: Path, step: int) -> None:
         """The run's report.png, at its last step."""
-        with self._lock:
+        with self._lock, self._guard():
             self._each(lambda s: s.image(step, REPORT_TAG, Path(path)))
 
     def close(self) -> None:
         with self._lock:
             self._each(lambda s: s.close())
             self.sinks.clear()
+
+    @contextlib.contextmanager
+    def _guard(self):
+        """A failure outside any one sink (reading the events, writing tracking.json): every tracker
+        off, one warning; the campaign goes on."""
+        try:
+            yield
+        except Exception as err:
+            for sink in self.sinks:
+                try:
+                    sink.close()
+                except Exception:
+                    pass
+            if self.sinks:
+                self.sinks.clear()
+                self._disable("all trackers", err)
 
     def _each(self, call: Callable[[Any], None]) -> None:
         for sink in list(self.sinks):

@@ -22,7 +22,7 @@ def _row(step: int, reward: float) -> dict:
     return {"step": step, "reward_mean": reward, "explained_variance": math.nan, "logprob_gap": 0.01,
             "turns_mean": 2.0, "tokens": 100, "rollout_s": 1.0, "train_s": 2.0, "step_s": 3.0, "mode": "sync",
             "ledger": {"missing": 0, "accepted": 8}, "engines_dead": ["e1"], "staleness_alarm": False,
-            "group_lags": {"g17": 1}, "generate_share": 0.5}
+            "group_lags": {"g17": 1}, "generate_share": 0.5, "eval_trial_rewards": {"task-a": [0.0, 1.0]}}
 
 
 def _campaign(run_dir: Path, tracking: TrackingConfig, steps: range, *, resume_step: int | None = None,
@@ -142,3 +142,18 @@ def test_wandb_offline_holds_the_metrics_and_resume_appends_to_the_same_run(tmp_
     assert evals == [0, 1, 2, 3, 3, 4]  # merged into the step's history row; re-run step 3 again
     (guard,) = [r for r in rows1 if "guards/events" in r]
     assert guard["_step"] == 2 and "fd.near_limit" in guard["guards/events"]
+
+
+def test_a_failure_outside_the_trackers_turns_them_off_once(tmp_path, monkeypatch):
+    from t1ops.tracking import events
+
+    def unreadable(self):
+        raise PermissionError(13, "Permission denied", str(self.root))
+
+    monkeypatch.setattr(events.EventTail, "take", unreadable)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = _campaign(tmp_path, TrackingConfig(), range(1, 4))
+    assert [str(w.message).split(" failed")[0] for w in caught if issubclass(w.category, TrackerWarning)] == \
+        ["tracking: all trackers"]
+    assert [r["step"] for r in summary.steps] == [1, 2, 3]
