@@ -156,7 +156,7 @@ def main() -> None:
     cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt = args.trajectories, 1
     for attempt in range(20):  # a loaded host can time a local Ray's start-up out: start it again
         try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
                      object_store_memory=int(args.object_store_gib * (1 << 30)))
             break
         except Exception as err:
