@@ -77,11 +77,14 @@ def throughput(pool: Path, mode: str, steps: int, out: str) -> tuple[float, dict
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--keep", type=Path, help="keep the pool and both run directories here (t1ops plan simulate "
+                                              "--from reads them; docs/scale.md)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        pool = make_pool(Path(tmp) / "tasks")
-        one, one_d = throughput(pool, "one_step", args.steps, tmp)
-        fa, fa_d = throughput(pool, "fully_async", args.steps, tmp)
+        root = args.keep or Path(tmp)
+        pool = make_pool(root / "tasks")
+        one, one_d = throughput(pool, "one_step", args.steps, str(root))
+        fa, fa_d = throughput(pool, "fully_async", args.steps, str(root))
     print("pool: " + ", ".join(f"{n} (sleep {s} s)" for n, _, s in MIX))
     print(f"one_step   : {one:6.3f} trajectories/s  {one_d}")
     print(f"fully_async: {fa:6.3f} trajectories/s  {fa_d}")

@@ -156,6 +156,41 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: Any, norm_by_std: bool = F
     return torch.where(std_N > 0, centred_N / (std_N + eps), torch.zeros_like(centred_N))
 
 
+def grpo_trajectory_advantages(rewards: torch.Tensor, group_ids: Any, trajectory_ids: Any,
+                               norm_by_std: bool = False, baseline_only: Sequence[tuple[Hashable, float]] = (),
+                               eps: float = 1e-6) -> torch.Tensor:
+    """GRPO advantages for batch rows that may be chunks of one trajectory (``[B]`` -> ``[B]``).
+
+    A trajectory split by history compaction or a TITO split has several rows; the group
+    baseline counts each *trajectory* once (walkthrough section 6: one reward per sample),
+    never each chunk. Rows of one trajectory must carry the same reward and group. Every
+    chunk gets its trajectory's advantage. ``baseline_only`` lists ``(group_id, reward)``
+    of trajectories with no row in the batch (failed trials kept as reward 0 with mask 0,
+    or a trajectory whose loss mask was cleared): they enter their group's mean and std.
+    """
+    rewards_B = _checks.float_tensor("rewards", rewards)
+    _checks.ndim("rewards", rewards_B, 1, "[B] (one reward per row)")
+    gids = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
+    tids = trajectory_ids.tolist() if isinstance(trajectory_ids, torch.Tensor) else list(trajectory_ids)
+    if not (len(gids) == len(tids) == rewards_B.numel()):
+        raise InputError(f"rewards ({rewards_B.numel()}), group_ids ({len(gids)}) and trajectory_ids "
+                         f"({len(tids)}) need one entry per row", argument="trajectory_ids")
+    first: dict[Hashable, int] = {}
+    for b, t in enumerate(tids):
+        j = first.setdefault(t, b)
+        if gids[j] != gids[b] or float(rewards_B[j]) != float(rewards_B[b]):
+            raise InputError(f"trajectory {t!r} has rows with different groups or rewards "
+                             f"({gids[j]!r}/{float(rewards_B[j])} vs {gids[b]!r}/{float(rewards_B[b])}); "
+                             "its chunks share one reward and one group", argument="trajectory_ids")
+    rows = list(first.values())
+    traj_rewards = [float(rewards_B[b]) for b in rows] + [float(r) for _, r in baseline_only]
+    traj_groups = [gids[b] for b in rows] + [g for g, _ in baseline_only]
+    adv_T = grpo_advantages(torch.tensor(traj_rewards, dtype=rewards_B.dtype), traj_groups,
+                            norm_by_std=norm_by_std, eps=eps)
+    index = {t: k for k, t in enumerate(first)}
+    return adv_T[torch.tensor([index[t] for t in tids], dtype=torch.long)]
+
+
 def whiten_advantages(advantages: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """Advantages shifted and scaled to mean 0, std 1 over the valid tokens of the whole batch
     (0 at masked positions). PPO advantage whitening: off in the T1 report ("advantage

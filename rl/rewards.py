@@ -44,6 +44,7 @@ class RewardResult:
     passed: int | None
     total: int | None
     detail: str = ""
+    ctrf_fallback: str | None = None  # why CTRF was not the reward (a FALLBACK_SOURCES tag), None if it was
 
     @property
     def is_fallback(self) -> bool:
@@ -137,7 +138,7 @@ def ctrf_reward(ctrf: Any, *, solved: bool | None = None, scale: float = DEFAULT
     except _Unusable as bad:
         value = BINARY_SOLVED_REWARD if solved else 0.0
         note = "" if solved is not None else "; no terminal outcome given, scored 0.0"
-        return RewardResult(value, bad.source, None, None, bad.detail + note)
+        return RewardResult(value, bad.source, None, None, bad.detail + note, ctrf_fallback=bad.source)
     return RewardResult(passed / float(scale), SOURCE_CTRF, passed, total)
 
 

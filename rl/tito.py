@@ -143,6 +143,7 @@ class TitoBuilder:
         self._spans: list[list] = []     # [start, end, relation]: positions each turn added
         self._span_from = 0              # first position not yet attributed to a turn
         self._repairs: list[dict] = []
+        self._generations: list[list] = []  # [request id, start, end): the stream span each request emitted
         self._segments: list[tuple[np.ndarray, np.ndarray]] = []  # (stream positions, rows)
         self._last_gen_end = -1
         # harness mode: the harness's own copy of the conversation (its last prompt, the sampled
@@ -187,11 +188,13 @@ class TitoBuilder:
 
     def add_generation(self, output_ids: Sequence[int], output_logprobs: Sequence[float], *,
                        policy_version: int | Sequence[int], routing_rows: np.ndarray | None = None,
-                       routing_start: int = 0) -> None:
-        """Append one sampled turn whose prompt was exactly ``self.tokens`` (strict)."""
+                       routing_start: int = 0, rid: str | None = None) -> None:
+        """Append one sampled turn whose prompt was exactly ``self.tokens`` (strict). ``rid``: the
+        engine request that emitted it (``meta["generations"]``, matched by the audit against the
+        engine's own record)."""
         # identity prompt map (None): the cost stays the turn's size, not the history's
         self._record_generation("strict", None, len(self._tok), output_ids, output_logprobs,
-                                policy_version, routing_rows, routing_start)
+                                policy_version, routing_rows, routing_start, rid)
 
     def start_chunk(self, prompt_ids: Sequence[int]) -> None:
         """Close the current chunk and start a new one whose stream is ``prompt_ids``.
@@ -209,7 +212,7 @@ class TitoBuilder:
     # -- harness mode
     def add_turn(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
                  output_logprobs: Sequence[float], *, policy_version: int | Sequence[int],
-                 routing_rows: np.ndarray | None = None, routing_start: int = 0) -> str:
+                 routing_rows: np.ndarray | None = None, routing_start: int = 0, rid: str | None = None) -> str:
         """Add a turn whose prompt the harness rendered; returns the relation that held.
 
         After a truncated turn (no stop token) nothing may follow in the same
@@ -231,7 +234,7 @@ class TitoBuilder:
             prompt_map[obs_from:] = base + np.arange(prompt.shape[0] - obs_from)
         gen_start = len(self._tok)
         self._record_generation(relation, prompt_map, prompt.shape[0], output_ids,
-                                output_logprobs, policy_version, routing_rows, routing_start)
+                                output_logprobs, policy_version, routing_rows, routing_start, rid)
         self._view = prompt.tolist() + [int(x) for x in output_ids]
         self._view_map = prompt_map.tolist() + list(range(gen_start, len(self._tok)))
         return relation
@@ -308,7 +311,7 @@ class TitoBuilder:
 
     def _record_generation(self, relation: str, prompt_map: np.ndarray | None, prompt_len: int,
                            output_ids, output_logprobs, policy_version: int,
-                           routing_rows: np.ndarray | None, routing_start: int) -> None:
+                           routing_rows: np.ndarray | None, routing_start: int, rid: str | None = None) -> None:
         turn = self.num_turns
         if len(output_ids) == 0 or len(output_logprobs) != len(output_ids):
             raise TitoError(f"sample {self.sample_id} turn {turn}: {len(output_ids)} output ids and "
@@ -323,6 +326,7 @@ class TitoBuilder:
         self._add_routing(prompt_map, gen_start, prompt_len + len(output_ids), routing_rows,
                           routing_start)
         self._relations.append(relation)
+        self._generations.append([rid, gen_start, len(self._tok)])
         self._spans.append([self._span_from, len(self._tok), relation])
         self._span_from = len(self._tok)
         self._last_gen_end = len(self._tok)
@@ -384,7 +388,8 @@ class TitoBuilder:
             policy_version=np.asarray(self._ver, dtype=np.int32), routing=routing,
             meta={"sample_id": self.sample_id, "group_id": self.group_id, "prompt_id": self.prompt_id,
                   "chunk_id": len(self.chunks), "relations": list(self._relations),
-                  "turn_spans": [list(x) for x in self._spans], "repairs": list(self._repairs)})
+                  "turn_spans": [list(x) for x in self._spans], "repairs": list(self._repairs),
+                  "generations": [list(g) for g in self._generations]})
         traj.check_invariants()
         return traj
 

@@ -21,12 +21,12 @@ Contract:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
+from rl.atomic import publish_file
 from rl.errors import DataContractError, InputError, ParseError
 
 _FORMAT = "t1ops.compact_vocab.v1"
@@ -158,11 +158,8 @@ class CompactVocab:
         return cls(data["full_ids"], int(data["full_vocab_size"]), has_unk=bool(data["has_unk"]))
 
     def save(self, path: str | Path) -> None:
-        """Write JSON atomically (temp file + rename)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict()))
-        os.replace(tmp, path)
+        """Write JSON atomically and durably (``rl.atomic.publish_file``)."""
+        publish_file(path, json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> "CompactVocab":

@@ -154,6 +154,7 @@ class AuditReport:
     relations: dict[str, int] = field(default_factory=dict)
     token_classes: dict[str, int] = field(default_factory=dict)       # t1ops.audit_shares.CLASSES, whole run
     per_trial: dict[str, dict[str, int]] = field(default_factory=dict)  # the same per sample id
+    engine: dict = field(default_factory=dict)  # drift against the engine's own record (t1ops.audit_engine)
 
     def pct(self, count: int, of: int | None = None) -> float:
         denom = self.positions if of is None else of
@@ -161,7 +162,9 @@ class AuditReport:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(aligned_pct=self.pct(self.aligned), retokenized_pct=self.pct(self.retokenized),
+        eng = self.engine or {}
+        d.update(engine_drift_in_loss_pct=self.pct(eng.get("drift", 0), eng.get("loss_tokens", 0)),
+                 aligned_pct=self.pct(self.aligned), retokenized_pct=self.pct(self.retokenized),
                  placeholder_pct=self.pct(self.placeholder),
                  drift_in_loss_pct=self.pct(self.drift_in_loss, self.loss_positions),
                  all_strict_share=self.all_strict_samples / self.samples if self.samples else 0.0,
@@ -170,8 +173,12 @@ class AuditReport:
         return d
 
 
-def audit_dump(dump_dir: Path) -> AuditReport:
-    """Read every ``*.npz`` in ``dump_dir`` and total the per-token accounting."""
+def audit_dump(dump_dir: Path, emissions: Path | None = None) -> AuditReport:
+    """Read every ``*.npz`` in ``dump_dir`` and total the per-token accounting; the loss-region drift
+    is measured against the engine's own record (``emissions``, else the run's ``emissions/``
+    beside the dump; t1ops/audit_engine.py) when there is one."""
+    from t1ops.audit_engine import engine_drift, find_record
+
     dump_dir = Path(dump_dir)
     if not dump_dir.is_dir():
         raise ParseError(f"{dump_dir}: not a directory of trajectory dumps", path=str(dump_dir))
@@ -182,8 +189,10 @@ def audit_dump(dump_dir: Path) -> AuditReport:
     rep = AuditReport(files=len(files))
     relations: Counter[str] = Counter({r: 0 for r in RELATIONS})
     strict_by_sample: dict[str, bool] = {}
+    checked = []
     for path in files:
         traj = read_trajectory(path)
+        checked.append((f"{traj.meta.get('sample_id', path.stem)} c{traj.meta.get('chunk_id', 0)}", traj))
         acc = traj.accounting()
         for key in ("routing_rows", "positions", "loss_positions", "aligned", "retokenized",
                     "placeholder", "drift_in_loss"):
@@ -199,4 +208,5 @@ def audit_dump(dump_dir: Path) -> AuditReport:
     rep.samples = len(strict_by_sample)
     rep.all_strict_samples = sum(strict_by_sample.values())
     rep.relations = dict(relations)
+    rep.engine = asdict(engine_drift(checked, find_record(dump_dir, emissions)))
     return rep

@@ -92,3 +92,29 @@ def pytest_make_collect_report(collector):
     report = outcome.get_result()
     if _in_ci() and report.skipped:  # a module skipped as a whole at import
         _fail_ci_skip(report)
+
+
+# --- parallel runs (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml) ----------------------
+# Tests that read one session fixture (a shared campaign: tests/t1ops/conftest.py) run on one
+# worker, so it runs once. Otherwise a fast test stays with the other tests of its module on one
+# worker, so a module-scoped fixture (an engine process, a built model) is set up once, not once
+# per worker; a slow or chaos test (a real campaign, mostly waiting on sandboxes) is scheduled on
+# its own, so two of them overlap. Nothing they share collides across worker processes: each
+# campaign starts its own local Ray (t1ops/campaign/launch.py), trial uids are drawn from a 10^9
+# range, trial directories and cgroups carry a random suffix, each worker has its own tmp_path root.
+def _shared_session_fixture(item) -> str | None:
+    info = getattr(item, "_fixtureinfo", None)
+    for name in sorted(getattr(item, "fixturenames", ())):
+        defs = info.name2fixturedefs.get(name) if info is not None else None
+        if defs and defs[-1].scope == "session" and defs[-1].baseid:  # ours, not pytest's own
+            return name
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        shared = _shared_session_fixture(item)
+        if shared is not None:
+            item.add_marker(pytest.mark.xdist_group(f"session-fixture-{shared}"))
+        elif item.get_closest_marker("slow") is None and item.get_closest_marker("chaos") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

@@ -1,21 +1,26 @@
 """coordinator-crash: the `t1ops run` process is SIGKILLed mid-step; the campaign resumes.
 
-Fault (real): a short campaign runs as its own `t1ops run` process (its own
-process session, Ray and engines included). Once step 3 is recorded and step 4
-has been handed to the trainer, the coordinator process gets SIGKILL, exactly
-as a node loss or an OOM kill of the head takes it. ``trainer.save_every = 2``,
-so the crashed run holds actor checkpoints up to step 3 but critic and trainer
-state only up to step 2: the roles disagree.
+Fault (real): the walkthrough's recipe (examples/recipes/walkthrough.toml: fully async GRPO on
+2 data-parallel trainer ranks with held-out eval), shrunk with ``--set``, runs as its own
+`t1ops run` process (its own process session, Ray and engines included). Once step 3 is
+recorded and step 4 has been handed to the trainer, the coordinator process gets SIGKILL,
+exactly as a node loss or an OOM kill of the head takes it. ``trainer.save_every = 2``, so the
+crashed run holds actor checkpoints up to step 3 but the trainer state (every rank's optimizer
+and RNG) only up to step 2: the roles disagree.
 
 Unguarded: a plain restart (no ``--resume``) starts a new run directory from
 step 1 with a fresh warm start: the steps already paid for are lost (the report:
 "a crash means restart").
 
 Guarded (``t1ops run CONFIG --resume RUN_DIR``, ``t1ops.campaign.resume``): the
-newest step at which actor, critic and trainer state all verify is step 2, and
-the resume says the roles disagree; both roles and the optimizer state load;
-step 3's partial outputs move to ``superseded/``; steps 3-4 run once more, so
-summary.json holds steps 1..4, each exactly once, rows 1-2 unchanged.
+newest step at which actor and trainer state both verify is step 2, and the
+resume says the roles disagree; the weights and every rank's optimizer state
+load; step 3's partial outputs move to ``superseded/``; steps 3-4 run once
+more, so summary.json holds steps 1..4, each exactly once, rows 1-2 unchanged.
+The async group books balance on both sides of the crash (groups generating
+or queued at the crash are counted as lost, never trained), no group is
+trained twice, the group order continues after the resume point, and the
+resumed run's staleness headroom is the capacity rule's value.
 """
 from __future__ import annotations
 
@@ -34,30 +39,20 @@ from chaos.harness import Guarded, Outcome, register
 REPO = Path(__file__).resolve().parents[2]
 STEPS, KILL_AT_STEP, SAVE_EVERY = 4, 4, 2
 RUN_TIMEOUT_S = 900
-CONFIG = """\
-[run]
-name = "crash"
-steps = {steps}
-seed = 0
-num_cpus = 2
-[model]
-max_seq_len = 1024
-[trainer]
-save_every = {save_every}
-warm_start_steps = 20
-ppo_epochs = 1
-critic_lr_multiplier = 1.5
-[rollout]
-tasks_dir = "{tasks}"
-num_train_tasks = 8
-batch_size = 4
-n_samples_per_prompt = 2
-max_turns = 1
-max_new_tokens = 24
-reward_scale = 5.0
-[checkpoints]
-keep_last = 3
-"""
+RECIPE = REPO / "examples" / "recipes" / "walkthrough.toml"
+GROUPS_PER_STEP = 2  # rollout.batch_size / n_samples_per_prompt below
+# The walkthrough's recipe (fully async GRPO + DPPO + prompt_mean, 2 data-parallel trainer ranks,
+# held-out eval) shrunk with --set to the smallest campaign that still crashes mid-step. The
+# zero-variance filter is off: 20 warm-start steps solve nothing, and every group would be dropped.
+OVERRIDES = [f"run.steps={STEPS}", "run.num_cpus=2", f"trainer.save_every={SAVE_EVERY}",
+             "trainer.warm_start_steps=20", "rollout.batch_size=4", "rollout.n_samples_per_prompt=2",
+             "rollout.max_turns=1", "rollout.max_new_tokens=24", "fully_async.num_parallel_generation_workers=4",
+             "fully_async.zero_variance_filter=false", "eval.every_steps=2", "eval.samples_per_task=1",
+             "eval.tasks=['math-add', 'shell-pwd']", "checkpoints.keep_last=3"]
+
+
+def _args(*extra: str) -> list[str]:
+    return [str(RECIPE), *[a for o in OVERRIDES for a in ("--set", o)], *extra]
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen:
@@ -113,9 +108,9 @@ def _submitted(run_dir: Path, step: int) -> bool:
     return False
 
 
-def _crash_mid_step(out: Path, cfg: Path, log: Path) -> tuple[Path | None, int | None, dict]:
+def _crash_mid_step(out: Path, log: Path) -> tuple[Path | None, int | None, dict]:
     """Start the campaign; SIGKILL its coordinator once step KILL_AT_STEP is training."""
-    proc = _start([str(cfg), "--out", str(out)], log)
+    proc = _start(_args("--out", str(out)), log)
     run_dir, deadline = None, time.monotonic() + RUN_TIMEOUT_S
     try:
         while time.monotonic() < deadline and proc.poll() is None:
@@ -137,9 +132,7 @@ def _crash_mid_step(out: Path, cfg: Path, log: Path) -> tuple[Path | None, int |
 
 @register("coordinator-crash", "the coordinator is SIGKILLed mid-step; resume continues the same run")
 def run(tmp: Path) -> Outcome:
-    cfg = tmp / "campaign.toml"
-    cfg.write_text(CONFIG.format(steps=STEPS, save_every=SAVE_EVERY, tasks=REPO / "examples" / "tasks"))
-    run_dir, rc, before = _crash_mid_step(tmp / "runs", cfg, tmp / "crash.log")
+    run_dir, rc, before = _crash_mid_step(tmp / "runs", tmp / "crash.log")
     steps_before = [r["step"] for r in before.get("steps", [])]
     fault_fired = rc == -signal.SIGKILL and steps_before == list(range(1, KILL_AT_STEP))
     details: dict = {"crash_rc": rc, "steps_before_crash": steps_before, "crash_log_tail": _tail(tmp / "crash.log")}
@@ -148,15 +141,15 @@ def run(tmp: Path) -> Outcome:
                        details=details)
 
     # Unguarded: a plain restart starts a new run from step 1; the crashed run's steps are not continued.
-    rc_plain = _run_to_end([str(cfg), "--out", str(tmp / "restart"), "--steps", "1"], tmp / "restart.log")
+    rc_plain = _run_to_end(_args("--out", str(tmp / "restart"), "--steps", "1"), tmp / "restart.log")
     plain_dirs = list((tmp / "restart").iterdir()) if (tmp / "restart").is_dir() else []
     plain = _summary(plain_dirs[0]) if plain_dirs else {"steps": []}
     plain_steps = [r["step"] for r in plain["steps"]]
     lost = rc_plain == 0 and plain_steps == [1] and plain_dirs[0] != run_dir and bool(plain.get("warm_start_loss"))
 
-    # Guarded: resume the crashed run.
+    # Guarded: resume the crashed run (the same recipe and overrides: a resume refuses another config).
     t0 = time.monotonic()
-    rc_resume = _run_to_end([str(cfg), "--resume", str(run_dir)], tmp / "resume.log")
+    rc_resume = _run_to_end(_args("--resume", str(run_dir)), tmp / "resume.log")
     detection_s = time.monotonic() - t0
     after = _summary(run_dir)
     log = (tmp / "resume.log").read_text()
@@ -165,6 +158,7 @@ def run(tmp: Path) -> Outcome:
     same_prefix = [r["reward_mean"] for r in after["steps"][:SAVE_EVERY]] == \
         [r["reward_mean"] for r in before["steps"][:SAVE_EVERY]]
     actor = sorted(p.name for p in (run_dir / "checkpoints" / "actor").glob("step_*"))
+    books = _async_books(after)
     invariants = {
         "unguarded_restart_loses_the_steps": lost,
         "resume_exit_0": rc_resume == 0,
@@ -172,15 +166,17 @@ def run(tmp: Path) -> Outcome:
         "rows_before_resume_point_unchanged": same_prefix,
         "picked_common_step_and_said_so": bool(resumes) and resumes[-1]["from_step"] == SAVE_EVERY
         and "roles disagree" in resumes[-1]["message"] and "roles disagree" in log,
-        "both_roles_loaded": "actor" in log and "and critic" in log and "loaded and verified" in log,
+        "weights_and_every_ranks_state_loaded": "loaded and verified" in log and "RNG of 2 ranks" in log,
         "step_run_again_superseded": bool(resumes) and resumes[-1]["steps_run_again"] == [KILL_AT_STEP - 1]
         and (Path(resumes[-1]["superseded"]) / "checkpoints" / "actor" / f"step_{KILL_AT_STEP - 1:08d}").is_dir(),
         "reward_curve_continues": all(r.get("num_trajectories", 0) > 0 for r in after["steps"]),
         "final_checkpoint_written": f"step_{STEPS:08d}" in actor,
+        "held_out_eval_across_the_crash": sorted({e["step"] for e in after.get("eval", [])}) == [0, 2, 4],
+        **books["invariants"],
     }
     details.update(steps_after_resume=steps_after, resume=resumes[-1] if resumes else None,
                    plain_restart_steps=plain_steps, resume_log_tail=_tail(tmp / "resume.log"),
-                   actor_checkpoints=actor)
+                   actor_checkpoints=actor, async_books=books["figures"])
     caught = rc_resume == 0 and invariants["no_step_lost_or_repeated"]
     return Outcome(
         fault_fired=True,
@@ -191,6 +187,35 @@ def run(tmp: Path) -> Outcome:
                         error=(resumes[-1]["message"] if resumes else "no resume recorded")
                         + f"; summary steps after resume {steps_after}"),
         invariants=invariants, details=details)
+
+
+def _async_books(after: dict) -> dict:
+    """The fully async group books across the crash: accepted, trained, dropped and in-flight groups
+    balance on each side of it, no group is trained twice, and the resumed run's staleness headroom
+    is the capacity rule's value at its first step, (max_staleness + 1) x groups per step."""
+    rows = after.get("steps", [])
+    resumed = (after.get("async_resumes") or [{}])[-1]
+    at_crash = resumed.get("books_at_resume_point", {})
+    final = after.get("async_books", {})
+    trained_ids = [g for r in rows for g in r.get("group_lags", {})]
+    index = [int(g.split("-", 1)[0][2:]) for r in rows if r["step"] > SAVE_EVERY for g in r.get("group_lags", {})]
+    settled = ("accepted", "zero_variance", "failed", "cancelled")
+    figures = {"at_resume_point": at_crash, "lost_in_crash": resumed.get("lost_in_crash"), "final": final,
+               "trained": len(trained_ids), "headroom": resumed.get("headroom"),
+               "headroom_rule": resumed.get("headroom_rule")}
+    invariants = {
+        "books_balance_before_and_after_the_crash": bool(at_crash) and bool(final)
+        and at_crash["submitted"] == sum(at_crash[k] for k in settled) + at_crash["running"]
+        and final["submitted"] == sum(final[k] for k in settled) + final["running"] and final["balanced"],
+        "accepted_equals_trained_plus_queued_or_lost": bool(at_crash)
+        and at_crash["accepted"] == at_crash["trained"] + at_crash["dropped_from_batch"] + at_crash["queued"]
+        and resumed.get("lost_in_crash") == at_crash["running"] + at_crash["queued"],
+        "every_step_trained_its_groups_once": len(trained_ids) == len(set(trained_ids)) == STEPS * GROUPS_PER_STEP,
+        "resumed_group_order_continues": bool(index) and bool(at_crash) and min(index) >= at_crash["planner_next"],
+        "staleness_headroom_after_resume_is_the_rule": resumed.get("headroom") is not None
+        and resumed["headroom"] == resumed["headroom_rule"] == 2 * GROUPS_PER_STEP,
+    }
+    return {"invariants": invariants, "figures": figures}
 
 
 def _tail(path: Path, n: int = 12) -> list[str]:

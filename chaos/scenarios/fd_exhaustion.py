@@ -176,7 +176,8 @@ def coordinator(run_dir: Path) -> dict:
     """The child coordinator: one local Ray cluster, three collections."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # "local": its own cluster, never one another process left in /tmp/ray/ray_current_cluster
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         return {"unguarded": _phase(ray, "unguarded", False, False, run_dir),
                 "raised": _phase(ray, "raised", True, False, run_dir),

@@ -7,7 +7,8 @@ from __future__ import annotations
 def record(builder, resp, routing_start: int) -> None:
     """Append ``resp``'s sampled turn to ``builder`` (a token-in ``TitoBuilder``)."""
     builder.add_generation(resp.output_ids, resp.output_token_logprobs or (), policy_version=policy_version(resp),
-                           routing_rows=resp.routed_experts_RLK, routing_start=routing_start)
+                           routing_rows=resp.routed_experts_RLK, routing_start=routing_start,
+                           rid=getattr(resp, "rid", None))
 
 
 def policy_version(resp) -> int | list[int]:

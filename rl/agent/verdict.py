@@ -129,7 +129,11 @@ def decide(ctrf_doc: dict[str, Any] | None, ctrf_problem: str | None, vdir: Path
     Evidence that contradicts itself raises :class:`InconsistentVerdict` (the verifier
     records it as a tamper event: reward 0)."""
     counted = ctrf_reward(ctrf_doc, solved=None, scale=scale) if ctrf_doc is not None else None
+    # the report tags parse failures by source: why CTRF was not the reward, kept whatever decides it
+    tag = "fallback:missing" if ctrf_doc is None and ctrf_problem in (None, "no CTRF report") else \
+        "fallback:unparsable" if ctrf_doc is None else None
     if counted is not None and counted.source != SOURCE_CTRF:
+        tag = counted.source
         ctrf_problem, counted = f"CTRF unusable ({counted.source}: {counted.detail})", None
     try:
         harbor = read_harbor_reward(vdir, since_s=since_s)
@@ -151,10 +155,11 @@ def decide(ctrf_doc: dict[str, Any] | None, ctrf_problem: str | None, vdir: Path
     if harbor is not None:
         why = (f"CTRF reports 0/{counted.total} passed and {harbor.file} says {harbor.value:g}"
                if counted is not None else f"from {harbor.file}")
-        return RewardResult(harbor.value, SOURCE_HARBOR, None, None, why)
+        return RewardResult(harbor.value, SOURCE_HARBOR, None, None, why,
+                            ctrf_fallback=tag if counted is None else "fallback:zero-pass")
     detail = "; ".join(p for p in (ctrf_problem or "no CTRF report", harbor_problem) if p)
     return RewardResult(0.0, SOURCE_NO_VERDICT, None, None,
-                        f"no verdict ({detail}); an exit code alone is never a reward")
+                        f"no verdict ({detail}); an exit code alone is never a reward", ctrf_fallback=tag)
 
 
 _TEST_DEF = re.compile(rb"^[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*\(", re.M)
@@ -208,7 +213,7 @@ def foreign_reward_files(vdir: Path, tests_snapshot: dict[str, bytes]) -> list[s
 
 def no_verdict(detail: str) -> RewardResult:
     """Reward 0 tagged ``no-verdict`` (a verifier that timed out or hit a limit)."""
-    return RewardResult(0.0, SOURCE_NO_VERDICT, None, None, detail)
+    return RewardResult(0.0, SOURCE_NO_VERDICT, None, None, detail, ctrf_fallback="fallback:verifier-limit")
 
 
 def is_solved(reward: RewardResult) -> bool:

@@ -44,6 +44,7 @@ from typing import Any
 
 from rl.agent.ctrf import read_ctrf
 from rl.agent.sandbox import PINNED_PYTEST_INI, VERIFIER_LIMITS, ExecResult, Limits, Trial
+from rl.agent.secrets import redact, redact_obj
 from rl.agent.tamper import TamperEvent, scan_trial_dir, scan_tree
 from rl.agent.tasks import hash_tree
 from rl.agent.verdict import (SOURCE_NO_VERDICT, InconsistentVerdict, ctrf_problem, decide,
@@ -145,12 +146,14 @@ def _pinned_ini(trial: Trial) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
-    venv_bin = str(Path(sys.executable).parent)
+    # local: the host venv's pytest; container: the image's own PATH (its pytest), same pins
+    path = getattr(trial, "verifier_path", None)
+    path = path() if path is not None else f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
     # the image's ENV and [environment.env] first, as in Harbor's container, less what loads
     # code (rl/agent/verifier_env.py); then [verifier.env], the task author's declared intent
     return {"PYTHONSAFEPATH": "1", **task_env_for_verifier(trial.env), **git_env(),
             **trial.task.verifier_env,
-            "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
+            "PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp",
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
             # only the CTRF plugin: no entry-point plugin an agent (or a stray package) provides
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "ctrf.main",
@@ -256,13 +259,17 @@ def _finish(trial: Trial, tag: str, vdir: Path, events: list[TamperEvent], out: 
     if reward is None or events:
         kinds = ",".join(sorted({e.kind for e in events}))
         base = ctrf_reward(None, solved=False, scale=scale)
-        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}"), "tamper"
+        reward, reason = dataclasses.replace(base, source=f"tamper:{kinds}", ctrf_fallback=None), "tamper"
+    if reward.detail:   # a detail may quote a file the agent wrote: redacted like its output
+        reward = dataclasses.replace(reward, detail=redact(reward.detail, trial.secrets))
+    events = [dataclasses.replace(e, detail=redact(e.detail, trial.secrets), path=redact(e.path, trial.secrets))
+              for e in events]
     for ev in events:
         log.warning("tamper event in trial %s: %s at %s (%s)", ev.trial_id, ev.kind, ev.path, ev.detail)
     result = VerifierResult(trial.trial_id, tag, reward, tuple(events),
                             None if out is None else out.exit_code, reason,
                             time.monotonic() - t_start, out)
-    _write_result(vdir, result)
+    _write_result(vdir, result, trial.secrets)
     return result
 
 
@@ -307,7 +314,7 @@ def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out:
     return reward, "no-verdict" if reward.source == SOURCE_NO_VERDICT else "ok"
 
 
-def _write_result(vdir: Path, result: VerifierResult) -> None:
+def _write_result(vdir: Path, result: VerifierResult, secrets: dict[str, str]) -> None:
     payload = {"run_tag": result.run_tag, "trial_id": result.trial_id, "reason": result.reason,
                "reward": dataclasses.asdict(result.reward) if dataclasses.is_dataclass(result.reward)
                else str(result.reward), "exit_code": result.exit_code,
@@ -317,4 +324,4 @@ def _write_result(vdir: Path, result: VerifierResult) -> None:
         path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(payload, indent=1, default=str))
+        f.write(json.dumps(redact_obj(payload, secrets), indent=1, default=str))   # nothing leaves unredacted

@@ -123,7 +123,8 @@ class BatchScheduler:
     """Runs every request's forward passes on one thread; ``run`` blocks its caller until done.
 
     ``engine`` provides ``model_lock``, ``running_event``, ``paused``, ``weight_version``,
-    ``weights_generation`` and ``vocab`` (``rl.engines.embedded_engine.EmbeddedEngine``).
+    ``weights_generation``, ``num_generated_tokens`` (counted up here) and ``vocab``
+    (``rl.engines.embedded_engine.EmbeddedEngine``).
     """
 
     def __init__(self, engine, forward: CachedForward, pool: SlotPool, *, max_batch: int = 64,
@@ -237,6 +238,7 @@ class BatchScheduler:
             seq.gen.output_compact.append(token)
             seq.gen.logprobs.append(logprob)
             seq.gen.versions.append(version)
+            self.engine.num_generated_tokens += 1
             seq.gen.finish = finish_reason(self.engine.vocab.decode([token])[0], len(seq.gen.output_compact),
                                            seq.params)
             if seq.gen.finish is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -59,6 +60,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Chaos mode: allow the --chaos-* fault switches (never in a campaign).")
     parser.add_argument("--chaos-omit-routing-for", default=None, metavar="RID_REGEX",
                         help="Chaos mode only: answer requests whose rid matches without routed_experts.")
+    parser.add_argument("--emission-log", default=None, metavar="PATH",
+                        help="Append every answered request's emitted ids to PATH (JSON lines; the audit's "
+                             "engine-side record, rl/engines/emission_log.py).")
     parser.add_argument("--kv-slots", type=int, default=128,
                         help="K/V cache slots: running requests plus finished ones kept for prefix reuse.")
 
@@ -76,6 +80,10 @@ def build_engine(args: argparse.Namespace, spec: ModelSpec | None = None) -> Emb
             raise InputError(f"--chaos-omit-routing-for {omit!r} is not a regular expression: {exc}",
                              argument="--chaos-omit-routing-for") from exc
     engine = _build_engine(args, spec)
+    if getattr(args, "emission_log", None):
+        from rl.engines.emission_log import EmissionLog
+
+        engine.emission_log = EmissionLog(args.emission_log, by="engine")
     if pattern is not None:
         engine.chaos_omit_routing = pattern
         print(f"embedded engine in CHAOS mode: routed_experts omitted for rids matching {omit!r}", flush=True)
@@ -129,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 def spawn(port: int, spec: ModelSpec, *, checkpoint: str | Path | None = None, vocab_path: str | Path | None = None,
           dtype: str = "bf16", seed: int = 0, host: str = "127.0.0.1", startup_timeout_s: float = 180.0,
           log_path: str | Path | None = None, batching: bool = True,
-          extra_args: list[str] | None = None) -> subprocess.Popen:
+          extra_args: list[str] | None = None, emission_dir: str | Path | None = None) -> subprocess.Popen:
     """Start an engine process and return it once ``GET /health`` answers 200.
 
     The process's base URL is set as ``proc.url``. Output goes to
@@ -145,6 +153,8 @@ def spawn(port: int, spec: ModelSpec, *, checkpoint: str | Path | None = None, v
         command += ["--vocab", str(vocab_path)]
     if not batching:
         command.append("--recompute")
+    if emission_dir is not None:  # the engine's own record of emitted ids, one file per engine process
+        command += ["--emission-log", str(Path(emission_dir) / f"engine-{port}-{os.getpid()}-{time.time_ns()}.jsonl")]
     command += list(extra_args or [])
     log = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
     try:

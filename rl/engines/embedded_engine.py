@@ -119,6 +119,7 @@ class EmbeddedEngine:
         self.model = build_policy(spec, seed, dtype=dtype, unk_id=vocab.unk_id)
         self.model.eval()
         self.weight_version = weight_version
+        self.emission_log = None  # an rl.engines.emission_log.EmissionLog: every answered request's ids
         self.model_path: str | None = None
         self._model_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -127,6 +128,7 @@ class EmbeddedEngine:
         self._requests: dict[str, _Running] = {}
         self._sampler = torch.Generator().manual_seed(seed)
         self.weights_generation = 0  # bumped by every weight load: cached K/V of older weights is stale
+        self.num_generated_tokens = 0  # every token sampled so far, all requests (``/model_info``)
         self.model_lock, self.running_event = self._model_lock, self._running_event  # for the scheduler
         self.scheduler: BatchScheduler | None = None
         self.chaos_omit_routing: re.Pattern | None = None  # chaos mode only (--chaos-omit-routing-for)
@@ -210,7 +212,10 @@ class EmbeddedEngine:
         finally:
             with self._state_lock:
                 self._requests.pop(running.rid, None)
-        return self._response(request, running.rid, gen)
+        resp = self._response(request, running.rid, gen)
+        if self.emission_log is not None:  # the engine's own record, for the audit (rl.engines.emission_log)
+            self.emission_log.record(running.rid, resp.output_ids, self.weight_version, resp.finish_reason.type)
+        return resp
 
     def _generator(self, params: P.SamplingParams) -> torch.Generator:
         return self._sampler if params.sampling_seed is None else torch.Generator().manual_seed(params.sampling_seed)
@@ -244,6 +249,7 @@ class EmbeddedEngine:
         gen.output_compact.append(token)
         gen.logprobs.append(logprob)
         gen.versions.append(self.weight_version)
+        self.num_generated_tokens += 1
 
     def _response(self, request: P.GenerateRequest, rid: str, gen: Generation) -> P.GenerateResponse:
         output_ids = tuple(self.vocab.decode(gen.output_compact))

@@ -128,7 +128,8 @@ def _health_generate(engine: EmbeddedEngine) -> tuple[int, Any]:
 def _model_info(engine: EmbeddedEngine) -> dict:
     info = PC.ModelInfo(weight_version=engine.weight_version, model_path=engine.model_path).to_json()
     info.update(spec=engine.spec.to_dict(), dtype=str(engine.dtype).removeprefix("torch."), engine="embedded",
-                num_running_requests=engine.num_running(), is_paused=engine.paused)
+                num_running_requests=engine.num_running(), is_paused=engine.paused,
+                num_generated_tokens=engine.num_generated_tokens)
     return info
 
 

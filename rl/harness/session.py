@@ -74,6 +74,7 @@ class HarnessSession:
         self.end_reason = "done"
         self.generate_s = 0.0
         self.temperature_overrides = 0
+        self.emission_log = None  # an rl.engines.emission_log.EmissionLog (the OpenAI endpoint's record)
         self.last_relation = ""
         self.fatal: BaseException | None = None
         self._routed_upto = 0
@@ -170,13 +171,16 @@ class HarnessSession:
         if resp.finish_reason.is_abort:
             raise ApiError(503, f"generation aborted by the engine ({resp.finish_reason.message}); retry",
                            type="server_error", code="engine_aborted")
-        self._record(prompt, resp, start, continuation)
+        if self.emission_log is not None:  # the endpoint's own record of what it relayed (the audit's)
+            self.emission_log.record(request.rid, resp.output_ids, resp.weight_version, resp.finish_reason.type)
+        self._record(prompt, resp, start, continuation, request.rid)
         return resp
 
-    def _record(self, prompt: list[int], resp: GenerateResponse, start: int, continuation: bool) -> None:
+    def _record(self, prompt: list[int], resp: GenerateResponse, start: int, continuation: bool,
+                rid: str | None = None) -> None:
         lp = resp.output_token_logprobs or ()
         kw: dict[str, Any] = dict(policy_version=policy_version(resp), routing_rows=resp.routed_experts_RLK,
-                                  routing_start=start)
+                                  routing_start=start, rid=rid)
         if self.builder is None:
             self.builder = TitoBuilder(prompt, sample_id=self.sample_id, group_id=self.group_id,
                                        prompt_id=self.prompt_id, tokenizer=self.renderer.tokenizer,

@@ -19,14 +19,12 @@ megatron state, bit-exact (``tests/rl/test_hf.py``).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Mapping
 
 import torch
 
+from rl.atomic import publish_dir
 from rl.chat import ENDOFTEXT_ID, IM_END_ID
 from rl.errors import CheckpointError, CheckpointRoleError
 from rl.hf import qwen3_moe
@@ -60,8 +58,8 @@ def export_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec, out_dir: str |
         raise CheckpointError(f"export dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     hf = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in qwen3_moe.to_hf(state, spec).items()}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         config = qwen3_moe.config_dict(spec, dtype, bos_token_id=None, eos_token_id=IM_END_ID)
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
@@ -72,12 +70,8 @@ def export_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec, out_dir: str |
 
             write_tokenizer(tmp)
         (tmp / META_FILE).write_text(json.dumps({"format": "t1ops.hf_export.v1", **(meta or {})}, indent=2))
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    publish_dir(out_dir, fill, replace_empty=True)  # every file fsynced, then renamed into place
     return out_dir
 
 

@@ -85,7 +85,7 @@ def last_logits(model, ids_BT: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
+                   temperature: float = 1.0, with_entropy: bool = False):
     """fp32 log p(targets[b, t] | ids[b, :t+1]) as [B, T], differentiable.
 
     ``temperature`` divides the logits before the log-softmax, as the sampler
@@ -125,7 +125,12 @@ def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor,
         if temperature != 1.0:
             logits_cBV = logits_cBV / temperature
         picked_cB = logits_cBV.gather(-1, targets_cB.unsqueeze(-1)).squeeze(-1)
-        return picked_cB - torch.logsumexp(logits_cBV, dim=-1)
+        logprobs_cB = picked_cB - torch.logsumexp(logits_cBV, dim=-1)
+        if not with_entropy:
+            return logprobs_cB
+        with torch.no_grad():
+            entropy_cB = torch.special.entr(torch.softmax(logits_cBV.detach().float(), dim=-1)).sum(-1)
+        return logprobs_cB, entropy_cB
 
     hidden_TBH = full_sequence(model, hidden_BTH.transpose(0, 1))
     targets_TB = targets_BT.long().transpose(0, 1)
@@ -138,7 +143,11 @@ def token_logprobs(model, ids_BT: torch.Tensor, targets_BT: torch.Tensor,
             pieces.append(checkpoint(chunk_logprobs, *args, use_reentrant=False))
         else:
             pieces.append(chunk_logprobs(*args))
-    return torch.cat(pieces, dim=0).transpose(0, 1).masked_fill(unk_BT, 0.0).contiguous()
+    if with_entropy:
+        ent_BT = torch.cat([p[1] for p in pieces], dim=0).transpose(0, 1).contiguous()
+        pieces = [p[0] for p in pieces]
+    out_BT = torch.cat(pieces, dim=0).transpose(0, 1).masked_fill(unk_BT, 0.0).contiguous()
+    return (out_BT, ent_BT) if with_entropy else out_BT
 
 
 def values(critic, ids_BT: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """The model's tensors: the state dict checkpoints hold, all-or-nothing loading, ``weights.pt`` files."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from rl.atomic import publish_file
 from rl.errors import CheckpointError
 
 WEIGHTS_FILE = "weights.pt"
@@ -47,11 +47,8 @@ def save_weights(model, directory: str | Path) -> Path:
     """Write ``directory/weights.pt`` (``weights_state_dict``) atomically; return its path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / WEIGHTS_FILE
-    tmp = directory / (WEIGHTS_FILE + ".tmp")
-    torch.save(weights_state_dict(model), tmp)
-    os.replace(tmp, path)
-    return path
+    state = weights_state_dict(model)
+    return publish_file(directory / WEIGHTS_FILE, lambda f: torch.save(state, f))
 
 
 def load_weights(model, directory: str | Path) -> None:

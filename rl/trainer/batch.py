@@ -38,6 +38,8 @@ class TrainBatch:
     group_ids: list[Hashable]          # GRPO group (all samples of one prompt; chunks share it)
     prompt_ids: list[Hashable]         # prompt_mean reduction unit
     routing_BTLK: torch.Tensor | None = None  # int64 expert ids, None when the sampler sent none
+    trajectory_ids: list[Hashable] | None = None  # rows of one trajectory (its chunks); None: one row each
+    baseline_only: list[tuple[Hashable, float]] | None = None  # (group, reward) of row-less trajectories
 
     @property
     def num_samples(self) -> int:
@@ -51,7 +53,9 @@ class TrainBatch:
     def from_sequences(cls, *, tokens: Sequence[Any], loss_mask: Sequence[Any],
                        rollout_logprobs: Sequence[Any], rewards: Sequence[float],
                        group_ids: Sequence[Hashable], prompt_ids: Sequence[Hashable],
-                       routing: Sequence[Any] | None = None) -> "TrainBatch":
+                       routing: Sequence[Any] | None = None,
+                       trajectory_ids: Sequence[Hashable] | None = None,
+                       baseline_only: Sequence[tuple[Hashable, float]] = ()) -> "TrainBatch":
         """Validate per-sample 1-D arrays (routing: ``(N, L, K)`` per sample) and pad them.
 
         Raises :class:`DataContractError` naming the sample and the counts when
@@ -66,6 +70,9 @@ class TrainBatch:
                 raise InputError(f"{name} has {len(seq)} samples but tokens has {num}", argument=name)
         if num == 0:
             raise InputError("a TrainBatch needs at least one sample", argument="tokens")
+        if trajectory_ids is not None and len(trajectory_ids) != num:
+            raise InputError(f"trajectory_ids has {len(trajectory_ids)} samples but tokens has {num}",
+                             argument="trajectory_ids")
         if routing is not None and len(routing) != num:
             raise InputError(f"routing has {len(routing)} samples but tokens has {num}", argument="routing")
         has_routing = routing is not None
@@ -82,7 +89,9 @@ class TrainBatch:
                    rollout_logprobs_BT=torch.as_tensor(np.stack(cols[2])).float(),
                    num_tokens_B=torch.tensor([n for _, n in samples], dtype=torch.long),
                    rewards_B=rewards_B, group_ids=list(group_ids), prompt_ids=list(prompt_ids),
-                   routing_BTLK=torch.as_tensor(np.stack(cols[3])).long() if has_routing else None)
+                   routing_BTLK=torch.as_tensor(np.stack(cols[3])).long() if has_routing else None,
+                   trajectory_ids=None if trajectory_ids is None else list(trajectory_ids),
+                   baseline_only=[(g, float(r)) for g, r in baseline_only])
 
 
 def _pipeline(x: np.ndarray, num_tokens: int) -> np.ndarray:

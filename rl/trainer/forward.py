@@ -45,14 +45,20 @@ def shift_to_tokens(x_BT1: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x_BT1, (1, 0))
 
 
-def actor_logprobs(actor, batch: TrainBatch, *, replay: bool, temperature: float = 1.0) -> torch.Tensor:
+def actor_logprobs(actor, batch: TrainBatch, *, replay: bool, temperature: float = 1.0,
+                   with_entropy: bool = False):
     """fp32 ``[B, T]`` token-aligned log-probs at the sampling ``temperature``; differentiable
-    when grad is enabled."""
+    when grad is enabled. ``with_entropy``: ``(logprobs, entropy)``, the entropy (no gradient)
+    of the distribution each token was sampled from, aligned the same way."""
     ids_BT1, targets_BT1 = batch.tokens_BT[:, :-1], batch.tokens_BT[:, 1:]
     if not replay:
-        return shift_to_tokens(rmodel.token_logprobs(actor, ids_BT1, targets_BT1, temperature))
-    with rmodel.replay_routing(actor, forward_rows(batch)):
-        return shift_to_tokens(rmodel.token_logprobs(actor, ids_BT1, targets_BT1, temperature))
+        out = rmodel.token_logprobs(actor, ids_BT1, targets_BT1, temperature, with_entropy=with_entropy)
+    else:
+        with rmodel.replay_routing(actor, forward_rows(batch)):
+            out = rmodel.token_logprobs(actor, ids_BT1, targets_BT1, temperature, with_entropy=with_entropy)
+    if with_entropy:
+        return shift_to_tokens(out[0]), shift_to_tokens(out[1])
+    return shift_to_tokens(out)
 
 
 def critic_values(critic, batch: TrainBatch) -> torch.Tensor:

@@ -267,7 +267,7 @@ class RankTrainer:
                                                    s.clip_ratio_c)
                 else:
                     loss_bT, stats = dppo_loss(lp, rf.slice_rows(batch.rollout_logprobs_BT, mb), adv, mask,
-                                               s.dppo_delta, s.dppo_delta)
+                                               *s.dppo_deltas)
                 if tis_BT is not None:
                     loss_bT = loss_bT * rf.slice_rows(tis_BT, mb)
                 loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))

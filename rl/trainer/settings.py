@@ -26,12 +26,15 @@ class TrainerSettings:
     actor_lr: float = 1e-3
     critic_lr_multiplier: float = 30.0
     critic_warmup_steps: int = 0
+    critic_warm_load: str | None = None
     gamma: float = 1.0
     lam: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.2
     value_clip: float = 0.2
     dppo_delta: float = 0.15
+    dppo_delta_low: float | None = None
+    dppo_delta_high: float | None = None
     loss_reduction: str = "token_mean"
     r3: bool = True
     weight_decay: float = 0.1
@@ -77,6 +80,13 @@ class TrainerSettings:
         if self.ppo_epochs < 1 or self.critic_warmup_steps < 0:
             raise ConfigError(f"ppo_epochs must be >= 1 and critic_warmup_steps >= 0, got "
                               f"{self.ppo_epochs} and {self.critic_warmup_steps}", key="ppo_epochs")
+
+    @property
+    def dppo_deltas(self) -> tuple[float, float]:
+        """(delta_low, delta_high) of the DPPO mask; each defaults to ``dppo_delta``."""
+        low = self.dppo_delta if self.dppo_delta_low is None else self.dppo_delta_low
+        high = self.dppo_delta if self.dppo_delta_high is None else self.dppo_delta_high
+        return low, high
 
     @property
     def critic_lr(self) -> float:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.advantages import compute_gae, grpo_advantages, whiten_advantages
+from rl.advantages import compute_gae, grpo_trajectory_advantages, whiten_advantages
 from rl.errors import InputError
 from rl.losses import dppo_loss, ppo_clip_loss, reduce_loss, value_loss
 from rl.metrics import explained_variance
@@ -66,6 +66,7 @@ class ActorUpdate:
     ratio_mean: float
     dual_clip_fraction: float
     first_logprobs_BT: torch.Tensor  # detached log-probs of the first epoch's forward (current weights)
+    entropy: float = float("nan")    # token mean over loss tokens of the first forward's entropy (no grad)
 
 
 def critic_step(critic, optimizer, batch: TrainBatch, s: TrainerSettings) -> CriticUpdate:
@@ -89,9 +90,12 @@ def critic_step(critic, optimizer, batch: TrainBatch, s: TrainerSettings) -> Cri
 
 
 def grpo_token_advantages(batch: TrainBatch, norm_by_std: bool = False) -> torch.Tensor:
-    """Group-centred advantage per trajectory, ``[B]``; divided by the group std when
-    ``norm_by_std`` (off by default, as the walkthrough)."""
-    return grpo_advantages(batch.rewards_B, batch.group_ids, norm_by_std=norm_by_std)
+    """Group-centred advantage per trajectory, ``[B]`` (a trajectory's chunks count once in the
+    group baseline and share its advantage; row-less ``baseline_only`` trajectories count too);
+    divided by the group std when ``norm_by_std`` (off by default, as the walkthrough)."""
+    tids = batch.trajectory_ids if batch.trajectory_ids is not None else list(range(batch.num_samples))
+    return grpo_trajectory_advantages(batch.rewards_B, batch.group_ids, tids, norm_by_std=norm_by_std,
+                                      baseline_only=batch.baseline_only or ())
 
 
 def actor_step(actor, optimizer, batch: TrainBatch, advantages: torch.Tensor,
@@ -102,17 +106,21 @@ def actor_step(actor, optimizer, batch: TrainBatch, advantages: torch.Tensor,
     ``tis_BT`` (None: not applied) multiplies the per-token loss."""
     mask_BT = batch.loss_mask_BT
     actor.train()
-    first = None
+    first, entropy = None, float("nan")
     for _ in range(s.ppo_epochs):
-        logprobs_BT = actor_logprobs(actor, batch, replay=s.r3, temperature=temperature)
-        first = logprobs_BT.detach() if first is None else first
+        if first is None:
+            logprobs_BT, entropy_BT = actor_logprobs(actor, batch, replay=s.r3, temperature=temperature,
+                                                     with_entropy=True)
+            first, entropy = logprobs_BT.detach(), masked_token_mean(entropy_BT, mask_BT)
+        else:
+            logprobs_BT = actor_logprobs(actor, batch, replay=s.r3, temperature=temperature)
         if s.mode == "ppo":
             loss_BT, stats = ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages, mask_BT,
                                            s.clip_low, s.clip_high, s.clip_ratio_c)
             clip_fraction = stats["clip_fraction"]
         else:
             loss_BT, stats = dppo_loss(logprobs_BT, batch.rollout_logprobs_BT, advantages, mask_BT,
-                                       s.dppo_delta, s.dppo_delta)
+                                       *s.dppo_deltas)
             clip_fraction = stats["tv_masked_fraction"]
         if tis_BT is not None:
             loss_BT = loss_BT * tis_BT
@@ -120,4 +128,10 @@ def actor_step(actor, optimizer, batch: TrainBatch, advantages: torch.Tensor,
         loss.backward()
         grad_norm = clip_and_step(actor, optimizer, s.grad_clip)
     return ActorUpdate(float(loss.detach()), grad_norm, clip_fraction, stats["ratio_mean"],
-                       stats.get("dual_clip_fraction", float("nan")), first)
+                       stats.get("dual_clip_fraction", float("nan")), first, entropy)
+
+
+def masked_token_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    """Mean of ``x`` over the loss-bearing tokens (NaN when there is none)."""
+    n = int(mask_BT.sum())
+    return float(x_BT.detach()[mask_BT].sum() / n) if n else float("nan")

@@ -74,6 +74,7 @@ class StepStats:
     dual_clip_fraction: float = math.nan
     tis_mode: str = "off"             # "off": recorded only; "token"/"sequence": applied to the loss
     behaviour_recomputed: bool = True  # False: GRPO without TIS skipped the old-log-prob forward
+    entropy: float = math.nan          # policy entropy over loss tokens, logged without gradient
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -132,7 +133,8 @@ class Trainer:
         advantages = critic.advantages_BT if critic else grpo_token_advantages(batch, s.grpo_norm_by_std)
         mask_BT = batch.loss_mask_BT
         recompute = plan.recompute
-        old_logprobs_BT = self.behaviour_logprobs(batch) if recompute else None
+        old_logprobs_BT, behaviour_entropy = self.behaviour_logprobs(batch, with_entropy=True) \
+            if recompute else (None, math.nan)
         tis_BT = None
         if old_logprobs_BT is not None:
             tis_BT, tis = tis_weights(old_logprobs_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
@@ -161,12 +163,22 @@ class Trainer:
             tis_max_raw=tis["tis_max_raw"], tis_clip_fraction=tis["tis_clip_fraction"],
             advantage_mean=float(adv_BT[mask_BT].mean()),
             dual_clip_fraction=actor.dual_clip_fraction if actor else nan, tis_mode=s.tis_mode,
-            behaviour_recomputed=recompute)
+            behaviour_recomputed=recompute,
+            # the actor's first forward; a critic-only step has none, but its actor has not moved since
+            # the behaviour snapshot it was published as, so the behaviour forward is the same policy
+            entropy=actor.entropy if actor else behaviour_entropy)
 
-    def behaviour_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Old log-probs recomputed by the trainer under the behaviour snapshot (R3 as configured)."""
+    def behaviour_logprobs(self, batch: TrainBatch, *, with_entropy: bool = False):
+        """Old log-probs recomputed by the trainer under the behaviour snapshot (R3 as configured);
+        ``with_entropy``: ``(logprobs, token-mean entropy over the loss tokens)``."""
         with torch.no_grad(), _weights(self.actor, self._behaviour):
-            return actor_logprobs(self.actor, batch, replay=self.settings.r3, temperature=self.temperature)
+            out = actor_logprobs(self.actor, batch, replay=self.settings.r3, temperature=self.temperature,
+                                 with_entropy=with_entropy)
+        if not with_entropy:
+            return out
+        from rl.trainer.step import masked_token_mean
+
+        return out[0], masked_token_mean(out[1], batch.loss_mask_BT)
 
     def snapshot_behaviour(self) -> None:
         """Remember the actor's current weights as the policy that samples the next batch."""

@@ -31,6 +31,7 @@ import numpy as np
 
 from rl.errors import ConfigError
 from rl.staleness import CapacityError, StalenessManager, StalenessViolation
+from t1ops.campaign.dataplane import versions_of
 
 OUTCOMES = ("accepted", "zero_variance", "failed", "cancelled")
 
@@ -179,18 +180,14 @@ def version_lag_histogram(results: list[dict], trainer_version: int) -> dict[int
     """Loss-bearing tokens by version lag (``trainer_version - policy_version``) over a batch."""
     hist: Counter = Counter()
     for r in results:
-        for c in r["chunks"]:
-            versions = c.policy_version[c.loss_mask == 1]
-            lags, counts = np.unique(trainer_version - versions.astype(np.int64), return_counts=True)
-            for lag, n in zip(lags.tolist(), counts.tolist()):
-                hist[int(lag)] += int(n)
+        for version, n in versions_of(r).items():
+            hist[trainer_version - version] += n
     return dict(sorted(hist.items()))
 
 
 def spans_versions(result: dict) -> list[int]:
     """The distinct policy versions of one trajectory's sampled tokens."""
-    vs = {int(v) for c in result["chunks"] for v in c.policy_version[c.loss_mask == 1]}
-    return sorted(vs)
+    return sorted(versions_of(result))
 
 
 def max_lag(results: list[dict], trainer_version: int) -> float:

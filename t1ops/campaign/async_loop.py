@@ -32,8 +32,8 @@ from t1ops.campaign.async_buffer import GroupBuffer, version_lag_histogram, span
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import StepBatch
 from t1ops.campaign.summary import Summary
-from t1ops.campaign.worker import TrialSpec
-from t1ops.errors import ConfigError, MissingRoutingError
+from t1ops.campaign.trials import TrialSpec
+from t1ops.errors import ConfigError, RoutingError
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
@@ -119,7 +119,9 @@ class AsyncDriver:
             data = ray.get(ref)
         except ray.exceptions.RayTaskError as err:
             cause = err.as_instanceof_cause()
-            if isinstance(cause, MissingRoutingError):
+            # any routing error aborts (T1 report, section 05); so does any failed trial under
+            # rollout.failed_trials = "abort" (the worker re-raised it)
+            if isinstance(cause, RoutingError) or self.c.cfg.rollout.failed_trials == "abort":
                 telemetry.event("rollout.aborted", severity="error", group=group_id, reason=str(cause))
                 raise cause from None
             telemetry.event("rollout.group_failed", severity="error", group=group_id, error=str(cause)[:300])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import subprocess
 from functools import partial
+from pathlib import Path
 
 from t1ops import telemetry
 from t1ops.config import EngineConfig
@@ -86,7 +87,8 @@ class EngineRouter:
             from rl.model import ModelSpec
 
             launch = partial(spawn, spec=ModelSpec(**spec), checkpoint=checkpoint_dir, vocab_path=vocab_path,
-                             dtype=self.cfg.dtype, log_path=log_path, batching=self.cfg.batching)
+                             dtype=self.cfg.dtype, log_path=log_path, batching=self.cfg.batching,
+                             emission_dir=None if run_dir is None else str(Path(run_dir) / "emissions"))
             factory = spawn_factory(launch, self.http, **client_kw)
         else:  # external SGLang servers: the pool re-admits a URL once its operator restarts it
             factory = url_factory(self.cfg.urls, self.http, **client_kw)

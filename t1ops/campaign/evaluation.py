@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from t1ops import telemetry
+from t1ops.campaign.trials import TrialSpec
 from t1ops.errors import ConfigError, StallError
 from t1ops.guards.pacing import TrialLedger
 
@@ -111,7 +112,7 @@ async def _eval_trials(worker, step: int, trials: list[EvalTrial], agent, tasks:
     async def one(t: EvalTrial, idx: int) -> dict:
         async with sem:
             await worker.bucket.acquire()  # the bucket the training loop also awaits
-            spec = _Spec(t.task, f"eval{step}-{t.task}", t.sample_idx)
+            spec = TrialSpec(t.task, f"eval{step}-{t.task}", t.sample_idx)
             return await loop.run_in_executor(pool, lambda: worker._trial(
                 spec, idx, threading.Event(), task=tasks[t.task], agent=agent))
 
@@ -132,13 +133,6 @@ async def _eval_trials(worker, step: int, trials: list[EvalTrial], agent, tasks:
                                                 "num_turns", "end_reason")})
     books = ledger.close()
     return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": worker.node}
-
-
-@dataclass(frozen=True)
-class _Spec:  # the fields of worker.TrialSpec that a trial reads
-    task: str
-    group_id: str
-    sample_idx: int
 
 
 # --- the coordinator side -------------------------------------------------------------------
@@ -220,6 +214,7 @@ def eval_row(step: int, outs: list[dict], expected: int, eval_s: float, temperat
            "eval_reward_sem": float(rewards.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan,
            "eval_s": round(eval_s, 3), "eval_temperature": temperature,
            "eval_per_task": _per_task(results),
+           "eval_trial_rewards": _trial_rewards(results),  # per trial: `t1ops compare` groups and re-derives SEs
            "eval_reward_sources": _count(r["reward_source"] for r in results)}
     if books["failed"]:
         sample = next(iter(v for o in outs for v in o["failed"].values()))
@@ -234,6 +229,13 @@ def _per_task(results: list[dict]) -> dict:
     for r in results:
         out.setdefault(r["task"], []).append(r["reward"])
     return {k: round(float(np.mean(v)), 4) for k, v in sorted(out.items())}
+
+
+def _trial_rewards(results: list[dict]) -> dict:
+    out: dict = {}
+    for r in results:
+        out.setdefault(r["task"], []).append(round(float(r["reward"]), 6))
+    return dict(sorted(out.items()))
 
 
 def _count(items) -> dict:

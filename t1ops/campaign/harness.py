@@ -38,8 +38,15 @@ def harness_settings(cfg: CampaignConfig) -> HarnessSettings | None:
 class HarnessHost:
     """The worker's endpoint and the per-trial sessions on it; the trials' MCP servers."""
 
-    def __init__(self, settings: HarnessSettings, agent: AgentSettings, renderer, index: int = 0) -> None:
+    def __init__(self, settings: HarnessSettings, agent: AgentSettings, renderer, index: int = 0,
+                 emission_path: str | Path | None = None) -> None:
         self.settings, self.agent, self.renderer = settings, agent, renderer
+        # the OpenAI endpoint's own record of the ids it relayed, per request (the audit's, rl.engines.emission_log)
+        self.emission_log = None
+        if emission_path is not None:
+            from rl.engines.emission_log import EmissionLog
+
+            self.emission_log = EmissionLog(emission_path, by="endpoint")
         self.program_dir = resolve_program_dir(settings.program_dir)
         self.python, self.pythonpath = harness_python()
         self.registry = SessionRegistry()
@@ -60,6 +67,7 @@ class HarnessHost:
         name = secrets.token_urlsafe(18)
         session = self.registry.add(HarnessSession(name, generate, self.renderer, self.limits(agent), sample_id=sample_id,
                                                    group_id=group_id, prompt_id=task.name))
+        session.emission_log = self.emission_log
         try:
             sock, harness_dir, workspace = trial_paths(trial, socket_path=self.server.uds)
             argv = expand_argv(self.settings.argv, python=self.python, harness=harness_dir)

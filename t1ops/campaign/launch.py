@@ -8,6 +8,7 @@ the step loop.
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 from t1ops import telemetry
+from t1ops.campaign.dataplane import TrajectoryStore
 from t1ops.campaign.engines import EngineRouter
 from t1ops.campaign.evaluation import Evaluator, eval_task_names
 from t1ops.campaign.resume import open_for_resume, resumed_summary
@@ -27,11 +29,11 @@ from t1ops.campaign.rollouts import Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.runner import Campaign, step_loop
 from t1ops.campaign.summary import Summary, plot
+from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trainer_host import TrainerHost
 from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
-from t1ops.errors import ConfigError
 from t1ops.tracking import Tracker
 from t1ops.guards.dist import timeout_for
 from t1ops.preflight import require_ok
@@ -64,10 +66,34 @@ def _init_ray(cfg: CampaignConfig):
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=cfg.run.ray_address, num_cpus=None if cfg.run.ray_address else cfg.run.num_cpus,
+        address = cfg.run.ray_address
+        if address is None and not os.environ.get("RAY_ADDRESS"):
+            # a cluster of our own, never one another process on this host started and left in
+            # /tmp/ray/ray_current_cluster (ray.init(address=None) would join that one)
+            address = "local"
+        _quiet_auth_notice()
+        ray.init(address=address, num_cpus=None if cfg.run.ray_address else cfg.run.num_cpus,
                  include_dashboard=False, log_to_driver=False, configure_logging=False,
                  runtime_env=ray_runtime_env({"env_vars": {"OMP_NUM_THREADS": "1"}}))
     return ray
+
+
+_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+class _DropAuthNotice(logging.Filter):
+    """Ray's notice that a new local cluster uses token authentication, its default: the choice is
+    the secure one, and the notice reads as a warning in a healthy run. RAY_AUTH_MODE would silence
+    it only when set before ``import ray``, which a library cannot promise (docs/campaign.md)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_AUTH_NOTICE)
+
+
+def _quiet_auth_notice() -> None:
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropAuthNotice) for f in logger.filters):
+        logger.addFilter(_DropAuthNotice())
 
 
 def start_roles(c: Campaign, progress: Progress) -> Campaign:
@@ -100,7 +126,8 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
             spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
             ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
             telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
-            temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+            temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump(),
+            reward_policy=RewardPolicy.from_config(cfg).to_dict())
     if c.resume_from is None:
         examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
         c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
@@ -111,12 +138,17 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     else:
         loaded = ray.get(c.trainer.resume.remote(c.resume_from))
         ckpt0 = loaded["actor"]
-        progress.log(f"resumed at step {c.resume_from}: actor {loaded['actor']} and critic {loaded['critic']} "
-                     f"loaded and verified, optimizer state, RNG and trainer step {loaded['trainer_step']} "
-                     f"restored; next step {loaded['next_step']}")
+        critic = f" and critic {loaded['critic']}" if loaded["critic"] else ""
+        ranks = cfg.trainer.parallel.world_size
+        progress.log(f"resumed at step {c.resume_from}: actor {loaded['actor']}{critic} loaded and verified, "
+                     f"optimizer state and RNG of {ranks} rank{'s' if ranks > 1 else ''} and trainer step "
+                     f"{loaded['trainer_step']} restored; next step {loaded['next_step']}")
         telemetry.event("campaign.resumed", **loaded)
     sender = _configure_weight_sender(cfg, c.trainer, run)
-    c.router = ray.remote(EngineRouter).options(num_cpus=0, max_concurrency=256).remote(
+    # named: a rollout worker (restartable) looks the router up by name rather than taking its handle
+    # as a constructor argument, which Ray reports as an error at creation (ray-project/ray#53727)
+    c.router = ray.remote(EngineRouter).options(name=f"t1ops-router-{run.run_id}", num_cpus=0,
+                                                max_concurrency=256).remote(
         engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0, trainer=sender,
         num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
         num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
@@ -133,12 +165,16 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
         c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
     settings = _worker_settings(cfg)
+    store = None  # the trajectories' owner: outlives any worker (t1ops.campaign.dataplane)
+    if cfg.rollout.data_plane == "object_store":  # named, as the router: workers look it up (ray#53727)
+        store = f"t1ops-trajectories-{run.run_id}"
+        c.store = ray.remote(TrajectoryStore).options(name=store, num_cpus=0).remote()
     for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
         c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
             num_cpus=0, max_restarts=2, max_task_retries=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
             run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
-            settings=settings, router=c.router, node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
-            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg)))
+            settings=settings, router=f"t1ops-router-{run.run_id}", node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
+            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg), store=store))
     ray.get([w.ping.remote() for w in c.workers])
     c.rollouts = Rollouts(cfg, c.workers, train_task_names(tasks, cfg), c.guards.stall)
     if c.eval_tasks:
@@ -156,16 +192,12 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
 
 
 def _configure_weight_sender(cfg: CampaignConfig, trainer, run: RunDir):
-    """The trainer's side of the weight sync (t1ops.guards.weight_sync); None: engines load step dirs."""
+    """The trainer's side of the weight sync (t1ops.guards.weight_sync): the 1-rank trainer, or rank 0."""
     import ray
 
     e = cfg.engine
-    if cfg.trainer.parallel.world_size > 1:  # rank actors have no WeightSender yet
-        if e.kind == "sglang" or e.weight_sync == "distributed":
-            raise ConfigError(f"engine.kind = {e.kind!r} / engine.weight_sync = {e.weight_sync!r} needs the "
-                              "single-rank trainer for now (trainer.parallel world size 1): the rank actors do not "
-                              "export or broadcast Hugging Face weights yet", key="engine.weight_sync")
-        return None
+    if cfg.trainer.parallel.world_size > 1:  # rank 0 holds the full actor it gathers at publish: the sender
+        trainer = trainer.actors[0]
     ray.get(trainer.configure_weight_sender.remote(
         dtype=e.dtype, bucket_bytes=int(e.weight_sync_bucket_mb * (1 << 20)), master_address=e.weight_sync_master_address,
         timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports")))
@@ -215,7 +247,8 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
     return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
                           skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
                           timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
-                          sandbox=cfg.sandbox.model_dump(), harness=harness_settings(cfg))
+                          sandbox={**cfg.sandbox.model_dump(), "backend": cfg.environment.backend},
+                          harness=harness_settings(cfg), failed_trials=r.failed_trials)
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,
@@ -247,7 +280,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
         c.on_step = list(on_step or [])
         summary = Summary(run.path, run.run_id, cfg.model_dump(),
                           extra={"warm_start_loss": c.warm_start_loss, "num_workers": len(c.workers),
-                                 "eval_tasks": c.eval_tasks})
+                                 "eval_tasks": c.eval_tasks, "train_tasks": c.rollouts.task_names})
         if previous is not None:
             resumed_summary(summary, previous, point)
         summary.tracker = tracker = Tracker.open(cfg.tracking, run.path, run.run_id, cfg.model_dump(),

@@ -50,7 +50,9 @@ class Progress:
         self.engines = engines or self.engines
         if row is not None:
             ev = self.eval_text(evaluation)
-            desc = (f"step {step} reward {_fmt(row['reward_mean'])} EV {_fmt(row['explained_variance'], '.2f')} "
+            critic_only = " critic-only" if row.get("actor_updated") is False else ""
+            desc = (f"step {step}{critic_only} reward {_fmt(row['reward_mean'])} "
+                    f"EV {_fmt(row['explained_variance'], '.2f')} entropy {_fmt(row.get('entropy', float('nan')), '.3f')} "
                     f"gap {_fmt(row['logprob_gap'], '.4f')} turns {_fmt(row['turns_mean'], '.1f')} "
                     f"{row['step_s']:.1f}s/step (rollout {row['rollout_s']:.1f}s: {split_text(row)})"
                     f"{' | ' + ev if ev else ''} | engines {self.engines}" + _async_part(row))

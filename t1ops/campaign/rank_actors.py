@@ -20,6 +20,7 @@ manifest (``t1ops.guards.sharded_checkpoints``), loadable at any layout (docs/pa
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from rl.trainer.settings import TrainerSettings
 from rl.vocab import CompactVocab
 from t1ops import telemetry
+from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trainer_host import TrainerHost, load_rank_state, rank_state, resumed
 from t1ops.campaign.trainer_rank import join_world
 from t1ops.config import CampaignConfig, GuardsConfig
@@ -47,8 +49,10 @@ class TrainerRankHost(TrainerHost):
 
     def __init__(self, *, rank: int, layout: dict, spec: dict, settings: dict, vocab_path: str, ckpt_base: str,
                  seed: int, run_dir: str, guards: dict, telemetry_cfg: dict | None = None,
-                 temperature: float = 1.0, num_threads: int = 1, retention: dict | None = None) -> None:
+                 temperature: float = 1.0, num_threads: int = 1, retention: dict | None = None,
+                 reward_policy: dict | None = None) -> None:
         torch.set_num_threads(num_threads)
+        self.reward_policy, self.last_policy_counts = RewardPolicy(**(reward_policy or {})), {}
         self.rank, self.layout, self.run_dir = rank, Layout(**layout), Path(run_dir)
         telemetry.setup(run_dir, role=f"trainer-rank{rank}", **(telemetry_cfg or {}))
         self.guards = GuardsConfig(**guards)
@@ -59,6 +63,7 @@ class TrainerRankHost(TrainerHost):
         self.ckpt = CheckpointManager.from_base(ckpt_base, save_every=self.settings.save_every)
         self.seed, self.temperature = seed, temperature
         self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> this rank's behaviour shard
+        self.full_published: dict[int, dict[str, torch.Tensor]] = {}  # rank 0: version -> full actor
         self.trainer: RankTrainer | None = None
         from t1ops.campaign.retention import Retention
 
@@ -118,8 +123,9 @@ class TrainerRankHost(TrainerHost):
                     save_sharded(self.ckpt.actor_dir.parent, role, version, self.trainer)
             critic = self.trainer.full_state("critic") if self.trainer.critic is not None else None
             ranks = [None] * self.layout.world_size if self.rank == 0 else None
-            with self._collective_watch("trainer state gather"):
-                torch.distributed.gather_object(rank_state(self.trainer), ranks, dst=0)
+            with self._collective_watch("trainer state gather"):  # bytes: tensors do not survive gather_object
+                torch.distributed.gather_object(_to_bytes(rank_state(self.trainer)), ranks, dst=0)
+            ranks = None if ranks is None else [torch.load(io.BytesIO(b), weights_only=True) for b in ranks]
         path = None
         if self.rank == 0:
             from t1ops.campaign.resume import save_trainer_state, trainer_state
@@ -134,9 +140,19 @@ class TrainerRankHost(TrainerHost):
             self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base),
                                 "checkpoints_deleted": len(deleted), "resume_point": self.retention.resume_point()}
         self.published[version] = self.trainer.snapshot_behaviour()
+        if self.rank == 0:  # the full weights the weight sender exports or broadcasts (rl.weights.sender)
+            self.full_published[version] = actor
         for old in sorted(self.published)[:-2]:
             del self.published[old]
+        for old in sorted(self.full_published)[:-2]:
+            del self.full_published[old]
         return path
+
+    def _published_weights(self, version: str):
+        """Rank 0 is the weight sender of a multi-rank trainer: the full actor it gathered at publish."""
+        if self.rank != 0:
+            raise RuntimeError(f"rank {self.rank} holds a shard; the weight sender is rank 0")
+        return self.full_published[int(version)], self.spec
 
 
     def resume(self, step: int) -> dict:
@@ -149,7 +165,14 @@ class TrainerRankHost(TrainerHost):
         self.trainer.load_full(actor=actor, critic=critic, step=int(state["step"]))
         load_rank_state(self.trainer, state, rank=self.rank, world_size=self.layout.world_size)
         self.published = {step: self.trainer.snapshot_behaviour()}
+        self.full_published = {step: dict(actor)} if self.rank == 0 else {}
         return resumed(self, step, state, critic is not None)
+
+
+def _to_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
 
 
 def _prune(role_dir: Path, keep) -> list[str]:
@@ -225,7 +248,8 @@ def start_ranks(cfg: CampaignConfig, run, spec: dict) -> tuple[RankGroup, RankWa
         vocab_path=str(run.vocab), ckpt_base=str(run.checkpoints), seed=cfg.run.seed, run_dir=str(run.path),
         guards=cfg.guards.model_dump(), telemetry_cfg={"otlp_endpoint": cfg.telemetry.otlp_endpoint,
                                                        "export_interval_s": cfg.telemetry.export_interval_s},
-        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump())
+        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump(),
+        reward_policy=RewardPolicy.from_config(cfg).to_dict())
         for r in range(layout.world_size)]
     init_method = ray.get(actors[0].address.remote())
     pids = ray.get([a.join.remote(init_method) for a in actors])

@@ -25,17 +25,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from rl.atomic import publish_dir
 from t1ops.errors import CheckpointError, ConfigError
-from t1ops.guards.checkpoints import (_fsync_dir, _write_synced, file_sha256, list_steps, load_checkpoint,
-                                      step_dir_name)
+from t1ops.guards.checkpoints import file_sha256, list_steps, load_checkpoint, step_dir_name
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
@@ -58,18 +56,13 @@ def save_trainer_state(base: str | Path, step: int, state: dict) -> Path:
     final = role_dir / step_dir_name(step)
     if final.exists():
         raise CheckpointError(f"trainer state {final} already exists and is never overwritten", path=str(final))
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=role_dir))
-    try:
-        _write_synced(tmp / STATE_FILE, lambda f: torch.save(state, f))
+
+    def fill(tmp: Path) -> None:
+        torch.save(state, tmp / STATE_FILE)
         manifest = {"role": STATE_ROLE, "step": step, "file_sha256": file_sha256(tmp / STATE_FILE)}
-        _write_synced(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest).encode()))
-        _fsync_dir(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(role_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+        (tmp / MANIFEST).write_text(json.dumps(manifest))
+
+    return publish_dir(final, fill)
 
 
 def trainer_state(trainer, version: int, ranks: list[dict]) -> dict:

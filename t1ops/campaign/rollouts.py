@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from t1ops import telemetry
 from t1ops.campaign.worker import plan_groups
-from t1ops.errors import MissingRoutingError
+from t1ops.errors import RoutingError
 
 POLL_S = 0.5
 
@@ -113,7 +113,7 @@ class Rollouts:
                 out = ray.get(ready[0])
             except ray.exceptions.RayTaskError as err:
                 cause = err.as_instanceof_cause()
-                if isinstance(cause, MissingRoutingError):
+                if isinstance(cause, RoutingError):  # any routing error aborts (T1 report, section 05)
                     telemetry.event("rollout.aborted", severity="error", step=pending.step, reason=str(cause))
                     raise cause from None
                 raise

@@ -27,6 +27,7 @@ import numpy as np
 from t1ops import telemetry
 from t1ops.audit import write_trajectory
 from t1ops.campaign.async_loop import AsyncSource
+from t1ops.campaign.dataplane import write_dumps
 from t1ops.campaign.guarding import CampaignGuards
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import PipelinedSource, Rollouts
@@ -44,6 +45,7 @@ class Campaign:
     run: RunDir
     trainer: object = None            # Ray actor: t1ops.campaign.trainer_host.TrainerHost
     router: object = None             # Ray actor: t1ops.campaign.engines.EngineRouter
+    store: object = None              # Ray actor: t1ops.campaign.dataplane.TrajectoryStore (object_store plane)
     workers: list = field(default_factory=list)   # Ray actors: RolloutWorker, one per node
     rollouts: Rollouts | None = None
     guards: CampaignGuards | None = None
@@ -68,6 +70,12 @@ def _metrics_row(step: int, results: list[dict], stats: dict, rollout_s: float, 
             "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
             "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
             "reward_sources": _count(r["reward_source"] for r in results),
+            # every non-CTRF reward named by its source and why CTRF was not used (T1 report, section 06)
+            "reward_fallbacks": _count(f"{r['reward_source']} ({r.get('reward_fallback') or 'no CTRF tag'})"
+                                       for r in results if r["reward_source"] != "ctrf"),
+            "entropy": stats.get("entropy", math.nan), "actor_updated": stats.get("actor_updated", True),
+            "reward_trained_mean": (stats.get("policy") or {}).get("reward_trained_mean", math.nan),
+            "reward_policy": {k: v for k, v in (stats.get("policy") or {}).items() if k != "reward_trained_mean"},
             "end_reasons": _count(r["end_reason"] for r in results),
             "compactions": sum(r.get("compactions", 0) for r in results),
             "summary_failures": sum(r.get("summary_failures", 0) for r in results)}
@@ -80,14 +88,19 @@ def _count(items) -> dict:
     return out
 
 
-def dump_results(run: RunDir, step: int, results: list[dict]) -> int:
-    """Write every trajectory chunk of a step in the audit dump format; returns the count."""
+def dump_results(run: RunDir, step: int, results: list[dict], debug: bool = False) -> int:
+    """Write every trajectory chunk of a step in the audit dump format; returns the count.
+    ``debug`` (rollout.debug_dump): also each trajectory's tito_transitions.json and tito_debug.txt."""
     n = 0
     for r in results:
         for chunk in r["chunks"]:
             write_trajectory(chunk, run.dumps, step=step, reward=r["reward"], reward_source=r["reward_source"],
                              task=r["task"], trial_id=r["trial_id"], end_reason=r["end_reason"])
             n += 1
+        if debug and r["chunks"]:
+            from t1ops.tito_debug import write_debug
+
+            write_debug(run.path / "debug", r)
     return n
 
 
@@ -145,7 +158,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     telemetry.event("campaign.sync_done", step=step)
     if ev is not None:
         ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
-    dump_results(c.run, step, results)
+    write_dumps(c.workers, c.run, step, results)  # by the workers that hold the trajectories
     row = _metrics_row(step, results, stats, batch.rollout_s, train_s, time.monotonic() - t_step, sync_s)
     row.update(ray.get(c.trainer.checkpoint_report.remote()))  # disk used, retention
     row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,

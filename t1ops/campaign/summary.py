@@ -14,12 +14,11 @@ into the row of the step whose weights it evaluated (step 0, the warm-started we
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl.atomic import publish_file
 from t1ops.errors import InputError
 
 STEP_KEYS = ("step", "reward_mean", "explained_variance", "logprob_gap", "turns_mean", "tokens",
@@ -27,18 +26,8 @@ STEP_KEYS = ("step", "reward_mean", "explained_variance", "logprob_gap", "turns_
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via temp file + fsync + rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # never leave a half-written temp file beside summary.json
-        os.unlink(tmp)
-        raise
+    """Write JSON atomically and durably (``rl.atomic.publish_file``): readers never see half a file."""
+    publish_file(path, json.dumps(data, indent=2, default=str))
 
 
 @dataclass
@@ -65,15 +54,20 @@ class Summary:
         self.evals.append(row)
         for step_row in self.steps:
             if step_row["step"] == row["step"]:
-                step_row.update({k: v for k, v in row.items() if k.startswith("eval_") and k != "eval_per_task"})
+                step_row.update({k: v for k, v in row.items() if k.startswith("eval_")
+                                 and k not in ("eval_per_task", "eval_trial_rewards")})
         self.save()
         if self.tracker is not None:
             self.tracker.eval(row)
 
     def save(self) -> Path:
         path = self.run_dir / "summary.json"
-        write_json_atomic(path, {"run_id": self.run_id, "config": self.config, **self.extra, "steps": self.steps,
-                                 "eval": self.evals})
+        fallbacks: dict = {}
+        for row in self.steps:  # every non-CTRF reward of the run, by source (and why CTRF was not used)
+            for k, v in (row.get("reward_fallbacks") or {}).items():
+                fallbacks[k] = fallbacks.get(k, 0) + v
+        write_json_atomic(path, {"run_id": self.run_id, "config": self.config, **self.extra,
+                                 "reward_fallbacks": fallbacks, "steps": self.steps, "eval": self.evals})
         return path
 
 
@@ -115,7 +109,8 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
     titles = report_panels(data)
     rows = -(-len(titles) // 3)
     fig, axes = plt.subplots(rows, 3, figsize=(15, 3.5 * rows))
-    drawers = {title: (lambda ax, key=key: _plot_curve(ax, key, x, steps, evals)) for key, title in _CURVES}
+    drawers = {title: (lambda ax, key=key: _plot_curve(ax, key, x, steps, evals, summary_path))
+               for key, title in _CURVES}
     drawers.update({SPLIT_TITLE: lambda ax: _plot_split(ax, steps),
                     async_report.LAG_TITLE: lambda ax: async_report.draw_lags(ax, steps),
                     async_report.GROUPS_TITLE: lambda ax: async_report.draw_groups(ax, steps)})
@@ -133,13 +128,31 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
     return out
 
 
-def _plot_curve(ax, key: str, x: list, steps: list[dict], evals: list[dict]) -> None:
+def _plot_eval_groups(ax, summary_path: Path) -> None:
+    """The held-out eval split as `t1ops compare` splits it (instances of trained families, held-out
+    families), each with its standard error, when the run recorded per-trial rewards."""
+    from t1ops.compare import learning_of
+
+    try:
+        groups = learning_of(Path(summary_path).parent)
+    except InputError:  # fewer than two evaluations so far: nothing to split yet
+        return
+    if len(groups) < 2:
+        return
+    for g in groups:
+        ax.errorbar([p.step for p in g.points], [p.mean for p in g.points], yerr=[p.se for p in g.points],
+                    marker=".", linestyle="--", capsize=2, label=f"eval: {g.group}")
+
+
+def _plot_curve(ax, key: str, x: list, steps: list[dict], evals: list[dict], summary_path: Path) -> None:
     ax.plot(x, [s.get(key) for s in steps], marker="o", label="training batch")
     if key in ("reward_mean", "solved_share") and evals:
         ex = [e["step"] for e in evals]
         ey = [e["eval_" + key] for e in evals]
         err = [e.get("eval_reward_sem") or 0 for e in evals] if key == "reward_mean" else None
         ax.errorbar(ex, ey, yerr=err, marker="s", capsize=3, label="held-out eval")
+        if key == "reward_mean":
+            _plot_eval_groups(ax, summary_path)
         ax.legend()
     if key == "step_s":
         ax.plot(x, [s.get("rollout_s") for s in steps], marker=".", label="rollout")

@@ -23,6 +23,7 @@ from rl.trainer.settings import TrainerSettings
 from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
 from rl.weights.sender import WeightSender
+from t1ops.campaign.dataplane import fetch
 from t1ops.guards.checkpoints import CheckpointManager
 
 
@@ -30,7 +31,7 @@ class TrainerHost(WeightSender):
     def __init__(self, *, spec: dict, settings: dict, vocab_path: str, ckpt_base: str, seed: int,
                  num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
                  gloo_timeout_s: float = 3600.0, temperature: float = 1.0,
-                 retention: dict | None = None) -> None:
+                 retention: dict | None = None, reward_policy: dict | None = None) -> None:
         torch.set_num_threads(num_threads)
         if run_dir is not None:
             from t1ops import telemetry
@@ -49,6 +50,12 @@ class TrainerHost(WeightSender):
         self.trainer = Trainer(self.spec, self.settings, seed=seed, unk_id=self.vocab.unk_id,
                                temperature=temperature)
         self.seed = seed
+        from t1ops.campaign.reward_policy import RewardPolicy
+
+        self.reward_policy = RewardPolicy(**(reward_policy or {}))
+        self.last_policy_counts: dict = {}
+        if self.settings.critic_warm_load:
+            self.warm_load_critic(self.settings.critic_warm_load)
         from t1ops.campaign.retention import Retention
 
         self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.trainer.critic is not None,
@@ -78,28 +85,62 @@ class TrainerHost(WeightSender):
         self.trainer.actor_optimizer = build_optimizer(self.trainer.actor, self.settings.actor_lr, self.settings)
         return losses
 
+    def warm_load_critic(self, path: str) -> str:
+        """Load the critic's weights from an earlier run (``trainer.critic_warm_load``): a critic step
+        dir, or a critic role dir whose newest step is taken. The step count stays 0, so the first
+        ``critic_warmup_steps`` steps recalibrate it (T1 report, section 04). Returns the step dir."""
+        from pathlib import Path
+
+        from t1ops.guards.checkpoints import list_steps, load_checkpoint, step_dir_name
+
+        if self.trainer.critic is None:
+            raise ConfigError("trainer.critic_warm_load is set but trainer.mode = 'grpo' has no critic",
+                              key="trainer.critic_warm_load")
+        step_dir = Path(path)
+        if not (step_dir / "manifest.json").exists() and step_dir.is_dir() and list_steps(step_dir):
+            step_dir = step_dir / step_dir_name(list_steps(step_dir)[-1])
+        if not step_dir.is_dir():
+            raise ConfigError(f"trainer.critic_warm_load = {path!r}: no such checkpoint directory; give an earlier "
+                              "run's checkpoints/critic/step_N (or checkpoints/critic)", key="trainer.critic_warm_load")
+        state, _ = load_checkpoint(step_dir, "critic")
+        self.trainer.warm_load(critic_state=state)
+        self.warm_loaded_critic = str(step_dir)
+        return str(step_dir)
+
     # --- RL ----------------------------------------------------------------------------
     def build_batch(self, results: list[dict]) -> TrainBatch:
-        chunks = [(c, r) for r in results for c in r["chunks"]]
-        tokens, masks, lps, rewards, groups, prompts, routing = [], [], [], [], [], [], []
-        for c, r in chunks:
+        """The batch of a step: every chunk of every trainable trial (``t1ops.campaign.reward_policy``
+        decides the trained reward and which trials keep rows); a trajectory's chunks share its id."""
+        from t1ops.campaign.reward_policy import prepare
+
+        prep = prepare(results, self.reward_policy)
+        self.last_policy_counts = prep.counts
+        chunks = [(c, r, x) for r, x, t in zip(prep.results, prep.rewards, prep.trainable) if t for c in r["chunks"]]
+        if not chunks:
+            raise DataContractError(f"no trial of this step has loss-bearing rows after the reward policy "
+                                    f"({prep.counts}); check rollout.failed_trials / context_overflow_clear_mask")
+        tokens, masks, lps, rewards, groups, prompts, routing, tids = [], [], [], [], [], [], [], []
+        for c, r, reward in chunks:
             loss = c.loss_mask.astype(bool)
             self.vocab.encode_targets(c.tokens[loss])  # sampled ids must be sampleable: else a named error
             tokens.append(np.asarray(self.vocab.encode_inputs(c.tokens), dtype=np.int64))
             masks.append(c.loss_mask)
             lps.append(c.rollout_logprobs)
-            rewards.append(float(r["reward"]))
+            rewards.append(float(reward))
             groups.append(r["group_id"])
             prompts.append(r["task"])
             routing.append(c.routing)
+            tids.append(r.get("sample_id") or id(r))
         has_routing = all(x is not None for x in routing)
         return TrainBatch.from_sequences(tokens=tokens, loss_mask=masks, rollout_logprobs=lps, rewards=rewards,
                                          group_ids=groups, prompt_ids=prompts,
-                                         routing=routing if has_routing else None)
+                                         routing=routing if has_routing else None, trajectory_ids=tids,
+                                         baseline_only=prep.baseline_only)
 
     def train(self, results: list[dict], behaviour: str = "snapshot") -> dict:
         """One RL step on a batch; old log-probs are recomputed under the weights that sampled it
         (``behaviour="rollout"``, fully async: the per-token rollout log-probs are the behaviour)."""
+        results = fetch(results)  # the chunks, straight from the object store (t1ops.campaign.dataplane)
         if behaviour == "rollout":
             return self._train_on_rollout_logprobs(results)
         versions = {int(v) for r in results for c in r["chunks"] for v in c.policy_version[c.loss_mask == 1]}
@@ -110,7 +151,7 @@ class TrainerHost(WeightSender):
         # one-step pipeline that is one version behind the trainer's current weights.
         self.trainer.set_behaviour(self.published[next(iter(versions))])
         stats = self.trainer.train_step(self.build_batch(results))
-        return {**stats.as_dict(), "behaviour_version": next(iter(versions))}
+        return {**stats.as_dict(), "behaviour_version": next(iter(versions)), "policy": dict(self.last_policy_counts)}
 
     def _train_on_rollout_logprobs(self, results: list[dict]) -> dict:
         """Fully async: trajectories may span versions; every sampled token must name a version
@@ -122,7 +163,7 @@ class TrainerHost(WeightSender):
                                     f"valid versions are 0..{latest} (the trainer's published ones)")
         self.trainer.set_behaviour(None)  # the proximal policy for TIS / gap: the current weights
         stats = self.trainer.train_step(self.build_batch(results), behaviour="rollout")
-        return {**stats.as_dict(), "behaviour_version": None,
+        return {**stats.as_dict(), "behaviour_version": None, "policy": dict(self.last_policy_counts),
                 "policy_versions": sorted({int(v) for v in sampled.tolist()})}
 
     def publish(self, version: int) -> str:

@@ -30,9 +30,12 @@ from rl.agent.tasks import load_pool
 from rl.agent.verifier import verify_within
 from rl.chat import ChatRenderer
 from rl.engines.client import EngineClient
-from rl.errors import MissingRoutingError
+from rl.agent.verdict import is_solved
+from rl.errors import RoutingError
 from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
+from t1ops.campaign.dataplane import stage, write_dump_items
+from t1ops.campaign.trials import TrialSpec
 from t1ops.campaign.trialtrace import TrialClock
 from t1ops.config import EngineConfig
 from t1ops.guards.engine_direct import DirectEngines
@@ -42,13 +45,6 @@ from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
 
 class Cancelled(Exception):
     """A skimmed trial stopped at its next turn boundary."""
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    task: str
-    group_id: str
-    sample_idx: int
 
 
 @dataclass(frozen=True)
@@ -62,6 +58,7 @@ class WorkerSettings:
     allow_lower_timeouts: bool = False
     sandbox: dict | None = None      # SandboxConfig fields (isolation, allow_internet, limits)
     harness: "HarnessSettings | None" = None  # rollout.agent = "command" (t1ops.campaign.harness)
+    failed_trials: str = "drop"      # rollout.failed_trials: drop | zero | abort
 
 
 def direct_engines(router, max_concurrency: int) -> DirectEngines:
@@ -78,27 +75,48 @@ def direct_engines(router, max_concurrency: int) -> DirectEngines:
                          max_concurrency=max(8, max_concurrency))
 
 
+def _actor(handle_or_name):
+    """A Ray actor handle from its name (a str), or the handle (or None) as given."""
+    if not isinstance(handle_or_name, str):
+        return handle_or_name
+    import ray
+
+    return ray.get_actor(handle_or_name)
+
+
 class RolloutWorker:
     """Runs trials for the coordinator (wrapped as a Ray actor by the runner)."""
 
     #: Trial errors that abort the whole rollout instead of failing one trial: a dropped sample
-    #: would condition the batch on "capture succeeded" (docs/failures.md, missing-routing).
-    ABORT_ON: tuple[type[BaseException], ...] = (MissingRoutingError,)
+    #: would condition the batch on "capture succeeded" (docs/failures.md, missing-routing). Any
+    #: RoutingError (absent rows, a wrong row count, a row missing before a loss token), not only
+    #: the missing kind: each is a capture that did not succeed (T1 report, section 05).
+    ABORT_ON: tuple[type[BaseException], ...] = (RoutingError,)
 
     def __init__(self, *, run_id: str, trials_root: str, tasks_dir: str, settings: WorkerSettings,
                  router, node: str = "local", run_dir: str | None = None, index: int = 0,
-                 telemetry_cfg: dict | None = None) -> None:
+                 telemetry_cfg: dict | None = None, store=None) -> None:
         from t1ops.guards.fds import raise_nofile_limit
 
         if run_dir is not None:
             telemetry.setup(run_dir, role=f"worker-{index}", **(telemetry_cfg or {}))
         raise_nofile_limit()
+        # the router and the trajectory store come as Ray actor names, looked up here on every
+        # (re)start: an actor handle as a constructor argument of a restartable actor makes Ray log
+        # an error at creation (ray-project/ray#53727; docs/campaign.md, "Ray's lifetime")
+        router, store = _actor(router), _actor(store)
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
+        self.store, self.index = store, index  # trajectories go to the object store (t1ops.campaign.dataplane)
         self.engines = direct_engines(router, settings.max_concurrency) if router is not None else None
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
         # fail before any trial, naming each task and Dockerfile line the local backend cannot honour
-        require_runnable(list(self.tasks.values()),
+        backend = (settings.sandbox or {}).get("backend", "local")
+        if backend == "container":
+            from rl.agent.container.backend import CONTAINER as env_backend
+        else:
+            from rl.agent.environment import LOCAL as env_backend
+        require_runnable(list(self.tasks.values()), backend=env_backend,
                          allow_internet=bool((settings.sandbox or {}).get("allow_internet", False)))
         self.renderer = ChatRenderer.default()
         self.sandbox = make_sandbox(trials_root, run_id, settings.sandbox or {},
@@ -109,7 +127,8 @@ class RolloutWorker:
         if settings.harness is not None:
             from t1ops.campaign.harness import HarnessHost
 
-            self.harness = HarnessHost(settings.harness, settings.agent, self.renderer, index)
+            emissions = None if run_dir is None else f"{run_dir}/emissions/endpoint-w{index}.jsonl"
+            self.harness = HarnessHost(settings.harness, settings.agent, self.renderer, index, emissions)
 
     def ping(self) -> str:
         return self.node
@@ -133,7 +152,8 @@ class RolloutWorker:
         """Run ``groups`` of trials; accept the first ``accept_groups`` to finish (skim).
 
         Returns ``{"results": [...], "ledger": {...}, "skim": {...}, "node": ...}``.
-        A MissingRoutingError in any trial is re-raised: the rollout aborts.
+        A RoutingError in any trial is re-raised: the rollout aborts (so does any failure with
+        ``rollout.failed_trials = "abort"``).
         ``trace`` is the coordinator's span context (``telemetry.trace_carrier``):
         the trials' spans join the step's trace.
         """
@@ -180,6 +200,7 @@ class RolloutWorker:
             self._book(res, groups[group_futs.index(fut)], ledger, skim, accepted=False)
         books = ledger.close()
         skim.check()
+        results = stage(results, self.store, self.index)
         return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": self.node,
                 "skim": {"accepted": dict(skim.accepted), "cancelled": dict(skim.cancelled)}}
 
@@ -189,6 +210,10 @@ class RolloutWorker:
 
         return await run_group(self, group, started_step)
 
+    async def write_dumps(self, dump_dir: str, step: int, items: list[dict]) -> int:
+        """Write the dumps of trials this worker staged (``t1ops.campaign.dataplane.write_dumps``)."""
+        return await asyncio.to_thread(write_dump_items, dump_dir, step, items)
+
     async def stop_groups(self) -> None:
         """Fully async, end of run: running group trials stop at their next turn (cancelled)."""
         from t1ops.campaign.async_worker import stop_groups
@@ -196,17 +221,22 @@ class RolloutWorker:
         stop_groups(self)
 
     def _book(self, outcomes, specs, ledger: TrialLedger, skim: SkimAccounting, accepted: bool) -> list[dict]:
-        """Settle one group's trials in the ledger; abort on missing routing (never drop)."""
+        """Settle one group's trials in the ledger; abort on routing errors (never drop). A failed
+        trial is dropped, kept as reward 0 with no rows, or aborts (``rollout.failed_trials``)."""
         kept = []
+        policy = self.settings.failed_trials
         for spec, out in zip(specs, outcomes):
             tid = f"{spec.group_id}/{spec.sample_idx}"
-            if isinstance(out, self.ABORT_ON):
+            failure = isinstance(out, BaseException) and not isinstance(out, Cancelled)
+            if isinstance(out, self.ABORT_ON) or (failure and accepted and policy == "abort"):
                 ledger.fail(tid, out)
                 raise out
             if isinstance(out, Cancelled) or (not accepted and not isinstance(out, BaseException)):
                 ledger.cancel(tid, "skim: tail cancelled")
             elif isinstance(out, BaseException):
                 ledger.fail(tid, out)
+                if policy == "zero":
+                    kept.append(failed_row(spec, self.tasks[spec.task].family, out))
             else:
                 ledger.complete(tid)
                 kept.append(out)
@@ -226,6 +256,7 @@ class RolloutWorker:
     def _trial(self, spec: TrialSpec, idx: int, cancel: threading.Event, step: int = 0,
                queue_s: float = 0.0, *, task=None, agent: AgentSettings | None = None) -> dict:
         task = task or self.tasks[spec.task]
+        agent = task_agent(agent or self.settings.agent, task)
         sample_id = f"{spec.group_id}-s{spec.sample_idx}"
         clock = TrialClock()
         clock.add("queue_s", queue_s)
@@ -236,7 +267,7 @@ class RolloutWorker:
             trial_span.set_attribute("trial_id", trial.trial_id)
             telemetry.event("trial.started", trial=sample_id)  # progress events (chaos schedules fire on them)
             try:
-                out = self._run_trial(task, trial, spec, sample_id, cancel, clock, agent or self.settings.agent)
+                out = self._run_trial(task, trial, spec, sample_id, cancel, clock, agent)
             finally:
                 telemetry.event("trial.finished", trial=sample_id)
             trial_span.set_attribute("num_turns", out["num_turns"])
@@ -294,11 +325,34 @@ class RolloutWorker:
                 telemetry.event("verifier.tamper", severity="error", trial=ev.trial_id, kind=ev.kind, path=ev.path)
         return {"trial_id": trial.trial_id, "task": task.name, "family": task.family, "group_id": spec.group_id,
                 "sample_id": sample_id, "reward": verdict.reward.value, "reward_source": verdict.reward.source,
+                "reward_fallback": getattr(verdict.reward, "ctrf_fallback", None), "solved": is_solved(verdict.reward),
                 "passed": verdict.reward.passed, "total": verdict.reward.total, "num_turns": ep.num_turns,
                 "end_reason": ep.end_reason, "commands": getattr(ep, "commands", []),
                 "parse_failures": ep.parse_failures, "harness": getattr(ep, "stats", None),
                 "compactions": getattr(ep, "compactions", 0), "summary_failures": getattr(ep, "summary_failures", 0),
                 "tamper": [asdict(e) for e in verdict.tamper_events], "chunks": ep.chunks}
+
+
+def task_agent(agent: AgentSettings, task) -> AgentSettings:
+    """The agent limits of one task's trials. Precedence (docs/tasks.md): ``rollout.max_turns`` is
+    the ceiling; a task's ``[agent] max_turns`` lowers it for its own trials, never raises it."""
+    import dataclasses
+
+    own = getattr(task, "max_turns", None)
+    if own is None or own >= agent.max_turns:
+        return agent
+    return dataclasses.replace(agent, max_turns=int(own))
+
+
+def failed_row(spec: TrialSpec, family: str, err: BaseException) -> dict:
+    """A failed trial kept as reward 0 with loss mask 0 (``rollout.failed_trials = "zero"``; SkyRL
+    walkthrough, section 5): no chunks, so it has no batch rows, but it counts in its group's baseline."""
+    return {"trial_id": f"{spec.group_id}-s{spec.sample_idx}", "task": spec.task, "family": family,
+            "group_id": spec.group_id, "sample_id": f"{spec.group_id}-s{spec.sample_idx}", "reward": 0.0,
+            "reward_source": "failed", "reward_fallback": None, "solved": False, "passed": None, "total": None,
+            "num_turns": 0, "end_reason": "failed", "failed": True, "error": f"{type(err).__name__}: {err}"[:300],
+            "commands": [], "parse_failures": 0, "harness": None, "compactions": 0, "summary_failures": 0,
+            "tamper": [], "chunks": []}
 
 
 def plan_groups(task_names: list[str], step: int, batch_size: int, n_samples: int, seed: int,

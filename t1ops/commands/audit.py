@@ -16,13 +16,21 @@ tokens by how they entered the stream (aligned / normalized / retokenized / spli
 placeholder, from the recorded turn relations; t1ops/audit_shares.py), per run and
 with --per-trial per trial.
 
-Exit code 1 when any loss-bearing position holds an id the engine never sampled.
+The loss-region drift is measured against the engine's own record: the ids each
+engine process (and the OpenAI endpoint) logged per request on its side, in the
+run's emissions/ directory beside the dump (or --emissions DIR); drifted positions
+are named. Without a record the drift row says so (the dump alone cannot prove 0).
+
+Exit code 1 when any loss-bearing position holds an id the engine never emitted, or
+when loss tokens could not be checked against the engine's record.
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dump", type=Path, help="directory of <sample_id>.c<chunk>.npz files")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--emissions", type=Path, default=None,
+                   help="the engine's record of emitted ids (default: the run's emissions/ beside DUMP)")
     p.add_argument("--per-trial", action="store_true",
                    help="also print one row per trial: token shares by relation and loss-region drift")
 
@@ -48,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
 
     from t1ops.audit import audit_dump
 
-    rep = audit_dump(args.dump)
+    rep = audit_dump(args.dump, args.emissions)
     d = rep.to_dict()
+    eng = rep.engine
     if args.json:
         print(json.dumps(d, indent=2))
     else:
@@ -61,14 +70,20 @@ def run(args: argparse.Namespace) -> int:
             ("routing rows", f"{rep.routing_rows:,}"), ("positions", f"{rep.positions:,}"),
             ("aligned", f"{d['aligned_pct']:.2f}%"), ("retokenized", f"{d['retokenized_pct']:.2f}%"),
             ("placeholder", f"{d['placeholder_pct']:.2f}%"),
-            ("drift inside loss region", f"{d['drift_in_loss_pct']:.4f}%"),
+            ("drift inside loss region (vs engine record)",
+             f"{d['engine_drift_in_loss_pct']:.4f}% ({eng['drift']} of {eng['loss_tokens']:,} loss tokens)"
+             if eng["record"] else "no engine record (emissions/ missing): cannot be measured"),
+            ("loss tokens unverified (no engine record of their request)", f"{eng['unverified']:,}"),
+            ("stream vs its own engine_tokens", f"{d['drift_in_loss_pct']:.4f}%"),
             ("all-strict trajectories", f"{100 * d['all_strict_share']:.1f}%"),
         ] + [(f"relation {k}", f"{v:,}") for k, v in rep.relations.items()] + [
             (f"tokens {k}", f"{d['shares'][k + '_pct']:.2f}%") for k in SHARE_COLUMNS]
         for name, value in rows:
-            colour = "red" if name.startswith("drift") and rep.drift_in_loss else ""
+            colour = "red" if name.startswith("drift") and (rep.drift_in_loss or eng["drift"]) else ""
             t.add_row(name, f"[{colour}]{value}[/]" if colour else value)
         Console().print(t)
         if args.per_trial:
             Console().print(_per_trial_table(d["per_trial_shares"]))
-    return 1 if rep.drift_in_loss else 0
+        for where in eng["positions"]:
+            Console().print(f"[red]drift[/] {where}")
+    return 1 if rep.drift_in_loss or eng["drift"] or (eng["record"] and eng["unverified"]) else 0

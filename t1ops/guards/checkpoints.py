@@ -27,16 +27,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import torch
 
+from rl.atomic import publish_dir
 from t1ops import telemetry
 from t1ops.errors import CheckpointError, CheckpointRoleError, InputError
 
@@ -78,21 +76,6 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_synced(path: Path, write) -> None:
-    with open(path, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def check_role_dirs(actor_dir: str | Path, critic_dir: str | Path) -> tuple[Path, Path]:
@@ -223,21 +206,17 @@ def save_checkpoint(role_dir: str | Path, role: str, step: int,
         raise CheckpointError(f"checkpoint {final} already exists and is never overwritten; resume from "
                               "it or remove it by hand", path=str(final), role=role, step=step)
     tensors, none_keys = _split_state(state_dict)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=role_dir))
-    try:
-        _write_synced(tmp / WEIGHTS_FILE, lambda f: torch.save({**tensors, **dict.fromkeys(none_keys)}, f))
+
+    def fill(tmp: Path) -> None:
+        torch.save({**tensors, **dict.fromkeys(none_keys)}, tmp / WEIGHTS_FILE)
         manifest = {"version": MANIFEST_VERSION, "role": role, "step": step,
                     "file_sha256": file_sha256(tmp / WEIGHTS_FILE),
                     "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch."),
                                     "sha256": tensor_sha256(v)} for k, v in tensors.items()},
                     "none_keys": none_keys}
-        _write_synced(tmp / MANIFEST_FILE, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-        _fsync_dir(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(role_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
+
+    publish_dir(final, fill)  # temp dir, every file fsynced, renamed, parent fsynced (rl.atomic)
     telemetry.event("checkpoint.saved", role=role, step=step, path=str(final), num_tensors=len(tensors))
     return final
 

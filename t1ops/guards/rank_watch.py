@@ -21,13 +21,13 @@ times decaying) is classified ``warming_up``, never hung (runbooks/jit-as-deadlo
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
+from rl.atomic import publish_file
 from t1ops.config import GuardsConfig
 from t1ops.guards.dist import watch_collective
 from t1ops.guards.watchdog import Watchdog, signal_stack_dumper
@@ -42,9 +42,8 @@ class ProgressBeacon:
         self(0)
 
     def __call__(self, count: int) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(f"{int(count)} {time.time():.3f}\n")
-        os.replace(tmp, self.path)
+        # atomic, not durable: a liveness signal rewritten every micro-batch (rl.atomic)
+        publish_file(self.path, f"{int(count)} {time.time():.3f}\n", durable=False)
 
 
 def read_progress(path: str | Path) -> int | None:

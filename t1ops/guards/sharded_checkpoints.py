@@ -18,13 +18,13 @@ Layout: ``<base>/<role>-shards/step_00000004/{rank00000.pt, ..., manifest.json}`
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Mapping
 
 import torch
 
+from rl.atomic import publish_file
 from rl.trainer.shard import Placement, assemble
 from t1ops import telemetry
 from t1ops.errors import CheckpointError, CheckpointRoleError
@@ -42,10 +42,9 @@ def write_shard(base: str | Path, role: str, step: int, rank: int, where: Mappin
     """This rank's shard (atomic rename); returns its manifest entry (file, sha256, bytes)."""
     out = shard_dir(base, role, step)
     out.mkdir(parents=True, exist_ok=True)
-    path, tmp = out / f"rank{rank:05d}.pt", out / f".rank{rank:05d}.pt.tmp"
-    torch.save({"placements": {k: asdict(p) for k, p in where.items()},
-                "state": {k: v.detach().cpu() for k, v in state.items()}}, tmp)
-    os.replace(tmp, path)
+    path = publish_file(out / f"rank{rank:05d}.pt", lambda f: torch.save(
+        {"placements": {k: asdict(p) for k, p in where.items()},
+         "state": {k: v.detach().cpu() for k, v in state.items()}}, f))
     return {"rank": rank, "file": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
 
 
@@ -54,9 +53,7 @@ def write_manifest(base: str | Path, role: str, step: int, layout: Mapping, shar
     out = shard_dir(base, role, step)
     manifest = {"version": SHARDED_VERSION, "role": role, "step": step, "layout": dict(layout),
                 "shards": sorted(shards, key=lambda s: s["rank"])}
-    tmp = out / (MANIFEST_FILE + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out / MANIFEST_FILE)
+    publish_file(out / MANIFEST_FILE, json.dumps(manifest, indent=1))  # the commit point, durable
     telemetry.event("checkpoint.sharded_saved", role=role, step=step, shards=len(shards),
                     bytes=sum(s["bytes"] for s in shards))
     return out

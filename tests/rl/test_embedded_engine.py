@@ -99,54 +99,71 @@ def _generate_in_background(client, request):
     return thread, box
 
 
-def _wait_running(http, url, count: int) -> None:
-    for _ in range(600):
-        if http.get(url + "/model_info").json()["num_running_requests"] >= count:
+def _model_info(http, url) -> dict:
+    return http.get(url + "/model_info").json()
+
+
+def _wait_generating(http, url, tokens_before: int, timeout_s: float = 60.0) -> None:
+    """Until the engine has sampled a token past ``tokens_before``: the request is running *and* has
+    output. ``num_running_requests`` alone counts a request from its arrival, before its first
+    forward; a pause landing in that gap leaves no token under the old version (the flake of
+    test_pause_quiesces_and_update_changes_version under a busy core)."""
+    deadline = time.monotonic() + timeout_s  # a deadline, not a poll count: a loaded host answers slowly
+    while time.monotonic() < deadline:
+        info = _model_info(http, url)
+        if info["num_running_requests"] >= 1 and info["num_generated_tokens"] > tokens_before:
             return
-        time.sleep(0.01)
-    raise AssertionError("generation never started")
+        time.sleep(0.005)
+    raise AssertionError(f"no token generated within {timeout_s} s")
 
 
 def test_pause_quiesces_and_update_changes_version(setup, tmp_path) -> None:
     client, http, url = setup["client"], setup["http"], setup["url"]
-    request = _request(120)
+    request = _request(SPEC.max_seq_len - len(PROMPT))  # the longest the window allows: most time to pause in
+    before = _model_info(http, url)["num_generated_tokens"]
     thread, box = _generate_in_background(client, request)
-    _wait_running(http, url, 1)
+    _wait_generating(http, url, before)
     client.pause_generation("in_place")
+    paused_at = _model_info(http, url)["num_generated_tokens"] - before
     time.sleep(0.5)
-    assert thread.is_alive(), "a paused engine finished a 120-token generation"
+    assert thread.is_alive(), f"a paused engine finished a {request.sampling_params.max_new_tokens}-token generation"
+    assert _model_info(http, url)["num_generated_tokens"] - before == paused_at, "tokens sampled while paused"
     assert not client.flush_cache()  # refused while a request is in flight
 
     critic_dir = save_checkpoint(tmp_path / "critic", "critic", 2, weights_state_dict(build_critic(SPEC, seed=1)))
     with pytest.raises(EngineError, match="not 'actor'"):
         client.update_weights_from_disk(str(critic_dir), "2")
     assert client.weight_version() == "1"
-    step2 = save_checkpoint(setup["root"] / "actor", "actor", 2, weights_state_dict(build_policy(SPEC, seed=1, unk_id=VOCAB.unk_id)))
+    step2 = save_checkpoint(tmp_path / "actor", "actor", 2, weights_state_dict(build_policy(SPEC, seed=1, unk_id=VOCAB.unk_id)))
     client.update_weights_from_disk(str(step2), "2")
     assert client.weight_version() == "2"
 
     client.continue_generation()
     thread.join(timeout=120)
     response = box["response"]
-    assert response.finish_reason.type == "length" and len(response.output_ids) == 120
+    num_new = request.sampling_params.max_new_tokens
+    assert response.finish_reason.type == "length" and len(response.output_ids) == num_new
     # Frozen mid-generation: tokens before the pause came from "1", after it from "2".
     assert response.spans_versions and [s.version for s in response.weight_versions] == ["1", "2"]
+    assert response.weight_versions[0].end == paused_at
     assert response.weight_version == "2"
     client.update_weights_from_disk(str(setup["step1"]), "1")
 
 
 def test_pause_abort_and_abort_request(setup) -> None:
     client, http, url = setup["client"], setup["http"], setup["url"]
+    before = _model_info(http, url)["num_generated_tokens"]
     thread, box = _generate_in_background(client, _request(120))
-    _wait_running(http, url, 1)
+    _wait_generating(http, url, before)
     client.pause_generation("abort")
     thread.join(timeout=30)
     assert box["response"].finish_reason.type == "abort"
     assert len(box["response"].output_ids) < 120
     client.continue_generation()
 
+    before = _model_info(http, url)["num_generated_tokens"]
     thread, box = _generate_in_background(client, _request(120, rid="r-17"))
-    _wait_running(http, url, 1)
+    _wait_generating(http, url, before)
     client.abort_request("r-17")
     thread.join(timeout=30)
     assert box["response"].finish_reason.type == "abort"

@@ -105,7 +105,7 @@ def test_summary_disagreeing_with_test_list_is_inconsistent():
 
 def test_empty_report_and_solved_with_zero_passes():
     assert ctrf_reward(report([]), solved=True) == RewardResult(1.0, "fallback:empty", None, None,
-                                                                "CTRF lists zero tests")
+                                                                "CTRF lists zero tests", "fallback:empty")
     r = ctrf_reward(report(["failed", "failed"]), solved=True)
     assert (r.value, r.source) == (1.0, "fallback:inconsistent")
     assert ctrf_reward(report(["failed", "failed"]), solved=False) == RewardResult(0.0, "ctrf", 0, 2)

@@ -35,7 +35,19 @@ def _rank_host(rank: int, init_method: str, run_dir: str, vocab_path: str, examp
     host.join(init_method)
     losses = host.warm_start(examples, 2, batch_size=4)
     paths = [host.publish(v) for v in (0, 1)]
-    out.put((rank, losses, paths, host.checkpoint_report()))
+    report = host.checkpoint_report()
+    saved = {k: v.clone() for k, v in host.trainer.actor.state_dict().items() if isinstance(v, torch.Tensor)}
+    host.warm_start(examples, 1, batch_size=4)  # moves weights and optimizer state past step 1 ...
+    loaded = host.resume(1)  # ... and a resume at step 1 brings back this rank's own state
+    from t1ops.campaign.resume import load_trainer_state
+
+    state = load_trainer_state(f"{run_dir}/checkpoints", 1)
+    want = state["ranks"][rank]["actor_optimizer"]["state"]
+    got = host.trainer.actor_optimizer.state_dict()["state"]
+    restored = (len(state["ranks"]) == 2 and want.keys() == got.keys()
+                and all(torch.equal(want[k]["exp_avg"], got[k]["exp_avg"]) for k in want)
+                and all(torch.equal(v, host.trainer.actor.state_dict()[k]) for k, v in saved.items()))
+    out.put((rank, losses, paths, report, restored, loaded["next_step"]))
 
 
 def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
@@ -67,5 +79,7 @@ def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
     assert got[0][0] == got[1][0]  # both ranks report the same (all-reduced) warm-start losses
     assert got[0][1][1].endswith("step_00000001") and got[1][1] == [None, None]  # rank 0 publishes
     assert got[0][2]["checkpoints_deleted"] >= 1  # keep_last = 1 pruned step 0 (full and sharded)
+    assert got[0][2]["resume_point"] == 1  # every rank's optimizer state is in trainer_state/step_1
+    assert got[0][3:] == [True, 2] and got[1][3:] == [True, 2]  # each rank resumed its own state
     full, manifest = load_full(shard_dir(tmp_path / "checkpoints", "critic", 1), "critic")
     assert len(manifest["shards"]) == 2 and not shard_dir(tmp_path / "checkpoints", "critic", 0).exists()

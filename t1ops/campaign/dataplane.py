@@ -1,0 +1,146 @@
+"""The trajectory data plane: workers put, the trainer fetches, the coordinator carries refs.
+
+A step's trajectories (tokens, log-probs, versions and the R3 routing rows, 1,536 bytes per
+token at the report's 48 layers x top-8: about 48 MiB for a 33k-token trajectory) never pass
+through the coordinator (docs/scale.md):
+
+- the rollout worker puts each finished trial's chunks into the Ray object store
+  (:func:`stage`) and returns only the trial's metadata (reward, lengths, ledger, timings, the
+  loss tokens per policy version) plus a :class:`Payload` naming the object;
+- the objects are owned by the :class:`TrajectoryStore` actor, not by the worker that put
+  them, so a worker that dies after returning loses nothing the coordinator acknowledged;
+- the trainer (every rank) fetches the chunks itself (:func:`fetch`), straight from the store;
+- the dumps are written by the worker that holds the trial (:meth:`RolloutWorker.write_dumps`,
+  fed refs and metadata by :func:`write_dumps`).
+
+A result that still carries ``"chunks"`` (a worker without a store) takes the old path
+everywhere: every function here accepts both.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from t1ops import telemetry
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Where a trial's chunks are: an object-store ref, and what the coordinator may know of them."""
+
+    ref: Any           # ray.ObjectRef to list[rl.tito.Trajectory]
+    num_chunks: int
+    num_tokens: int
+    nbytes: int
+    worker: int        # index of the rollout worker that put it (it writes the dumps)
+
+
+class TrajectoryStore:
+    """Owns the trajectories' objects (a Ray actor, ``num_cpus=0``): it does no work, it only
+    outlives the workers that put them."""
+
+    def ping(self) -> bool:
+        return True
+
+
+def loss_versions(chunks) -> dict[int, int]:
+    """Loss-bearing tokens by the policy version that sampled them."""
+    out: Counter = Counter()
+    for c in chunks:
+        vs, n = np.unique(np.asarray(c.policy_version)[np.asarray(c.loss_mask) == 1], return_counts=True)
+        for v, k in zip(vs.tolist(), n.tolist()):
+            out[int(v)] += int(k)
+    return dict(out)
+
+
+def chunk_bytes(chunks) -> int:
+    arrays = ("tokens", "loss_mask", "rollout_logprobs", "engine_tokens", "origin", "policy_version", "routing")
+    return sum(getattr(c, a).nbytes for c in chunks for a in arrays if getattr(c, a, None) is not None)
+
+
+def stage(results: list[dict], store, worker: int) -> list[dict]:
+    """Worker side: put each result's chunks in the object store (owned by ``store``); return the
+    results with ``"payload"`` and ``"loss_versions"`` instead of ``"chunks"``. ``store`` None:
+    the results are returned as they are (the old path)."""
+    if store is None:
+        return results
+    import ray
+
+    out = []
+    for r in results:
+        chunks = r["chunks"]
+        ref = ray.put(chunks, _owner=store)
+        slim = {k: v for k, v in r.items() if k != "chunks"}
+        slim["loss_versions"] = loss_versions(chunks)
+        slim["payload"] = Payload(ref, len(chunks), sum(len(c.tokens) for c in chunks), chunk_bytes(chunks), worker)
+        out.append(slim)
+    return out
+
+
+def versions_of(result: dict) -> dict[int, int]:
+    """Loss tokens by policy version of one result, staged or not."""
+    if "loss_versions" in result:
+        return {int(k): v for k, v in result["loss_versions"].items()}
+    return loss_versions(result["chunks"])
+
+
+def fetch(results: list[dict]) -> list[dict]:
+    """Trainer side: the results with their chunks, fetched from the object store in one call."""
+    staged = [i for i, r in enumerate(results) if "chunks" not in r]
+    if not staged:
+        return results
+    import ray
+
+    chunks = ray.get([results[i]["payload"].ref for i in staged])
+    out = list(results)
+    for i, c in zip(staged, chunks):
+        out[i] = {**results[i], "chunks": c}
+    return out
+
+
+def write_dumps(workers: list, run, step: int, results: list[dict]) -> int:
+    """Have each worker write the dumps of the trials it holds; results that carry their chunks
+    (the old path) are written here. Returns the chunks written."""
+    import ray
+
+    from t1ops.campaign.runner import dump_results
+
+    local = [r for r in results if "chunks" in r]
+    n = dump_results(run, step, local) if local else 0
+    by_worker: dict[int, list[dict]] = {}
+    for r in results:
+        if "chunks" not in r:
+            by_worker.setdefault(r["payload"].worker, []).append(_dump_meta(r))
+    calls = {i: workers[i % len(workers)].write_dumps.remote(str(run.dumps), step, items)
+             for i, items in by_worker.items()}
+    for i, call in calls.items():
+        try:
+            n += ray.get(call)
+        except ray.exceptions.RayError as err:  # the worker is gone for good: fetch and write here
+            telemetry.event("dataplane.dump_fallback", severity="warn", worker=i, error=str(err)[:300])
+            n += dump_results(run, step, fetch([r for r in results if r.get("payload") is not None
+                                                and r["payload"].worker == i]))
+    return n
+
+
+def _dump_meta(r: dict) -> dict:
+    return {"payload": r["payload"], **{k: r[k] for k in ("reward", "reward_source", "task", "trial_id", "end_reason")}}
+
+
+def write_dump_items(dump_dir: str, step: int, items: list[dict]) -> int:
+    """Worker side of :func:`write_dumps` (runs in a thread of the worker)."""
+    import ray
+
+    from t1ops.audit import write_trajectory
+
+    chunks = ray.get([it["payload"].ref for it in items])
+    n = 0
+    for it, cs in zip(items, chunks):
+        for chunk in cs:
+            write_trajectory(chunk, dump_dir, step=step, reward=it["reward"], reward_source=it["reward_source"],
+                             task=it["task"], trial_id=it["trial_id"], end_reason=it["end_reason"])
+            n += 1
+    return n

@@ -1,0 +1,21 @@
+"""The combination matrix (chaos/matrix.py): the pairwise cover, and its cells as campaigns."""
+from __future__ import annotations
+
+import pytest
+
+from chaos.matrix import Cell, covers_all_pairs, full_matrix, pairwise, run_cell
+
+
+def test_pairwise_cover_has_every_pair_of_values_and_the_check_can_fail():
+    assert len(full_matrix()) == 18 and covers_all_pairs(full_matrix())
+    cells = pairwise()
+    assert len(cells) == 9 and covers_all_pairs(cells)
+    assert not covers_all_pairs([c for c in cells if c.mode != "sync"])  # a missing pair is seen
+    assert not covers_all_pairs([Cell(c.mode, c.trainer, "disk") for c in cells])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", pairwise(), ids=lambda c: f"{c.mode}-{c.trainer}-{c.sync}".replace(" ", ""))
+def test_cell_runs_with_eval_and_resumes_after_a_kill(cell, tmp_path):
+    result = run_cell(cell, tmp_path)
+    assert result.ok, result.detail
