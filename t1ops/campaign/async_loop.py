@@ -129,6 +129,9 @@ class AsyncDriver:
             data = None
         if data is not None and data["ledger"]["cancelled"]:
             cancelled = True
+        if data is not None and data.get("failed"):  # the reason a group came back short, named
+            telemetry.event("rollout.group_trials_failed", severity="warn", group=group_id,
+                            failed=len(data["failed"]), sample=str(next(iter(data["failed"].values())))[:300])
         outcome = self.buffer.on_done(data, started, cancelled=cancelled)
         telemetry.count("rollout.group_settled", outcome=outcome)
 
