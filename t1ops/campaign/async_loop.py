@@ -122,7 +122,9 @@ class AsyncDriver:
             if isinstance(cause, RoutingError):  # any routing error aborts (T1 report, section 05)
                 telemetry.event("rollout.aborted", severity="error", group=group_id, reason=str(cause))
                 raise cause from None
-            telemetry.event("rollout.group_failed", severity="error", group=group_id, error=str(cause)[:300])
+            text = str(cause)
+            telemetry.event("rollout.group_failed", severity="error", group=group_id,  # the cause is at the end
+                            error=text if len(text) <= 600 else text[:200] + " ... " + text[-400:])
             data = None
         except ray.exceptions.RayError as err:  # the worker died past its restarts
             telemetry.event("rollout.group_failed", severity="error", group=group_id, error=str(err)[:300])
