@@ -248,6 +248,12 @@ class SandboxConfig(Section):
     cpu_s: int = Field(30, ge=1, description="CPU seconds per process (RLIMIT_CPU).")
 
 
+class EnvironmentConfig(Section):
+    """Where a trial's commands run (docs/containers.md)."""
+
+    backend: Literal["local", "container"] = Field("local", description="'local': namespaces on this host, the task's Dockerfile honoured where the host's userland can (docs/sandbox.md); 'container': each task's Dockerfile built into an image and every trial run in its own container (rootful podman + runc; scripts/setup-container-runtime.sh).")
+
+
 class TelemetryConfig(Section):
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint; None writes JSON lines only.")
     export_interval_s: float = Field(5.0, gt=0, description="Metric export interval.")
@@ -282,6 +288,7 @@ class CampaignConfig(Section):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="OpenTelemetry export.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="TensorBoard and Weights & Biases.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Trial isolation and limits.")
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="Environment backend of the trials (local or container).")
     fully_async: FullyAsyncConfig = Field(default_factory=FullyAsyncConfig, description="Fully async pipeline (run.mode = 'fully_async').")
 
     @property

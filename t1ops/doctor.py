@@ -142,6 +142,27 @@ def sandbox_leftovers() -> Check:
 
 
 @check
+def container_runtime() -> Check:
+    """The container backend's runtime, its version, and what t1ops runs left behind
+    (docs/containers.md): containers/networks/volumes labelled t1ops.run, owner alive or not."""
+    from rl.agent.container import runtime
+
+    ok, why = runtime.available()
+    if not ok:
+        return Check("container_runtime", "warn", f"container backend unavailable: {why}",
+                     {"available": False})
+    left = runtime.leftovers()
+    dead = [x for x in left if not x.owner_alive]
+    facts = {"available": True, "cli": runtime.cli(), "version": runtime.version(),
+             "leftovers": [x.__dict__ for x in left], "dead": len(dead)}
+    detail = f"{runtime.cli()} {runtime.version()}; {len(left)} t1ops containers/networks/volumes"
+    if dead:
+        return Check("container_runtime", "warn", detail + f", {len(dead)} of dead runs "
+                     "(t1ops doctor --reap removes them)", facts)
+    return Check("container_runtime", "ok", detail + (" (of live runs)" if left else ""), facts)
+
+
+@check
 def ray_importable() -> Check:
     try:
         import ray

@@ -17,7 +17,6 @@ from typing import Iterator
 
 from rl.agent import tblegacy
 from rl.agent.archive import ArchiveLimits, extract_task_archive, extract_task_bytes
-from rl.agent.environment import LOCAL
 from rl.agent.bounded import short
 from rl.agent.tasks import inspect_task, links_leaving, load_task
 from rl.errors import T1OpsError, TaskError, UnsafeArchiveError
@@ -173,7 +172,7 @@ def task_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def do_check(root: Path, *, allow_internet: bool = False) -> Report:
+def do_check(root: Path, *, allow_internet: bool = False, backend: str = "local") -> Report:
     """Every problem of every task, the keys each ignores, and whether it runs locally."""
     report = Report()
     dirs = task_dirs(root)
@@ -185,7 +184,9 @@ def do_check(root: Path, *, allow_internet: bool = False) -> Report:
             for problem in check.problems:
                 report.add_refusal(str(d), TaskError(problem, path=str(d)))
             continue
-        env = LOCAL.check(check.task, allow_internet=allow_internet)
+        from t1ops.task_runs import backend_named
+
+        env = backend_named(backend).check(check.task, allow_internet=allow_internet)
         missing = [m for m in RECOMMENDED if not (d / m).exists()]
         report.ok.append({"source": str(d), "task": check.task.name, "family": check.task.family,
                           "num_test_files": len(check.task.tests_sha256),

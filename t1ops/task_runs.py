@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-from rl.agent.environment import LOCAL
+from rl.agent.environment import LOCAL, Environment
 from rl.agent.tasks import Task, inspect_task
 from rl.agent.verdict import is_solved
 from rl.errors import T1OpsError
@@ -54,7 +54,7 @@ def run_one(task: Task, sandbox, idx: int, *, oracle: bool) -> dict:
         if close is not None:
             close()
     r = verdict.reward
-    reasons = []
+    reasons = [f"needs a host it cannot reach ({u})" for u in [unreachable(ran, verdict)] if u]
     if ran is not None and ran.reason != "ok":
         reasons.append(f"solution {ran.reason} (exit {ran.exit_code})")
     if verdict.reason != "ok":
@@ -64,8 +64,30 @@ def run_one(task: Task, sandbox, idx: int, *, oracle: bool) -> dict:
                 reason="; ".join(reasons) or "ok", trial=trial.trial_id)
 
 
+# what a resolver or a socket says when the trial has no route to a host it needs
+_UNREACHABLE = ("Could not resolve host", "Temporary failure in name resolution",
+                "Name or service not known", "Network is unreachable", "No route to host",
+                "Failed to establish a new connection", "Could not connect to server")
+
+
+def unreachable(ran, verdict) -> str:
+    """The first output line of the solution or the verifier saying a host was unreachable."""
+    for out in (ran, getattr(verdict, "output", None)):
+        for line in ((out.stdout + "\n" + out.stderr).splitlines() if out is not None else []):
+            if any(p in line for p in _UNREACHABLE):
+                return line.strip()[:200]
+    return ""
+
+
+def backend_named(name: str) -> Environment:
+    if name == "container":
+        from rl.agent.container.backend import CONTAINER
+        return CONTAINER
+    return LOCAL
+
+
 def run_paths(paths: list[Path], *, oracle: bool, allow_internet: bool = False,
-              trials_root: Path | None = None) -> list[dict]:
+              trials_root: Path | None = None, backend: str = "local") -> list[dict]:
     """One result row per task found under ``paths`` (module doc)."""
     from rl.agent.sandbox import Sandbox
 
@@ -73,25 +95,35 @@ def run_paths(paths: list[Path], *, oracle: bool, allow_internet: bool = False,
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="t1ops-tasks-run-") as tmp:
         root = (trials_root or Path(tmp)).resolve()
-        sandbox = Sandbox(root, f"tasks-run-{uuid.uuid4().hex[:8]}", allow_internet=allow_internet)
+        sandbox = Sandbox(root, f"tasks-run-{uuid.uuid4().hex[:8]}", allow_internet=allow_internet,
+                          backend=backend)
         for i, d in enumerate(dirs, 1):
             print(f"[{i}/{len(dirs)}] {d.name} ...", file=sys.stderr, flush=True)
-            rows.append(_run_dir(d, sandbox, i, oracle=oracle, allow_internet=allow_internet))
+            rows.append(_run_dir(d, sandbox, i, oracle=oracle, allow_internet=allow_internet,
+                                 env_backend=backend_named(backend)))
             row = rows[-1]
             print(f"[{i}/{len(dirs)}] {d.name}: reward {row['reward']} ({row['source']}) "
                   f"{row['reason']}", file=sys.stderr, flush=True)
     return rows
 
 
-def _run_dir(d: Path, sandbox, idx: int, *, oracle: bool, allow_internet: bool) -> dict:
+def _run_dir(d: Path, sandbox, idx: int, *, oracle: bool, allow_internet: bool,
+             env_backend: Environment = LOCAL) -> dict:
+    from rl.agent.container.images import ImageBuildError
+    from rl.agent.container.mcp import McpNotReady
+
     check = inspect_task(d)
     if check.task is None:
         return _row(d.name, reason="; ".join(check.problems))
-    env = LOCAL.check(check.task, allow_internet=allow_internet)
+    env = env_backend.check(check.task, allow_internet=allow_internet)
     if not env.runs_locally:
         return _row(d.name, reason="; ".join(env.needs))
     try:
         return run_one(check.task, sandbox, idx, oracle=oracle)
+    except ImageBuildError as e:   # a named verdict, never a crash: reward 0, no trial ran
+        return _row(d.name, reward=0.0, source="build-failed", reason=f"build-failed at {e.line}: {e}")
+    except McpNotReady as e:
+        return _row(d.name, reward=0.0, source="mcp-not-ready", reason=f"mcp-not-ready: {e}")
     except T1OpsError as e:
         return _row(d.name, reason=f"{type(e).__name__}: {e}")
 

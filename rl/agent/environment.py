@@ -7,9 +7,9 @@ of the Dockerfile it can honour on this host (rl/agent/dockerfile.py: ``WORKDIR`
 already present) and refuses the rest, naming the line and why. A task without a
 Dockerfile gets its whole ``environment/`` copied into the workspace (the bundled pool).
 
-A container backend would implement the same :class:`Environment` protocol (build the
-image, run commands inside it); none ships, because none can be tested on this host
-(no container daemon). docs/tasks.md describes the seam.
+The container backend (rl/agent/container/backend.py, docs/containers.md) implements the
+same :class:`Environment` protocol: it builds the image and runs each trial in a container.
+docs/tasks.md describes the seam.
 """
 from __future__ import annotations
 

@@ -49,9 +49,9 @@ _METADATA_USED = {"family", "category", "difficulty", "tags"}
 _NO_LOCAL_MEANING = {
     "agent.user": "the agent always runs as an unprivileged per-trial uid here",
     "verifier.user": "the verifier always runs as an unprivileged uid here",
-    "environment.build_timeout_sec": "the local backend builds nothing",
+    "environment.build_timeout_sec": "the local backend builds nothing (the container backend applies it)",
     "environment.gpu_types": "no GPU is given to trials",
-    "environment.mcp_servers": "MCP servers are not started for a task here",
+    "environment.mcp_servers": "the local backend starts no MCP server (the container backend does)",
     "environment.healthcheck": "the local backend starts no services to check",
     "environment.skills_dir": "agent skills are not copied here",
 }

@@ -146,12 +146,14 @@ def _pinned_ini(trial: Trial) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
-    venv_bin = str(Path(sys.executable).parent)
+    # local: the host venv's pytest; container: the image's own PATH (its pytest), same pins
+    path = getattr(trial, "verifier_path", None)
+    path = path() if path is not None else f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
     # the image's ENV and [environment.env] first, as in Harbor's container, less what loads
     # code (rl/agent/verifier_env.py); then [verifier.env], the task author's declared intent
     return {"PYTHONSAFEPATH": "1", **task_env_for_verifier(trial.env), **git_env(),
             **trial.task.verifier_env,
-            "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
+            "PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp",
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
             # only the CTRF plugin: no entry-point plugin an agent (or a stray package) provides
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "ctrf.main",

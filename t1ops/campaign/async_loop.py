@@ -119,7 +119,9 @@ class AsyncDriver:
             data = ray.get(ref)
         except ray.exceptions.RayTaskError as err:
             cause = err.as_instanceof_cause()
-            if isinstance(cause, RoutingError):  # any routing error aborts (T1 report, section 05)
+            # any routing error aborts (T1 report, section 05); so does any failed trial under
+            # rollout.failed_trials = "abort" (the worker re-raised it)
+            if isinstance(cause, RoutingError) or self.c.cfg.rollout.failed_trials == "abort":
                 telemetry.event("rollout.aborted", severity="error", group=group_id, reason=str(cause))
                 raise cause from None
             text = str(cause)

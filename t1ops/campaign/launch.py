@@ -247,8 +247,8 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
     return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
                           skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
                           timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
-                          sandbox=cfg.sandbox.model_dump(), harness=harness_settings(cfg),
-                          failed_trials=r.failed_trials)
+                          sandbox={**cfg.sandbox.model_dump(), "backend": cfg.environment.backend},
+                          harness=harness_settings(cfg), failed_trials=r.failed_trials)
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,
@@ -280,7 +280,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
         c.on_step = list(on_step or [])
         summary = Summary(run.path, run.run_id, cfg.model_dump(),
                           extra={"warm_start_loss": c.warm_start_loss, "num_workers": len(c.workers),
-                                 "eval_tasks": c.eval_tasks})
+                                 "eval_tasks": c.eval_tasks, "train_tasks": c.rollouts.task_names})
         if previous is not None:
             resumed_summary(summary, previous, point)
         summary.tracker = tracker = Tracker.open(cfg.tracking, run.path, run.run_id, cfg.model_dump(),

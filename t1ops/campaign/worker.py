@@ -111,7 +111,12 @@ class RolloutWorker:
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
         # fail before any trial, naming each task and Dockerfile line the local backend cannot honour
-        require_runnable(list(self.tasks.values()),
+        backend = (settings.sandbox or {}).get("backend", "local")
+        if backend == "container":
+            from rl.agent.container.backend import CONTAINER as env_backend
+        else:
+            from rl.agent.environment import LOCAL as env_backend
+        require_runnable(list(self.tasks.values()), backend=env_backend,
                          allow_internet=bool((settings.sandbox or {}).get("allow_internet", False)))
         self.renderer = ChatRenderer.default()
         self.sandbox = make_sandbox(trials_root, run_id, settings.sandbox or {},

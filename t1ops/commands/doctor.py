@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 NAME = "doctor"
 HELP = "check this host before a campaign (fd limits, RAM, OOM-kill visibility, timeouts)"
@@ -10,6 +11,9 @@ HELP = "check this host before a campaign (fd limits, RAM, OOM-kill visibility, 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list of {name, status, detail}")
+    p.add_argument("--reap", action="store_true",
+                   help="first remove the containers, networks and volumes of dead runs "
+                        "(container backend; docs/containers.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -18,6 +22,13 @@ def run(args: argparse.Namespace) -> int:
 
     from t1ops.doctor import run_checks
 
+    if args.reap:
+        from rl.agent.container import runtime
+
+        if runtime.available()[0]:
+            gone = runtime.reap(only_dead=True)
+            print(f"reaped {len(gone)}: " + ", ".join(f"{x.kind} {x.name} (run {x.run_id})" for x in gone)
+                  if gone else "reaped 0: nothing of a dead run is left", file=sys.stderr)
     checks = run_checks()
     if args.json:
         print(json.dumps([c.to_dict() for c in checks], indent=2))

@@ -30,12 +30,25 @@ class _BrokenWandbRun:
         return fail
 
 
+_FAILED: list[BaseException] = []  # pytest re-runs a failed session fixture per test: fail them all on one run
+
+
 @pytest.fixture(scope="session")
 def tiny_campaign(tmp_path_factory) -> TinyCampaign:
     """The examples/tiny campaign at its smallest (2 steps, 4 trajectories, held-out eval every step)
     on a two-node Ray cluster on this machine, run once for every test that reads it. Trackers as a
     user would set them: TensorBoard (the default) and W&B "offline", whose library raises on every
     call through a double: the campaign must finish anyway, with one warning."""
+    if _FAILED:
+        raise _FAILED[0]
+    try:
+        return _run_tiny_campaign(tmp_path_factory)
+    except BaseException as err:
+        _FAILED.append(err)
+        raise
+
+
+def _run_tiny_campaign(tmp_path_factory) -> TinyCampaign:
     import wandb
     from ray.cluster_utils import Cluster
 
@@ -48,9 +61,10 @@ def tiny_campaign(tmp_path_factory) -> TinyCampaign:
     cfg.run.steps = 2
     cfg.rollout.num_workers = 2
     cfg.rollout.batch_size = 4
-    cfg.rollout.tasks_dir = str(REPO / "examples" / "tasks")
+    cfg.rollout.tasks_dir = str(REPO / "examples" / "families" / "train")
     cfg.trainer.warm_start_steps = 2
-    cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.samples_per_task = 1, ["files-hello", "math-add"], 2
+    cfg.eval.tasks_dir = str(REPO / "examples" / "families" / "heldout")
+    cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.samples_per_task = 1, ["sum-0016", "max-0000"], 2
     cfg.tracking.wandb = "offline"
 
     def init(**kwargs):

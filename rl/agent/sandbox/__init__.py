@@ -52,12 +52,19 @@ class Sandbox:
                  agent_timeout_override_s: float | None = None, allow_lower_timeout: bool = False,
                  environ: Mapping[str, str] | None = None, isolate_network: bool = True,
                  drop_privileges: bool = True, hide_task_pool: bool = True,
-                 env_allow: tuple[str, ...] | list[str] = ()) -> None:
+                 env_allow: tuple[str, ...] | list[str] = (), backend: str = "local") -> None:
         if not run_id or "/" in run_id or run_id.startswith("."):
             raise InputError(f"run_id {run_id!r} must be a non-empty name without '/'", argument="run_id")
         if not drop_privileges or not hide_task_pool:
             raise SandboxError("drop_privileges=False / hide_task_pool=False are gone: nothing of "
                                "a task runs as root and the task pool is never visible to a trial")
+        if backend not in ("local", "container"):
+            raise InputError(f"environment backend {backend!r}: use 'local' or 'container'",
+                             argument="backend")
+        self.backend = backend
+        if backend == "container":   # what SIGKILLed runs left goes first (docs/containers.md)
+            from rl.agent.container.backend import reap_dead_once
+            reap_dead_once()
         self.isolation = probe_isolation()
         require(self.isolation, isolation)
         if self.isolation.level == "none":
@@ -99,7 +106,7 @@ class Sandbox:
             # a value read from the campaign's environment is redacted like a declared secret
             secrets.update({f"env:{k}": v for k, v in taken.items() if len(v) >= MIN_SECRET_CHARS})
         wants_net = task.allow_network
-        if wants_net and self.allow_internet:
+        if wants_net and self.allow_internet and self.backend == "local":   # a container gets its own network
             raise SandboxError(f"task {task.name} asks for the network and this sandbox allows it, but "
                                f"{NO_EGRESS_REASON}", task=task.name, reason="no-egress-namespace")
         tdir = self.run_dir / f"{task.name}-{trial_idx}-{uuid.uuid4().hex[:8]}"
@@ -111,6 +118,15 @@ class Sandbox:
         if wants_net and not self.allow_internet:
             log.warning("sandbox: task %s asks for the network; this sandbox gives none "
                         "(allow_internet = false)", task.name)
+        if self.backend == "container":   # the task's image, in a container (docs/containers.md)
+            from rl.agent.container.backend import create_trial as create_container_trial
+            trial = create_container_trial(
+                task=task, run_id=self.run_id, trial_idx=trial_idx, tdir=tdir, budget=budget,
+                limits=task_limits(limits or self.limits, task), isolation=self.isolation,
+                secrets=secrets, network=wants_net and self.allow_internet, oracle=oracle,
+                env=env, workdir=workdir)
+            self._open.add(trial)
+            return trial
         trial = create_trial(
             task=task, run_id=self.run_id, trial_idx=trial_idx, tdir=tdir, budget=budget,
             limits=task_limits(limits or self.limits, task), isolation=self.isolation,
@@ -133,4 +149,5 @@ def make_sandbox(root: str | Path, run_id: str, cfg: Mapping, **kw) -> Sandbox:
     limits = Limits(**{k: cfg[k] for k in names if k in cfg})
     return Sandbox(root, run_id, limits=limits, isolation=cfg.get("isolation", "strict"),
                    allow_internet=cfg.get("allow_internet", False),
-                   env_allow=tuple(cfg.get("env_allow", ())), **kw)
+                   env_allow=tuple(cfg.get("env_allow", ())), backend=cfg.get("backend", "local"),
+                   **kw)
