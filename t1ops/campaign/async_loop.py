@@ -124,13 +124,18 @@ class AsyncDriver:
             if isinstance(cause, RoutingError) or self.c.cfg.rollout.failed_trials == "abort":
                 telemetry.event("rollout.aborted", severity="error", group=group_id, reason=str(cause))
                 raise cause from None
-            telemetry.event("rollout.group_failed", severity="error", group=group_id, error=str(cause)[:300])
+            text = str(cause)
+            telemetry.event("rollout.group_failed", severity="error", group=group_id,  # the cause is at the end
+                            error=text if len(text) <= 600 else text[:200] + " ... " + text[-400:])
             data = None
         except ray.exceptions.RayError as err:  # the worker died past its restarts
             telemetry.event("rollout.group_failed", severity="error", group=group_id, error=str(err)[:300])
             data = None
         if data is not None and data["ledger"]["cancelled"]:
             cancelled = True
+        if data is not None and data.get("failed"):  # the reason a group came back short, named
+            telemetry.event("rollout.group_trials_failed", severity="warn", group=group_id,
+                            failed=len(data["failed"]), sample=str(next(iter(data["failed"].values())))[:300])
         outcome = self.buffer.on_done(data, started, cancelled=cancelled)
         telemetry.count("rollout.group_settled", outcome=outcome)
 
