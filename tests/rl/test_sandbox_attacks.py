@@ -1,7 +1,8 @@
 """Issue #22's red-team, replayed: each attack runs for real (as root, trials under /tmp) and
 the test asserts the attack's own effect did not happen. Every marker is fresh (uuid), so a
 file left by an earlier run can never hide an escape; where an attack could only be judged
-from the inside, the test first shows that its target really exists on the host."""
+from the inside, the test first shows that its target really exists on the host. Every attack
+runs on both environment backends (local namespaces and the podman container backend)."""
 from __future__ import annotations
 
 import base64
@@ -25,11 +26,16 @@ REPO = Path(__file__).resolve().parents[2]
 POOL = REPO / "examples" / "tasks"
 
 
-@pytest.fixture(scope="module")
-def sandbox(tmp_path_factory):
+@pytest.fixture(scope="module", params=["local", "container"])
+def sandbox(request, tmp_path_factory):
+    """One sandbox per environment backend: every attack runs on both (docs/containers.md)."""
+    if request.param == "container":
+        from tests.rl.container_support import require_container_runtime
+
+        require_container_runtime()
     root = tmp_path_factory.mktemp("attacks")
     assert str(root).startswith("/tmp/") and os.geteuid() == 0   # the exposed setting of #22
-    return Sandbox(root, "run-attack")
+    return Sandbox(root, "run-attack", backend=request.param)
 
 
 def _marker() -> str:
@@ -190,8 +196,8 @@ def test_6_a_unix_socket_in_a_shared_dir_is_out_of_reach(sandbox, tmp_path):
         trial.close()
 
 
-def test_7_memory_is_limited_in_sum_not_per_process(tmp_path):
-    sb = Sandbox(tmp_path / "sbx", "run-mem", limits=Limits(storage_mb=512))
+def test_7_memory_is_limited_in_sum_not_per_process(tmp_path, env_backend):
+    sb = Sandbox(tmp_path / "sbx", "run-mem", limits=Limits(storage_mb=512), backend=env_backend)
     src = _task(tmp_path).path     # the task's own [environment] memory_mb is the trial's limit
     (src / "task.toml").write_text((src / "task.toml").read_text().replace("memory_mb = 512", "memory_mb = 200"))
     trial = sb.create(load_task(src), 0)
@@ -207,12 +213,12 @@ def test_7_memory_is_limited_in_sum_not_per_process(tmp_path):
     trial.close()
 
 
-def test_8_secrets_never_reach_disk_in_any_form(tmp_path):
+def test_8_secrets_never_reach_disk_in_any_form(tmp_path, env_backend):
     value = f"sk-{uuid.uuid4().hex}"
     src = _task(tmp_path).path
     toml = (src / "task.toml").read_text().replace("required_env_keys = []", 'required_env_keys = ["API_TOKEN"]')
     (src / "task.toml").write_text(toml)
-    sb = Sandbox(tmp_path / "sbx", "run-secret", environ={"API_TOKEN": value})
+    sb = Sandbox(tmp_path / "sbx", "run-secret", environ={"API_TOKEN": value}, backend=env_backend)
     trial = sb.create(load_task(src), 0)
     r = trial.exec('echo $API_TOKEN; echo $API_TOKEN | rev; printf %s "$API_TOKEN" | base64; '
                    'printf "x%s" "$API_TOKEN" | base64; printf %s "$API_TOKEN" | xxd -p | tr -d "\\n"; '
