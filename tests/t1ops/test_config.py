@@ -58,6 +58,8 @@ def _model_for(path: Path):
     if "plans" in path.parts:
         from t1ops.preflight.plan import Plan
         return Plan
+    if "simulate" in path.parts:
+        return None  # `t1ops plan simulate` inputs: tests/t1ops/test_plan_simulate.py loads them as SimConfig
     if "tasks" in path.parts or path.name == "task.toml":
         return None  # task.toml files (bundled pool and test fixtures) are checked by the task loader tests
     return CampaignConfig
