@@ -40,7 +40,7 @@ class Payload:
 
 
 class TrajectoryStore:
-    """Owns the trajectories' objects (a Ray actor, ``num_cpus=0``, one per worker node): it puts
+    """Owns the trajectories' objects (a named Ray actor, ``num_cpus=0``, one per run): it puts
     what a worker hands it and returns the reference, so the object outlives that worker."""
 
     def hold(self, chunks) -> list:
