@@ -3,7 +3,7 @@
     python bench/validate_simulate.py RUNS_DIR [--bench-async DIR] [--repeats 5]
 
 RUNS_DIR is what ``bench/scale_runs.py`` wrote (runs.json: one_step, sync, fully_async,
-one_step_2x). The simulator is fitted on the ``one_step`` run only and predicts every run from
+one_step_2x, one_step_late). The simulator is fitted on one run only (``--fit``, default one_step) and predicts every run from
 that run's config (``--campaign RUN/config.json``): mean step time and trajectories per second.
 ``--bench-async DIR`` is ``bench/bench_async.py --keep DIR``: fitted on its one_step run, it
 predicts its fully_async run and the speed-up ratio (fully_async / one_step trajectories/s).
@@ -44,14 +44,15 @@ def main() -> None:
     ap.add_argument("runs", type=Path)
     ap.add_argument("--bench-async", type=Path)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--fit", default="one_step", help="the run of RUNS_DIR/runs.json to fit on")
     args = ap.parse_args()
     runs = {k: Path(v["run_dir"]) for k, v in json.loads((args.runs / "runs.json").read_text()).items()}
-    fit = fit_run(runs["one_step"])
+    fit = fit_run(runs[args.fit])
     print("\n".join(fit[2]))
     print(f"{'run':26s} {'step s':>8s} {'meas.':>8s} {'error':>8s}   {'traj/s':>7s} {'meas.':>7s} {'error':>8s}")
-    for name in ("one_step", "sync", "fully_async", "one_step_2x"):
+    for name in ("one_step", "sync", "fully_async", "one_step_2x", "one_step_late"):
         if name in runs:
-            label = name + (" (fitted on)" if name == "one_step" else "")
+            label = name + (" (fitted on)" if name == args.fit else "")
             print(row(label, predict(fit, runs[name], args.repeats), measured(runs[name])))
     if args.bench_async:
         dirs = sorted((d for d in args.bench_async.iterdir() if (d / "summary.json").exists()),

@@ -66,8 +66,8 @@ async def run_group(worker, specs: list, started_step: int) -> dict:
                 worker.num_finished += 1
 
     outcomes = await asyncio.gather(*(one(s) for s in specs), return_exceptions=True)
-    results = stage(worker._book(outcomes, specs, ledger, SkimAccounting(), accepted=True),
-                    getattr(worker, "store", None), getattr(worker, "index", 0))
+    results = await asyncio.to_thread(stage, worker._book(outcomes, specs, ledger, SkimAccounting(), accepted=True),
+                                      getattr(worker, "store", None), getattr(worker, "index", 0))
     return {"group_id": specs[0].group_id, "task": specs[0].task, "started_step": started_step,
             "results": results, "ledger": ledger.close(), "failed": dict(ledger.failed), "node": worker.node,
             "duration_s": round(time.monotonic() - t0, 3)}

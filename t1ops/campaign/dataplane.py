@@ -7,8 +7,9 @@ through the coordinator (docs/scale.md):
 - the rollout worker puts each finished trial's chunks into the Ray object store
   (:func:`stage`) and returns only the trial's metadata (reward, lengths, ledger, timings, the
   loss tokens per policy version) plus a :class:`Payload` naming the object;
-- the objects are owned by the :class:`TrajectoryStore` actor, not by the worker that put
-  them, so a worker that dies after returning loses nothing the coordinator acknowledged;
+- the objects are owned by the :class:`TrajectoryStore` actor, not by the worker (the worker
+  hands each trial's chunks to the store, which puts them: Ray 2.56 removed ``ray.put``'s
+  ``_owner``), so a worker that dies after returning loses nothing the coordinator acknowledged;
 - the trainer (every rank) fetches the chunks itself (:func:`fetch`), straight from the store;
 - the dumps are written by the worker that holds the trial (:meth:`RolloutWorker.write_dumps`,
   fed refs and metadata by :func:`write_dumps`).
@@ -39,8 +40,13 @@ class Payload:
 
 
 class TrajectoryStore:
-    """Owns the trajectories' objects (a Ray actor, ``num_cpus=0``): it does no work, it only
-    outlives the workers that put them."""
+    """Owns the trajectories' objects (a Ray actor, ``num_cpus=0``, one per worker node): it puts
+    what a worker hands it and returns the reference, so the object outlives that worker."""
+
+    def hold(self, chunks) -> list:
+        import ray
+
+        return [ray.put(chunks)]  # a ref inside a list: the caller borrows it, this actor owns it
 
     def ping(self) -> bool:
         return True
@@ -69,10 +75,10 @@ def stage(results: list[dict], store, worker: int) -> list[dict]:
         return results
     import ray
 
+    held = ray.get([store.hold.remote(r["chunks"]) for r in results])
     out = []
-    for r in results:
+    for r, (ref,) in zip(results, held):
         chunks = r["chunks"]
-        ref = ray.put(chunks, _owner=store)
         slim = {k: v for k, v in r.items() if k != "chunks"}
         slim["loss_versions"] = loss_versions(chunks)
         slim["payload"] = Payload(ref, len(chunks), sum(len(c.tokens) for c in chunks), chunk_bytes(chunks), worker)

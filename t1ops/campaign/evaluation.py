@@ -214,6 +214,7 @@ def eval_row(step: int, outs: list[dict], expected: int, eval_s: float, temperat
            "eval_reward_sem": float(rewards.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan,
            "eval_s": round(eval_s, 3), "eval_temperature": temperature,
            "eval_per_task": _per_task(results),
+           "eval_trial_rewards": _trial_rewards(results),  # per trial: `t1ops compare` groups and re-derives SEs
            "eval_reward_sources": _count(r["reward_source"] for r in results)}
     if books["failed"]:
         sample = next(iter(v for o in outs for v in o["failed"].values()))
@@ -228,6 +229,13 @@ def _per_task(results: list[dict]) -> dict:
     for r in results:
         out.setdefault(r["task"], []).append(r["reward"])
     return {k: round(float(np.mean(v)), 4) for k, v in sorted(out.items())}
+
+
+def _trial_rewards(results: list[dict]) -> dict:
+    out: dict = {}
+    for r in results:
+        out.setdefault(r["task"], []).append(round(float(r["reward"]), 6))
+    return dict(sorted(out.items()))
 
 
 def _count(items) -> dict:

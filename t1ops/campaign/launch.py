@@ -280,7 +280,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
         c.on_step = list(on_step or [])
         summary = Summary(run.path, run.run_id, cfg.model_dump(),
                           extra={"warm_start_loss": c.warm_start_loss, "num_workers": len(c.workers),
-                                 "eval_tasks": c.eval_tasks})
+                                 "eval_tasks": c.eval_tasks, "train_tasks": c.rollouts.task_names})
         if previous is not None:
             resumed_summary(summary, previous, point)
         summary.tracker = tracker = Tracker.open(cfg.tracking, run.path, run.run_id, cfg.model_dump(),

@@ -54,7 +54,8 @@ class Summary:
         self.evals.append(row)
         for step_row in self.steps:
             if step_row["step"] == row["step"]:
-                step_row.update({k: v for k, v in row.items() if k.startswith("eval_") and k != "eval_per_task"})
+                step_row.update({k: v for k, v in row.items() if k.startswith("eval_")
+                                 and k not in ("eval_per_task", "eval_trial_rewards")})
         self.save()
         if self.tracker is not None:
             self.tracker.eval(row)
@@ -108,7 +109,8 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
     titles = report_panels(data)
     rows = -(-len(titles) // 3)
     fig, axes = plt.subplots(rows, 3, figsize=(15, 3.5 * rows))
-    drawers = {title: (lambda ax, key=key: _plot_curve(ax, key, x, steps, evals)) for key, title in _CURVES}
+    drawers = {title: (lambda ax, key=key: _plot_curve(ax, key, x, steps, evals, summary_path))
+               for key, title in _CURVES}
     drawers.update({SPLIT_TITLE: lambda ax: _plot_split(ax, steps),
                     async_report.LAG_TITLE: lambda ax: async_report.draw_lags(ax, steps),
                     async_report.GROUPS_TITLE: lambda ax: async_report.draw_groups(ax, steps)})
@@ -126,13 +128,31 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
     return out
 
 
-def _plot_curve(ax, key: str, x: list, steps: list[dict], evals: list[dict]) -> None:
+def _plot_eval_groups(ax, summary_path: Path) -> None:
+    """The held-out eval split as `t1ops compare` splits it (instances of trained families, held-out
+    families), each with its standard error, when the run recorded per-trial rewards."""
+    from t1ops.compare import learning_of
+
+    try:
+        groups = learning_of(Path(summary_path).parent)
+    except InputError:  # fewer than two evaluations so far: nothing to split yet
+        return
+    if len(groups) < 2:
+        return
+    for g in groups:
+        ax.errorbar([p.step for p in g.points], [p.mean for p in g.points], yerr=[p.se for p in g.points],
+                    marker=".", linestyle="--", capsize=2, label=f"eval: {g.group}")
+
+
+def _plot_curve(ax, key: str, x: list, steps: list[dict], evals: list[dict], summary_path: Path) -> None:
     ax.plot(x, [s.get(key) for s in steps], marker="o", label="training batch")
     if key in ("reward_mean", "solved_share") and evals:
         ex = [e["step"] for e in evals]
         ey = [e["eval_" + key] for e in evals]
         err = [e.get("eval_reward_sem") or 0 for e in evals] if key == "reward_mean" else None
         ax.errorbar(ex, ey, yerr=err, marker="s", capsize=3, label="held-out eval")
+        if key == "reward_mean":
+            _plot_eval_groups(ax, summary_path)
         ax.legend()
     if key == "step_s":
         ax.plot(x, [s.get("rollout_s") for s in steps], marker=".", label="rollout")

@@ -200,7 +200,7 @@ class RolloutWorker:
             self._book(res, groups[group_futs.index(fut)], ledger, skim, accepted=False)
         books = ledger.close()
         skim.check()
-        results = stage(results, self.store, self.index)
+        results = await asyncio.to_thread(stage, results, self.store, self.index)  # off the event loop
         return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": self.node,
                 "skim": {"accepted": dict(skim.accepted), "cancelled": dict(skim.cancelled)}}
 

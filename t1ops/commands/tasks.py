@@ -1,5 +1,5 @@
-"""`t1ops tasks import|check|run`: bring untrusted task archives in safely, check Harbor tasks,
-run them with their reference solution (docs/tasks.md)."""
+"""`t1ops tasks import|check|run|generate`: bring untrusted task archives in safely, check Harbor
+tasks, run them with their reference solution, generate them from families (docs/tasks.md)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,8 @@ from rl.agent.archive import ArchiveLimits
 from t1ops.task_import import Report, do_check, do_import
 
 NAME = "tasks"
-HELP = "import task archives safely (tar.gz, zip, JSON lines, Parquet), check and run Harbor tasks"
+HELP = ("import task archives safely (tar.gz, zip, JSON lines, Parquet), check and run Harbor tasks, "
+        "generate task families")
 DESCRIPTION = """\
 Task archives are untrusted input. `import` refuses absolute paths, '..',
 links leaving the task root, device files and size/member-count bombs, names
@@ -27,6 +28,10 @@ SkyRL/Harbor dataset shape); in JSON lines task_binary is base64. Parquet needs 
   t1ops tasks check pool/            (every problem of every task; ignored keys;
                                       runs locally / needs a container runtime)
   t1ops tasks run pool/ --oracle --json   (reference solution, then the verifier)
+  t1ops tasks generate sum grep --instances 16 --seed 0 --into train/
+  t1ops tasks generate sum grep --instances 6 --start 16 --seed 0 --into heldout/
+                                      (instances 16..21 of the same stream: never
+                                       a training task; families: t1ops tasks generate --list)
 
 import and check exit non-zero on any refusal or layout error; run exits non-zero
 when a task could not be run (it needs a container runtime, network, ...).
@@ -70,6 +75,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "Dockerfile and run it in a container (docs/containers.md)")
     run.add_argument("--trials-root", type=Path, default=None,
                      help="where trial directories go (default: a temporary directory)")
+    _add_generate(sub)
+
+
+def _add_generate(sub) -> None:
+    from t1ops.taskgen import FAMILIES
+
+    gen = sub.add_parser("generate", help="write Harbor tasks from parameterized families "
+                                          f"({', '.join(FAMILIES)})")
+    gen.add_argument("families", nargs="*", metavar="FAMILY", help="families to generate (see --list)")
+    gen.add_argument("--instances", type=int, default=8, help="instances per family (default %(default)s)")
+    gen.add_argument("--seed", type=int, default=0, help="the instance stream's seed (default %(default)s)")
+    gen.add_argument("--start", type=int, default=0,
+                     help="first instance index: --start N continues a pool of N instances with new ones")
+    gen.add_argument("--into", type=Path, help="destination pool directory")
+    gen.add_argument("--list", action="store_true", help="list the families and exit")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from t1ops.taskgen import FAMILIES, generate, instances
+
+    if args.list or not args.families:
+        for name in FAMILIES:  # each family with its first instance as an example
+            print(f"{name:<8} e.g. {instances(name, 1, 0)[0][1].instruction}")
+        if not args.list:
+            print("t1ops tasks generate: name at least one FAMILY (above)", file=sys.stderr)
+        return 0 if args.list else 2
+    if args.into is None:
+        print("t1ops tasks generate: --into POOL is required", file=sys.stderr)
+        return 2
+    written = generate(args.families, args.instances, args.seed, args.into, start=args.start)
+    for d in written:
+        print(d)
+    print(f"{len(written)} tasks written to {args.into} (families {', '.join(dict.fromkeys(args.families))}, "
+          f"instances {args.start}..{args.start + args.instances - 1}, seed {args.seed})", file=sys.stderr)
+    return 0
 
 
 def _print_report(report: Report, *, checked: bool, backend: str = "local") -> None:
@@ -106,6 +146,8 @@ def _run_tasks(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.action == "run":
         return _run_tasks(args)
+    if args.action == "generate":
+        return _generate(args)
     if args.action == "import":
         limits = ArchiveLimits(max_members=args.max_members,
                                max_total_bytes=int(args.max_total_mb * 2**20),

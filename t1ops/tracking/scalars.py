@@ -13,7 +13,8 @@ import math
 from typing import Any
 
 # Keys a curve cannot show: the step itself, identifiers and per-id maps whose keys grow without bound.
-_NOT_CURVES = frozenset({"step", "mode", "group_lags", "violation_lags", "eval_per_task", "resume_point", "ranks"})
+_NOT_CURVES = frozenset({"step", "mode", "group_lags", "violation_lags", "eval_per_task", "eval_trial_rewards",
+                         "resume_point", "ranks"})
 _REWARD = frozenset({"reward_mean", "solved_share", "no_verdict", "eval_reward_mean", "eval_solved_share",
                      "eval_reward_sem"})
 _ASYNC = frozenset({"ledger", "version_lag_tokens", "staleness_alarm", "staleness_violations", "violation_share",

@@ -42,7 +42,11 @@ class Tracker:
         """The sinks ``tracking`` (a ``TrackingConfig``) asks for; ``resume_step``: the verified step a
         resumed run continues from (None: a new run)."""
         path = Path(run_dir) / STATE_FILE
-        state = json.loads(path.read_text()) if resume_step is not None and path.is_file() else {}
+        try:
+            state = json.loads(path.read_text()) if resume_step is not None and path.is_file() else {}
+        except (OSError, ValueError) as err:  # a torn state file: a new W&B run, events from the start
+            warnings.warn(f"tracking: {path} is unreadable ({err}); trackers start a new run", TrackerWarning)
+            state = {}
         t = cls(run_dir, state)
         if tracking.tensorboard:
             from t1ops.tracking.tensorboard import TensorBoardSink
@@ -57,9 +61,10 @@ class Tracker:
                                  entity=tracking.entity, name=tracking.run_name or run_id, tags=tracking.tags,
                                  config=config)
             t.add("wandb", make)
-        if resume_step is None:
-            t._each(lambda s: s.hparams(config, flat_config(config), HPARAM_METRICS))
-        t._save_state()
+        with t._guard():
+            if resume_step is None:
+                t._each(lambda s: s.hparams(config, flat_config(config), HPARAM_METRICS))
+            t._save_state()
         return t
 
     def add(self, name: str, make: Callable[[], Any]) -> None:

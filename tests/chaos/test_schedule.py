@@ -54,7 +54,8 @@ def test_evidence_must_name_the_target_and_fall_in_the_window():
 @pytest.mark.slow
 def test_seeded_schedule_of_five_faults_against_a_campaign(tmp_path):
     cfg = load_toml(REPO / "examples" / "tiny" / "campaign.toml")
-    cfg.rollout.tasks_dir = str(REPO / "examples" / "tasks")
+    cfg.rollout.tasks_dir = str(REPO / "examples" / "families" / "train")
+    cfg.eval.tasks_dir = str(REPO / "examples" / "families" / "heldout")
     seed = 20261129
     res = run_schedule(seed, 5, cfg, str(tmp_path), num_steps=4)
     assert len(res["fired"]) == 5, f"seed {seed}: only {len(res['fired'])} faults fired: {res['invariants']}"

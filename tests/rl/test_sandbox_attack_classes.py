@@ -4,7 +4,7 @@ for real as a hostile agent (commands in the trial) or a hostile task author (``
 input was refused with one bounded line and nothing left behind. Every marker is fresh (uuid).
 
 The trial-level attacks are parametrized over the environment backend (``backend`` fixture):
-today "local"; a second backend adds one entry to ``BACKENDS``."""
+"local" and "container" (podman; skipped, saying why, where no runtime can be had)."""
 from __future__ import annotations
 
 import io
@@ -28,7 +28,10 @@ from t1ops.task_import import do_check, do_import
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = REPO / "examples" / "tasks"
-BACKENDS = {"local": Sandbox}      # name -> Sandbox-like factory(root, run_id, **kw)
+BACKENDS = {                       # name -> Sandbox-like factory(root, run_id, **kw)
+    "local": Sandbox,
+    "container": lambda root, run_id, **kw: Sandbox(root, run_id, backend="container", **kw),
+}
 PYTEST_FROM_APP = ('cd "$T1_WORKSPACE"\npython3 -m pytest -q -p no:cacheprovider --ctrf "$T1_CTRF_PATH" '
                    '"$T1_TESTS_DIR"\n')
 
@@ -37,6 +40,10 @@ PYTEST_FROM_APP = ('cd "$T1_WORKSPACE"\npython3 -m pytest -q -p no:cacheprovider
 def backend(request, tmp_path):
     """A factory of sandboxes of one backend under this test's tmp dir."""
     assert os.geteuid() == 0
+    if request.param == "container":
+        from tests.rl.container_support import require_container_runtime
+
+        require_container_runtime()
     return lambda run_id="run-classes", **kw: BACKENDS[request.param](tmp_path / "sbx", run_id, **kw)
 
 
@@ -78,6 +85,9 @@ def test_class1_nothing_the_agent_leaves_runs_as_the_verifier(backend, tmp_path,
         cmd = ("sort in.txt > out.txt; git init -q . && "
                f"git config core.fsmonitor 'touch /logs/verifier/{mark}; false'")
     trial = backend().create(load_task(_task(tmp_path, test_sh)), 0)
+    if plant == "git-config" and trial.exec("command -v git").reason != "ok":
+        trial.close()
+        pytest.skip("this backend's image has no git: the attack cannot be staged")
     assert trial.exec(cmd).reason == "ok"
     v = verify(trial)
     assert not (trial.dir / "verifier" / mark).exists()

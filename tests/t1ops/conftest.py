@@ -61,9 +61,10 @@ def _run_tiny_campaign(tmp_path_factory) -> TinyCampaign:
     cfg.run.steps = 2
     cfg.rollout.num_workers = 2
     cfg.rollout.batch_size = 4
-    cfg.rollout.tasks_dir = str(REPO / "examples" / "tasks")
+    cfg.rollout.tasks_dir = str(REPO / "examples" / "families" / "train")
     cfg.trainer.warm_start_steps = 2
-    cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.samples_per_task = 1, ["files-hello", "math-add"], 2
+    cfg.eval.tasks_dir = str(REPO / "examples" / "families" / "heldout")
+    cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.samples_per_task = 1, ["sum-0016", "max-0000"], 2
     cfg.tracking.wandb = "offline"
 
     def init(**kwargs):

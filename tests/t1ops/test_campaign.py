@@ -58,7 +58,7 @@ def test_campaign_tensorboard_files_hold_one_point_per_step(tiny_campaign):
     assert reward == [(r["step"], pytest.approx(r["reward_mean"])) for r in summary["steps"]]  # steps 1, 2
     evals = [(e.step, e.value) for e in acc.Scalars("reward/eval_reward_mean")]
     assert evals == [(e["step"], pytest.approx(e["eval_reward_mean"])) for e in summary["eval"]]  # 0, 1, 2
-    for tag in ("train/explained_variance", "train/logprob_gap", "time/step_s", "time/generate_share",
+    for tag in ("train/tokens", "train/logprob_gap", "time/step_s", "time/generate_share",
                 "checkpoints/checkpoint_bytes", "engines/engines_dead", "async/ledger/missing"):
         assert [e.step for e in acc.Scalars(tag)] == [1, 2], tag
     assert [e.step for e in acc.Images("report")] == [2]  # report.png, at the last step

@@ -22,7 +22,7 @@ def _row(step: int, reward: float) -> dict:
     return {"step": step, "reward_mean": reward, "explained_variance": math.nan, "logprob_gap": 0.01,
             "turns_mean": 2.0, "tokens": 100, "rollout_s": 1.0, "train_s": 2.0, "step_s": 3.0, "mode": "sync",
             "ledger": {"missing": 0, "accepted": 8}, "engines_dead": ["e1"], "staleness_alarm": False,
-            "group_lags": {"g17": 1}, "generate_share": 0.5}
+            "group_lags": {"g17": 1}, "generate_share": 0.5, "eval_trial_rewards": {"task-a": [0.0, 1.0]}}
 
 
 def _campaign(run_dir: Path, tracking: TrackingConfig, steps: range, *, resume_step: int | None = None,

@@ -14,6 +14,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -108,11 +109,17 @@ async def _screenshot_when_drawn(url: str, out: Path, tag: str, timeout_s: float
             proc.wait(timeout=30)
 
 
-def screenshot_scalars(logdir: Path, out: Path, tag: str = TAG, timeout_s: float = 180) -> dict:
-    """Open TensorBoard's scalars dashboard on ``logdir`` filtered to ``tag``'s group, wait until the
-    tag's chart is drawn (or ``timeout_s``), save a screenshot to ``out``; returns what was found."""
+# The training and held-out curves side by side, on one screen (TensorBoard's tag filter is a regex).
+REWARD_FILTER = "^reward/(eval_)?(reward_mean|solved_share)$"
+
+
+def screenshot_scalars(logdir: Path, out: Path, tag: str = TAG, tag_filter: str = REWARD_FILTER,
+                       timeout_s: float = 180) -> dict:
+    """Open TensorBoard's scalars dashboard on ``logdir`` with ``tag_filter``, wait until ``tag``'s
+    chart is drawn (or ``timeout_s``), save a screenshot to ``out``; returns what was found."""
     with tensorboard(logdir) as url:
-        return asyncio.run(_screenshot_when_drawn(f"{url}#scalars&tagFilter={tag.split('/')[0]}", out, tag, timeout_s))
+        return asyncio.run(_screenshot_when_drawn(f"{url}#scalars&tagFilter={quote(tag_filter, safe='')}", out,
+                                                  tag, timeout_s))
 
 
 @pytest.mark.slow

@@ -219,7 +219,7 @@ class ContainerTrial(Trial):
                                 on_timeout=lambda: runtime.remove_container(name))
         finally:
             runtime.remove_container(name)
-            collect_files(out_dir, vdir)
+            collect_files(out_dir, vdir, secrets=self.secrets)   # redacted before it is written (#28)
 
     def _run_dir(self, files: tuple[tuple[str, str], ...]) -> Path:
         """``/run/t1ops`` for the verifier (root-owned, read-only in the container): the pinned

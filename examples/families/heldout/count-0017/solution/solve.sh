@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < records.txt > answer.txt

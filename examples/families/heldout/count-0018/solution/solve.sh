@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < values.txt > final.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep retry list.txt > result.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep ok items.txt > total.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep error values.txt > summary.txt

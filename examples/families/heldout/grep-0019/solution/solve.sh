@@ -1,0 +1,2 @@
+#!/bin/bash
+grep warn records.txt > answer.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep skip notes.txt > output.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep retry lines.txt > out.txt

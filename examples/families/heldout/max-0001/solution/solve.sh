@@ -1,0 +1,2 @@
+#!/bin/bash
+sort -n lines.txt | tail -n 1 > answer.txt

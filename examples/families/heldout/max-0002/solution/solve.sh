@@ -1,0 +1,2 @@
+#!/bin/bash
+sort -n values.txt | tail -n 1 > result.txt

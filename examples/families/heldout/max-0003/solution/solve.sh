@@ -1,0 +1,2 @@
+#!/bin/bash
+sort -n records.txt | tail -n 1 > output.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort -n input.txt | tail -n 1 > final.txt

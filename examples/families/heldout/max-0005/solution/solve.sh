@@ -1,0 +1,2 @@
+#!/bin/bash
+sort -n notes.txt | tail -n 1 > out.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+mv data.txt total.txt

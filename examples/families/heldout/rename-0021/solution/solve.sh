@@ -1,0 +1,2 @@
+#!/bin/bash
+mv input.txt summary.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort values.txt > out.txt

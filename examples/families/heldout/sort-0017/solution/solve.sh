@@ -1,0 +1,2 @@
+#!/bin/bash
+sort items.txt > total.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < notes.txt > answer.txt

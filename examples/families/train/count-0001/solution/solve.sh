@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < data.txt > report.txt

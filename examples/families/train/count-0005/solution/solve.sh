@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < items.txt > summary.txt

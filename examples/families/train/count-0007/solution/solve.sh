@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < list.txt > total.txt

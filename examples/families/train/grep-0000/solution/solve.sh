@@ -1,0 +1,2 @@
+#!/bin/bash
+grep warn lines.txt > final.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep ok list.txt > answer.txt

@@ -1,0 +1,17 @@
+from pathlib import Path
+
+OUT = Path('answer.txt')
+EXPECTED = ['ok: bravo 1', 'ok: hotel 3', 'ok: alpha 5']
+
+def test_exists():
+    assert OUT.is_file()
+
+def test_shape():
+    lines = OUT.read_text().splitlines()
+    assert lines and all('ok' in l for l in lines)
+
+def test_count():
+    assert len(OUT.read_text().splitlines()) == len(EXPECTED)
+
+def test_exact():
+    assert OUT.read_text() == ''.join(l + '\n' for l in EXPECTED)

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep skip items.txt > output.txt

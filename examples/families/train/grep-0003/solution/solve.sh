@@ -1,0 +1,2 @@
+#!/bin/bash
+grep fail data.txt > summary.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep error records.txt > total.txt

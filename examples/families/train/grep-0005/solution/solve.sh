@@ -1,0 +1,2 @@
+#!/bin/bash
+grep retry values.txt > report.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep fail input.txt > out.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep retry notes.txt > result.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep error lines.txt > result.txt

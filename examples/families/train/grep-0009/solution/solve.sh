@@ -1,0 +1,2 @@
+#!/bin/bash
+grep ok notes.txt > report.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep skip list.txt > summary.txt

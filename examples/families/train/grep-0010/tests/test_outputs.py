@@ -1,0 +1,17 @@
+from pathlib import Path
+
+OUT = Path('summary.txt')
+EXPECTED = ['skip: alpha 0', 'skip: oscar 3']
+
+def test_exists():
+    assert OUT.is_file()
+
+def test_shape():
+    lines = OUT.read_text().splitlines()
+    assert lines and all('skip' in l for l in lines)
+
+def test_count():
+    assert len(OUT.read_text().splitlines()) == len(EXPECTED)
+
+def test_exact():
+    assert OUT.read_text() == ''.join(l + '\n' for l in EXPECTED)

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep warn items.txt > final.txt

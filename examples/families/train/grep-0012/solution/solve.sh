@@ -1,0 +1,2 @@
+#!/bin/bash
+grep warn input.txt > out.txt

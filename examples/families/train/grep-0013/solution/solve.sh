@@ -1,0 +1,2 @@
+#!/bin/bash
+grep fail values.txt > output.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep error data.txt > answer.txt

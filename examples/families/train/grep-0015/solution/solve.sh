@@ -1,0 +1,2 @@
+#!/bin/bash
+grep skip records.txt > total.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+mv list.txt result.txt

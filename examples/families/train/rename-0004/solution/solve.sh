@@ -1,0 +1,2 @@
+#!/bin/bash
+mv lines.txt output.txt

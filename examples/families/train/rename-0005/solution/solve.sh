@@ -1,0 +1,2 @@
+#!/bin/bash
+mv items.txt total.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+mv notes.txt out.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+mv data.txt summary.txt

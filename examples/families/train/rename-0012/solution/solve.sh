@@ -1,0 +1,2 @@
+#!/bin/bash
+mv values.txt result.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+mv records.txt output.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort notes.txt > result.txt

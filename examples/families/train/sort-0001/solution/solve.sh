@@ -1,0 +1,2 @@
+#!/bin/bash
+sort records.txt > answer.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort list.txt > output.txt

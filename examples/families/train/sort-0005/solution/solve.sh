@@ -1,0 +1,2 @@
+#!/bin/bash
+sort items.txt > report.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort input.txt > out.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort lines.txt > summary.txt

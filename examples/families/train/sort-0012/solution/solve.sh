@@ -1,0 +1,2 @@
+#!/bin/bash
+sort lines.txt > output.txt

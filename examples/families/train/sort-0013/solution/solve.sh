@@ -1,0 +1,2 @@
+#!/bin/bash
+sort data.txt > report.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+paste -sd+ values.txt | bc > report.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+paste -sd+ lines.txt | bc > final.txt

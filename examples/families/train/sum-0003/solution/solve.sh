@@ -1,0 +1,2 @@
+#!/bin/bash
+paste -sd+ list.txt | bc > total.txt

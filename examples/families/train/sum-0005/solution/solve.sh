@@ -1,0 +1,2 @@
+#!/bin/bash
+paste -sd+ input.txt | bc > result.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+paste -sd+ notes.txt | bc > out.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+paste -sd+ data.txt | bc > output.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+paste -sd+ records.txt | bc > final.txt

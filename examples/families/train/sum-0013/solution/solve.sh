@@ -1,0 +1,2 @@
+#!/bin/bash
+paste -sd+ items.txt | bc > report.txt
