@@ -24,10 +24,12 @@ import math
 import statistics
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from t1ops.campaign.launch import run_campaign
-from t1ops.config import load_toml
+from t1ops.config import parse_config
+from t1ops.overrides import apply_overrides, parse_assignments
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = {"dense": REPO / "examples" / "recipes" / "t1-report.toml",
@@ -61,13 +63,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, help="override run.steps of both recipes")
     ap.add_argument("--eval-every", type=int, help="override eval.every_steps (the last step is always evaluated)")
     ap.add_argument("--out", type=Path, help="keep the runs here (default: a temporary directory)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of both recipes (as `t1ops run --set`)")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-reward-ablation-"))
     diffs = []
     for seed in args.seeds:
         arms = {}
         for arm, path in RECIPES.items():
-            cfg = load_toml(path)
+            data = apply_overrides(tomllib.loads(path.read_text()), parse_assignments(args.set))
+            cfg = parse_config(data, source=str(path))
             cfg.run.seed = seed
             if args.steps:
                 cfg.run.steps = args.steps

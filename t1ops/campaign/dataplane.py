@@ -107,15 +107,22 @@ def fetch(results: list[dict]) -> list[dict]:
     return out
 
 
-def write_dumps(workers: list, run, step: int, results: list[dict]) -> int:
+def write_dumps(workers: list, run, step: int, results: list[dict], debug: bool = False) -> int:
     """Have each worker write the dumps of the trials it holds; results that carry their chunks
-    (the old path) are written here. Returns the chunks written."""
+    (the old path) are written here. Returns the chunks written. ``debug`` (rollout.debug_dump):
+    each trajectory's TITO debug files are written here (t1ops/tito_debug.py)."""
     import ray
 
     from t1ops.campaign.runner import dump_results
 
     local = [r for r in results if "chunks" in r]
-    n = dump_results(run, step, local) if local else 0
+    n = dump_results(run, step, local, debug=debug) if local else 0
+    if debug:  # a debugging switch: fetching the chunks to the coordinator is its accepted cost
+        from t1ops.tito_debug import write_debug
+
+        for r in fetch([r for r in results if "chunks" not in r and r.get("payload") is not None]):
+            if r["chunks"]:
+                write_debug(run.path / "debug", r)
     by_worker: dict[int, list[dict]] = {}
     for r in results:
         if "chunks" not in r:

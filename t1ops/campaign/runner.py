@@ -158,7 +158,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     telemetry.event("campaign.sync_done", step=step)
     if ev is not None:
         ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
-    write_dumps(c.workers, c.run, step, results)  # by the workers that hold the trajectories
+    write_dumps(c.workers, c.run, step, results, debug=c.cfg.rollout.debug_dump)  # by the workers that hold them
     row = _metrics_row(step, results, stats, batch.rollout_s, train_s, time.monotonic() - t_step, sync_s)
     row.update(ray.get(c.trainer.checkpoint_report.remote()))  # disk used, retention
     row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,
