@@ -133,6 +133,5 @@ def test_walkthrough_recipe_holds_the_walkthrough_numbers():
 
 
 @pytest.mark.skipif(not (RECIPES / "walkthrough.toml").exists(), reason="examples/recipes/walkthrough.toml absent")
-@pytest.mark.xfail(strict=True, reason="walkthrough.toml does not set section 5's failure handling yet")
 def test_walkthrough_recipe_sets_section_5_failure_handling():
     assert check(RECIPES / "walkthrough.toml", WALKTHROUGH_FAILURES) == []
