@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from t1ops.errors import InputError
+from t1ops.overrides import dotted
 
 IGNORED_KEYS = (("run", "seed"), ("run", "name"), ("run", "out_dir"))
 INSTANCES = "instances"
@@ -136,16 +137,6 @@ def config_key(summary_config: dict) -> str:
     return json.dumps(cfg, sort_keys=True)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def group_runs(run_dirs: list[Path]) -> list[tuple[str, list[Path]]]:
     """(label, runs) per distinct config, in first-seen order; a label names how it differs from the first."""
     keyed: dict[str, list[Path]] = {}
@@ -153,10 +144,10 @@ def group_runs(run_dirs: list[Path]) -> list[tuple[str, list[Path]]]:
         cfg = json.loads((Path(d) / "summary.json").read_text()).get("config", {})
         keyed.setdefault(config_key(cfg), []).append(Path(d))
     keys = list(keyed)
-    first = _flat(json.loads(keys[0]))
+    first = dotted(json.loads(keys[0]))
     labels = []
     for i, k in enumerate(keys):
-        flat = _flat(json.loads(k))
+        flat = dotted(json.loads(k))
         diff = [f"{name}={flat.get(name)}" for name in sorted(set(flat) | set(first))
                 if flat.get(name) != first.get(name)]
         labels.append(f"config {chr(65 + i) if i < 26 else i}" + (f" ({', '.join(diff[:4])})" if diff else ""))

@@ -47,3 +47,15 @@ def apply_overrides(data: dict, pairs: list[tuple[str, Any]]) -> dict:
                                   key=key)
         node[leaf] = value
     return data
+
+
+def dotted(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested table as ``{"section.key": value}``: the names ``--set`` takes (resume and
+    ``t1ops compare`` diff configs by them)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(dotted(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -233,9 +233,10 @@ SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/li
 MAX_PATH_CHARS = 256
 
 
-def workdir_problem(workdir: str) -> str | None:
+def workdir_problem(workdir: str, system_dirs: tuple[str, ...] = SYSTEM_DIRS) -> str | None:
     """Why ``workdir`` cannot be a trial's working directory, or None: it must be a plain
-    absolute path outside the system trees and the sandbox's own mounts."""
+    absolute path outside ``system_dirs`` (the local jail's: the host's system trees and the
+    sandbox's own mounts; the container backend passes its own mounts)."""
     import posixpath
 
     if len(workdir) > MAX_PATH_CHARS or not workdir.startswith("/") or "\x00" in workdir:
@@ -243,7 +244,7 @@ def workdir_problem(workdir: str) -> str | None:
     norm = posixpath.normpath(workdir)
     if norm != workdir.rstrip("/") or ".." in workdir.split("/") or norm == "/":
         return f"{short(workdir, 80)!r} must be a normalized path below / (no '..', no '//')"
-    for d in SYSTEM_DIRS:
+    for d in system_dirs:
         if norm == d or norm.startswith(d + "/") or d.startswith(norm + "/"):
             return (f"{short(workdir, 80)!r} is or holds the system location {d}: the sandbox binds "
                     "the host's tree or its own mounts there; use a directory like /app")

@@ -34,6 +34,7 @@ import torch
 from rl.atomic import publish_dir
 from t1ops.errors import CheckpointError, ConfigError
 from t1ops.guards.checkpoints import file_sha256, list_steps, load_checkpoint, step_dir_name
+from t1ops.overrides import dotted
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
@@ -135,10 +136,10 @@ def plan_resume(ckpt_base: str | Path, needs_critic: bool) -> ResumePoint:
 
 def check_same_campaign(stored: dict, cfg: dict) -> None:
     """Refuse a resume whose config differs from the run's own beyond RESUMABLE_KEYS."""
-    diffs = sorted(k for k in _flat(stored).keys() | _flat(cfg).keys()
-                   if _flat(stored).get(k) != _flat(cfg).get(k) and not _resumable(k))
+    diffs = sorted(k for k in dotted(stored).keys() | dotted(cfg).keys()
+                   if dotted(stored).get(k) != dotted(cfg).get(k) and not _resumable(k))
     if diffs:
-        flat_s, flat_c = _flat(stored), _flat(cfg)
+        flat_s, flat_c = dotted(stored), dotted(cfg)
         shown = "; ".join(f"{k}: run has {flat_s.get(k)!r}, config has {flat_c.get(k)!r}" for k in diffs[:6])
         raise ConfigError(f"the config differs from the run's own config.json in {len(diffs)} key(s) that a "
                           f"resume cannot change ({shown}). Resume with the run's config (its config.json), "
@@ -147,16 +148,6 @@ def check_same_campaign(stored: dict, cfg: dict) -> None:
 
 def _resumable(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS)
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 _DUMP_STEP = re.compile(r"^st(\d+)-")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets as secrets_mod
 import shutil
 import threading
 from pathlib import Path
@@ -24,9 +23,10 @@ from rl.agent.container import images, runtime
 from rl.agent.container.mcp import start_mcp_servers
 from rl.agent.container.trial import ContainerTrial, populate_from_image
 from rl.agent.environment import DEFAULT_WORKDIR, EnvironmentCheck, _compose_needs
-from rl.agent.sandbox.isolation import AGENT_UID, UID_SPAN, VERIFIER_UID, Isolation
+from rl.agent.sandbox.isolation import Isolation
 from rl.agent.sandbox.limits import Limits
-from rl.agent.sandbox.trial import AGENT_DIRS, _install_solution, chown_tree, mount_trial_fs, release, unmount
+from rl.agent.sandbox.trial import lay_out_agent_dirs, open_trial_dir, release, unmount
+from rl.agent.task_toml import workdir_problem
 from rl.agent.tasks import Budget, Task
 from rl.errors import SandboxError
 
@@ -99,6 +99,21 @@ def _workdir(task: Task, img: images.Image) -> str:
     return DEFAULT_WORKDIR if wd == "/" else wd
 
 
+# where the container trial mounts its own trees (the workspace may not be there or above them),
+# and the image's system trees the workspace mount would hide (below them is the image's business:
+# WORKDIR /root or /usr/src/app is common in public images and harmless inside a container)
+CONTAINER_MOUNTS = ("/dev", "/dev/shm", "/logs", "/proc", "/solution", "/sys", "/tests", "/tmp", "/var/tmp")
+IMAGE_TREES = ("/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/root", "/run", "/sbin", "/usr", "/var")
+
+
+def _workdir_problem(wd: str) -> str | None:
+    """The local backend's WORKDIR rule (docs/sandbox.md, class 3) with the container's mounts."""
+    problem = workdir_problem(wd, system_dirs=CONTAINER_MOUNTS)
+    if problem is None and wd.rstrip("/") in IMAGE_TREES:
+        problem = f"{wd!r} is the image's system tree: the workspace mount would hide it; use a directory like /app"
+    return problem
+
+
 def create_trial(*, task: Task, run_id: str, trial_idx: int, tdir: Path, budget: Budget,
                  limits: Limits, isolation: Isolation, secrets: dict[str, str], network: bool,
                  oracle: bool, env: Mapping[str, str], workdir: str | None = None) -> ContainerTrial:
@@ -107,14 +122,10 @@ def create_trial(*, task: Task, run_id: str, trial_idx: int, tdir: Path, budget:
     own = (task.environment_dir / "Dockerfile").is_file()
     img = images.build(task) if own else images.build_default(run_id)   # ImageBuildError: build-failed
     wd = workdir or _workdir(task, img)
-    if not wd.startswith("/") or wd in ("/", "/tmp", "/proc", "/dev", "/logs") or ".." in wd:
-        raise SandboxError(f"workdir {wd!r} must be an absolute path like /app", workdir=wd)
-    uid = AGENT_UID + secrets_mod.randbelow(UID_SPAN)
-    vuid = VERIFIER_UID + secrets_mod.randbelow(UID_SPAN)
+    if _workdir_problem(wd):
+        raise SandboxError(f"WORKDIR {_workdir_problem(wd)}", workdir=wd[:200])
+    uid, vuid = open_trial_dir(tdir, limits)
     trial_id = tdir.name
-    for d in ("logs", ".root"):
-        (tdir / d).mkdir(mode=0o700)
-    mount_trial_fs(tdir / "fs", limits)
     trial = None
     try:
         if own:
@@ -122,14 +133,7 @@ def create_trial(*, task: Task, run_id: str, trial_idx: int, tdir: Path, budget:
         elif task.environment_dir.is_dir():
             shutil.copytree(task.environment_dir, tdir / "fs" / "workspace", symlinks=True,
                             dirs_exist_ok=True)
-        for d in AGENT_DIRS + ("vtmp",):
-            (tdir / "fs" / d).mkdir(mode=0o755, exist_ok=True)
-        for d in AGENT_DIRS:
-            chown_tree(tdir / "fs" / d, uid)
-        for d in ("tmp", "var_tmp", "shm", "vtmp"):
-            os.chmod(tdir / "fs" / d, 0o1777)
-        if oracle:
-            _install_solution(task, tdir / "solution")
+        lay_out_agent_dirs(task, tdir, uid, oracle)
         name = f"t1ops-{trial_id}"[:120]
         trial = ContainerTrial(task=task, run_id=run_id, trial_idx=trial_idx, trial_id=trial_id,
                                dir=tdir, budget=budget, limits=limits, isolation=isolation, uid=uid,

@@ -28,9 +28,9 @@ import ctrf
 
 from rl.agent.container import runtime
 from rl.agent.container.images import Image
-from rl.agent.sandbox.jail import PINNED_PYTEST_INI, _Capture, _write_logs
+from rl.agent.sandbox.jail import _write_logs, wait_captured
 from rl.agent.sandbox.limits import ExecResult, Limits, classify
-from rl.agent.sandbox.trial import AGENT_DIRS, Trial, chown_tree, collect_files
+from rl.agent.sandbox.trial import Trial, chown_tree, collect_files
 from rl.agent.secrets import redact
 from rl.errors import SandboxError
 
@@ -92,25 +92,11 @@ def run_captured(argv: list[str], *, env: Mapping[str, str], limits: Limits, tim
     """Run a podman client command; output capped and redacted; ``on_timeout()`` kills what it
     started inside the container (killing the client alone would not)."""
     before = cgroup_counters(pid)
-    out, err = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    readers = [threading.Thread(target=c.drain, args=(s,), daemon=True)
-               for c, s in ((out, proc.stdout), (err, proc.stderr))]
-    for t in readers:
-        t.start()
-    timed_out = False
-    try:
-        rc = proc.wait(timeout=max(timeout_s, 0.01))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        on_timeout()
-        proc.kill()
-        rc = proc.wait()
-    for t in readers:
-        t.join(timeout=10)
+    rc, timed_out, out, err = wait_captured(proc, limits.max_output_bytes, timeout_s, on_timeout=on_timeout)
     stdout, stderr = redact(out.text(), secrets), redact(err.text(), secrets)
     _write_logs(log_dir, stdout, stderr)
     after = cgroup_counters(pid)
@@ -163,23 +149,14 @@ class ContainerTrial(Trial):
         pid = runtime.podman("inspect", "--format", "{{.State.Pid}}", self.container, timeout=60)
         self.container_pid = int(pid.stdout.strip() or 0) or None
 
-    def exec(self, cmd: str, timeout_s: float | None = None) -> ExecResult:
-        if self.finished:
-            raise SandboxError(f"trial {self.trial_id} is finished; the verifier owns it now",
-                               trial_id=self.trial_id)
-        remaining = self.remaining_s
-        if remaining <= 0:
-            return ExecResult("", f"agent budget of {self.budget.timeout_s:g}s is spent", None,
-                              "budget_exhausted", 0.0)
-        bound = remaining if timeout_s is None else min(timeout_s, remaining)
-        self.num_commands += 1
+    def _run_command(self, cmd: str, timeout_s: float, *, budget_cut: bool) -> ExecResult:
+        """The agent's command by ``exec`` in the trial's container, as its uid (Trial.exec keeps the budget)."""
         env = self.agent_env()
         argv = [runtime.cli(), "exec", "--user", f"{self.uid}:{self.uid}", "--workdir", self.workdir,
                 *[a for k in env for a in ("-e", k)], self.container, self.shell, "-c", cmd]
-        return run_captured(argv, env=env, limits=self.limits, timeout_s=bound,
+        return run_captured(argv, env=env, limits=self.limits, timeout_s=timeout_s,
                             log_dir=self.dir / "logs", secrets=self.secrets,
-                            on_timeout=self._kill_agent, budget_cut=timeout_s is None or remaining < timeout_s,
-                            pid=self.container_pid)
+                            on_timeout=self._kill_agent, budget_cut=budget_cut, pid=self.container_pid)
 
     def _kill_agent(self) -> None:
         """SIGKILL every process of the agent uid in the container (``kill -9 -1`` as that uid)."""

@@ -146,7 +146,6 @@ def run_jailed(argv: list[str], view: View, *, env: Mapping[str, str], uid: int,
     os.write(w, json.dumps(spec).encode())   # specs are a few KiB: far below the pipe buffer
     os.close(w)
     before = cgroup.counters() if cgroup is not None else {}
-    out, err = _Capture(limits.max_output_bytes), _Capture(limits.max_output_bytes)
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen([*launcher, str(r)], env={"PATH": "/usr/bin:/bin"}, cwd="/",
@@ -157,21 +156,9 @@ def run_jailed(argv: list[str], view: View, *, env: Mapping[str, str], uid: int,
         raise SandboxError(f"could not start the sandbox launcher {launcher[0]}: {e}", argv=argv) from e
     finally:
         os.close(r)
-    readers = [threading.Thread(target=c.drain, args=(s,), daemon=True)
-               for c, s in ((out, proc.stdout), (err, proc.stderr))]
-    for t in readers:
-        t.start()
-    timed_out = False
-    try:
-        rc = proc.wait(timeout=max(timeout_s, 0.01))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        proc.kill()                      # --kill-child: PID 1 dies, the namespace with it
-        rc = proc.wait()
-    if cgroup is not None:
-        cgroup.kill_all()
-    for t in readers:
-        t.join(timeout=10)
+    # on timeout, killing the launcher is enough: --kill-child, PID 1 dies, the namespace with it
+    rc, timed_out, out, err = wait_captured(proc, limits.max_output_bytes, timeout_s,
+                                            after_exit=cgroup.kill_all if cgroup is not None else None)
     duration_s = time.monotonic() - t0
     stdout, stderr = redact(out.text(), secrets), redact(err.text(), secrets)
     _write_logs(log_dir, stdout, stderr)
@@ -185,6 +172,33 @@ def run_jailed(argv: list[str], view: View, *, env: Mapping[str, str], uid: int,
     reason = classify(rc, stderr, timed_out, budget_cut, delta)
     return ExecResult(stdout, stderr, None if timed_out else rc, reason, duration_s,
                       out.total > limits.max_output_bytes or err.total > limits.max_output_bytes)
+
+
+def wait_captured(proc: subprocess.Popen, max_output_bytes: int, timeout_s: float, *,
+                  on_timeout=None, after_exit=None) -> tuple[int, bool, _Capture, _Capture]:
+    """Wait for ``proc`` at most ``timeout_s`` while draining its stdout/stderr (capped at
+    ``max_output_bytes`` each); on timeout call ``on_timeout()`` (what killing the process alone
+    would not reach), then kill it. ``after_exit()`` runs before the pipes are joined (kill what
+    may still hold them). Returns (exit code, timed out, stdout, stderr): both backends' exec."""
+    out, err = _Capture(max_output_bytes), _Capture(max_output_bytes)
+    readers = [threading.Thread(target=c.drain, args=(s,), daemon=True)
+               for c, s in ((out, proc.stdout), (err, proc.stderr))]
+    for t in readers:
+        t.start()
+    timed_out = False
+    try:
+        rc = proc.wait(timeout=max(timeout_s, 0.01))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        if on_timeout is not None:
+            on_timeout()
+        proc.kill()
+        rc = proc.wait()
+    if after_exit is not None:
+        after_exit()
+    for t in readers:
+        t.join(timeout=10)
+    return rc, timed_out, out, err
 
 
 def _write_logs(log_dir: Path, stdout: str, stderr: str) -> None:

@@ -196,10 +196,14 @@ class Trial:
                               "budget_exhausted", 0.0)
         bound = remaining if timeout_s is None else min(timeout_s, remaining)
         self.num_commands += 1
+        return self._run_command(cmd, bound, budget_cut=timeout_s is None or remaining < timeout_s)
+
+    def _run_command(self, cmd: str, timeout_s: float, *, budget_cut: bool) -> ExecResult:
+        """Run ``cmd`` as the agent for at most ``timeout_s`` (the backend's part of exec)."""
         return run_jailed(["/bin/bash", "-c", cmd], self._agent_view(), env=self.agent_env(),
-                          uid=self.uid, limits=self.limits, cgroup=self.cgroup, timeout_s=bound,
+                          uid=self.uid, limits=self.limits, cgroup=self.cgroup, timeout_s=timeout_s,
                           log_dir=self.dir / "logs", network=self.network, secrets=self.secrets,
-                          budget_cut=timeout_s is None or remaining < timeout_s)
+                          budget_cut=budget_cut)
 
     def finish(self) -> int:
         """End the agent's part: kill anything it left running; returns how many were killed."""
@@ -266,28 +270,41 @@ def _make_cgroup(isolation: Isolation, name: str, limits: Limits) -> TrialCgroup
                            f"{limits.memory_mb}, cpus={limits.cpus}: {e.strerror}") from None
 
 
+def open_trial_dir(tdir: Path, limits: Limits) -> tuple[int, int]:
+    """Draw the trial's agent and verifier uids, make its root-only dirs and mount its disk
+    (``tdir/fs``, sized by ``limits``): the first part of a trial on both backends."""
+    uid = AGENT_UID + secrets_mod.randbelow(UID_SPAN)
+    vuid = VERIFIER_UID + secrets_mod.randbelow(UID_SPAN)
+    for d in ("logs", ".root"):
+        (tdir / d).mkdir(mode=0o700)
+    mount_trial_fs(tdir / "fs", limits)
+    return uid, vuid
+
+
+def lay_out_agent_dirs(task: Task, tdir: Path, uid: int, oracle: bool) -> None:
+    """The directories of ``tdir/fs`` the agent may write, owned by its ``uid`` (the shared
+    temporaries sticky), and the solution for an oracle run: the same layout on both backends."""
+    for d in AGENT_DIRS + ("vtmp",):
+        (tdir / "fs" / d).mkdir(mode=0o755, exist_ok=True)
+    for d in AGENT_DIRS:
+        chown_tree(tdir / "fs" / d, uid)
+    for d in ("tmp", "var_tmp", "shm", "vtmp"):
+        os.chmod(tdir / "fs" / d, 0o1777)
+    if oracle:
+        _install_solution(task, tdir / "solution")
+
+
 def create_trial(*, task: Task, run_id: str, trial_idx: int, tdir: Path, budget: Budget,
                  limits: Limits, isolation: Isolation, secrets: dict[str, str], network: bool,
                  workdir: str, oracle: bool, env: Mapping[str, str]) -> Trial:
     """Lay out ``tdir`` (already created, empty) and return its Trial."""
     if workdir_problem(workdir):
         raise SandboxError(f"WORKDIR {workdir_problem(workdir)}", workdir=workdir[:200])
-    uid = AGENT_UID + secrets_mod.randbelow(UID_SPAN)
-    vuid = VERIFIER_UID + secrets_mod.randbelow(UID_SPAN)
+    uid, vuid = open_trial_dir(tdir, limits)
     trial_id = tdir.name
-    for d in ("logs", ".root"):
-        (tdir / d).mkdir(mode=0o700)
-    mount_trial_fs(tdir / "fs", limits)
     try:
         LocalEnvironment().populate(task, tdir / "fs" / "workspace")   # environment/ or its Dockerfile
-        for d in AGENT_DIRS + ("vtmp",):
-            (tdir / "fs" / d).mkdir(mode=0o755, exist_ok=True)
-        for d in AGENT_DIRS:
-            chown_tree(tdir / "fs" / d, uid)
-        for d in ("tmp", "var_tmp", "shm", "vtmp"):
-            os.chmod(tdir / "fs" / d, 0o1777)
-        if oracle:
-            _install_solution(task, tdir / "solution")
+        lay_out_agent_dirs(task, tdir, uid, oracle)
         cg = _make_cgroup(isolation, trial_id, limits)
     except BaseException:   # nothing left behind: no mount, no trial dir, no cgroup
         unmount(tdir / "fs")
