@@ -37,7 +37,7 @@ SMALL = ["run.steps=2", "run.num_cpus=2", "trainer.warm_start_steps=10", "traine
          "trainer.save_every=1", "rollout.batch_size=4", "rollout.n_samples_per_prompt=2", "rollout.max_turns=1",
          "rollout.max_new_tokens=16", "fully_async.num_parallel_generation_workers=4",
          "fully_async.zero_variance_filter=false", "eval.every_steps=1", "eval.samples_per_task=1",
-         "eval.tasks=['math-add']"]
+         "eval.tasks=['count-0016']"]
 RUN_TIMEOUT_S = 900
 
 

@@ -164,7 +164,7 @@ def test_numerics_trainer_grpo_skips_behaviour_recompute_unless_tis_needs_it(mon
         t = Trainer(SPEC, TrainerSettings(mode=mode, actor_lr=1e-2, tis_mode=tis), seed=0)
         calls = []
         real = t.behaviour_logprobs
-        monkeypatch.setattr(t, "behaviour_logprobs", lambda b: calls.append(1) or real(b))
+        monkeypatch.setattr(t, "behaviour_logprobs", lambda b, **kw: calls.append(1) or real(b, **kw))
         t.snapshot_behaviour()
         stats = t.train_step(_batch(t.actor, seed=5))
         assert bool(calls) is expected and stats.behaviour_recomputed is expected, (mode, tis)
