@@ -82,12 +82,12 @@ def test_class1_nothing_the_agent_leaves_runs_as_the_verifier(backend, tmp_path,
                                         f"cp tempfile.py json.py; cp tempfile.py shlex.py"
     else:                          # git reads the repository's own config: fsmonitor runs a program
         test_sh = 'cd "$T1_WORKSPACE"\ngit status >/dev/null 2>&1\n' + PYTEST_FROM_APP
-        cmd = ("sort in.txt > out.txt; git init -q . && "
-               f"git config core.fsmonitor 'touch /logs/verifier/{mark}; false'")
+        # written by hand, as git itself would write it: the attack needs no git in the agent's
+        # image, only in the verifier's (where the image has none, the verdict must hold anyway)
+        cmd = ("sort in.txt > out.txt; mkdir -p .git/objects .git/refs && echo 'ref: refs/heads/main' > .git/HEAD"
+               f" && printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch /logs/verifier/{mark}; false\\n'"
+               " > .git/config")
     trial = backend().create(load_task(_task(tmp_path, test_sh)), 0)
-    if plant == "git-config" and trial.exec("command -v git").reason != "ok":
-        trial.close()
-        pytest.skip("this backend's image has no git: the attack cannot be staged")
     assert trial.exec(cmd).reason == "ok"
     v = verify(trial)
     assert not (trial.dir / "verifier" / mark).exists()
