@@ -19,6 +19,7 @@ entry points: the serve flags, :func:`build_engine`, :func:`serve`, ``main`` and
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from rl.engines.ports import PORT_TAKEN_EXIT
 from rl.engines import protocol as P
 from rl.engines.embedded_engine import EmbeddedEngine
 from rl.engines.embedded_http import make_handler
@@ -130,7 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rl.engines.embedded", description=__doc__.split("\n")[0])
     add_serve_arguments(parser)
     args = parser.parse_args(argv)
-    serve(build_engine(args), args.host, args.port)
+    engine = build_engine(args)
+    try:
+        serve(engine, args.host, args.port)
+    except OSError as e:   # another process took the port between its probe and this bind
+        if e.errno != errno.EADDRINUSE:
+            raise
+        print(f"embedded engine: port {args.port} is taken ({e}); exit {PORT_TAKEN_EXIT} so the "
+              "launcher starts it again on a fresh port", file=sys.stderr, flush=True)
+        return PORT_TAKEN_EXIT
     return 0
 
 

@@ -9,3 +9,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+# the exit status of an engine process whose port was taken before it could bind (free_port's race);
+# its launcher starts it again on a fresh port (t1ops.guards.engine_slots.spawn_factory)
+PORT_TAKEN_EXIT = 98

@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal, Sequence
 import httpx
 
 from rl.engines.client import EngineClient
-from rl.engines.ports import free_port
+from rl.engines.ports import PORT_TAKEN_EXIT, free_port
 from t1ops import telemetry
 from t1ops.errors import ControlPlaneTimeout, EngineError, InputError
 
@@ -62,6 +62,9 @@ class Slot:
 
 
 
+PORT_ATTEMPTS = 3
+
+
 def spawn_factory(spawn: Callable[[int], subprocess.Popen], http: Any, *, host: str = "127.0.0.1",
                   **client_kw: Any) -> EngineFactory:
     """Factory starting each engine as ``spawn(port)`` on a fresh loopback port.
@@ -70,9 +73,18 @@ def spawn_factory(spawn: Callable[[int], subprocess.Popen], http: Any, *, host: 
     ``client_kw`` goes to :class:`EngineClient` (``num_moe_layers``, ``topk``, ``num_experts``).
     """
     def make(slot: int) -> EngineHandle:
-        port = free_port(host)
-        url = f"http://{host}:{port}"
-        return EngineHandle(url=url, client=EngineClient(url, http, **client_kw), process=spawn(port))
+        for attempt in range(PORT_ATTEMPTS):   # free_port races other binders (two campaigns on a host)
+            port = free_port(host)
+            try:
+                process = spawn(port)
+            except EngineError as e:
+                if e.context.get("returncode") != PORT_TAKEN_EXIT or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                telemetry.event("engine.port_taken", severity="warning", slot=slot, port=port)
+                continue
+            url = f"http://{host}:{port}"
+            return EngineHandle(url=url, client=EngineClient(url, http, **client_kw), process=process)
+        raise AssertionError("unreachable")
     return make
 
 

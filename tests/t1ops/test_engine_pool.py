@@ -229,3 +229,31 @@ def test_url_factory_maps_slots_to_external_servers():
     assert make(1).url == "http://b:2" and make(1).process is None
     with pytest.raises(InputError, match="slot 2 has no URL: 2 urls given"):
         make(2)
+
+
+def test_an_engine_whose_port_was_taken_starts_again_on_a_fresh_port():
+    """free_port races other binders (two campaigns on one host): an engine that exits with
+    PORT_TAKEN_EXIT is started again on a fresh port; any other start failure is raised."""
+    import subprocess
+
+    from rl.engines.ports import PORT_TAKEN_EXIT
+    from t1ops.errors import EngineError
+    from t1ops.guards.engine_slots import spawn_factory
+
+    ports = []
+
+    def spawn(port):
+        ports.append(port)
+        if len(ports) == 1:
+            raise EngineError("exited during startup", port=port, returncode=PORT_TAKEN_EXIT)
+        return subprocess.Popen(["true"])
+
+    handle = spawn_factory(spawn, http=None)(0)
+    handle.process.wait()
+    assert len(ports) == 2 and handle.url.endswith(f":{ports[1]}")
+
+    def broken(port):
+        raise EngineError("exited during startup", port=port, returncode=1)
+
+    with pytest.raises(EngineError):
+        spawn_factory(broken, http=None)(0)
