@@ -113,8 +113,6 @@ def write_dumps(workers: list, run, step: int, results: list[dict], debug: bool 
     each trajectory's TITO debug files are written here (t1ops/tito_debug.py)."""
     import ray
 
-    from t1ops.campaign.runner import dump_results
-
     local = [r for r in results if "chunks" in r]
     n = dump_results(run, step, local, debug=debug) if local else 0
     if debug:  # a debugging switch: fetching the chunks to the coordinator is its accepted cost
@@ -135,7 +133,7 @@ def write_dumps(workers: list, run, step: int, results: list[dict], debug: bool 
         except ray.exceptions.RayError as err:  # the worker is gone for good: fetch and write here
             telemetry.event("dataplane.dump_fallback", severity="warn", worker=i, error=str(err)[:300])
             n += dump_results(run, step, fetch([r for r in results if r.get("payload") is not None
-                                                and r["payload"].worker == i]))
+                                                and r["payload"].worker == i]))  # debug files: written above
     return n
 
 
@@ -147,13 +145,28 @@ def write_dump_items(dump_dir: str, step: int, items: list[dict]) -> int:
     """Worker side of :func:`write_dumps` (runs in a thread of the worker)."""
     import ray
 
+    chunks = ray.get([it["payload"].ref for it in items])
+    return sum(_write_chunks(dump_dir, step, it, cs) for it, cs in zip(items, chunks))
+
+
+def dump_results(run, step: int, results: list[dict], debug: bool = False) -> int:
+    """Write every trajectory chunk of results that carry them, in the audit dump format; returns
+    the count. ``debug`` (rollout.debug_dump): also each trajectory's TITO debug files."""
+    n = 0
+    for r in results:
+        n += _write_chunks(run.dumps, step, r, r["chunks"])
+        if debug and r["chunks"]:
+            from t1ops.tito_debug import write_debug
+
+            write_debug(run.path / "debug", r)
+    return n
+
+
+def _write_chunks(dump_dir, step: int, meta: dict, chunks: list) -> int:
+    """One trial's chunks, each written with the trial's reward and provenance (t1ops.audit)."""
     from t1ops.audit import write_trajectory
 
-    chunks = ray.get([it["payload"].ref for it in items])
-    n = 0
-    for it, cs in zip(items, chunks):
-        for chunk in cs:
-            write_trajectory(chunk, dump_dir, step=step, reward=it["reward"], reward_source=it["reward_source"],
-                             task=it["task"], trial_id=it["trial_id"], end_reason=it["end_reason"])
-            n += 1
-    return n
+    for chunk in chunks:
+        write_trajectory(chunk, dump_dir, step=step, reward=meta["reward"], reward_source=meta["reward_source"],
+                         task=meta["task"], trial_id=meta["trial_id"], end_reason=meta["end_reason"])
+    return len(chunks)

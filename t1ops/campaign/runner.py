@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from t1ops import telemetry
-from t1ops.audit import write_trajectory
 from t1ops.campaign.async_loop import AsyncSource
 from t1ops.campaign.dataplane import write_dumps
 from t1ops.campaign.guarding import CampaignGuards
@@ -86,22 +85,6 @@ def _count(items) -> dict:
     for it in items:
         out[it] = out.get(it, 0) + 1
     return out
-
-
-def dump_results(run: RunDir, step: int, results: list[dict], debug: bool = False) -> int:
-    """Write every trajectory chunk of a step in the audit dump format; returns the count.
-    ``debug`` (rollout.debug_dump): also each trajectory's tito_transitions.json and tito_debug.txt."""
-    n = 0
-    for r in results:
-        for chunk in r["chunks"]:
-            write_trajectory(chunk, run.dumps, step=step, reward=r["reward"], reward_source=r["reward_source"],
-                             task=r["task"], trial_id=r["trial_id"], end_reason=r["end_reason"])
-            n += 1
-        if debug and r["chunks"]:
-            from t1ops.tito_debug import write_debug
-
-            write_debug(run.path / "debug", r)
-    return n
 
 
 def batch_source(c: Campaign):
