@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from t1ops.config_engine_checks import EngineChecks
 from t1ops.errors import ConfigError
 from t1ops.parallel_layout import trainer_errors
 
@@ -50,7 +51,7 @@ class ModelConfig(Section):
     vocab_size: int = Field(248_320, ge=256, description="Vocabulary size (Qwen3.5 tokenizer: 248,320).")
 
 
-class EngineConfig(Section):
+class EngineConfig(Section, EngineChecks):  # + the barrier's proofs (t1ops.config_engine_checks)
     kind: Literal["embedded", "sglang"] = Field("embedded", description="Embedded CPU engine or external SGLang servers.")
     num_engines: int = Field(1, ge=1, le=1024, description="Engines to run (embedded) or expect (sglang).")
     urls: list[str] = Field(default_factory=list, description="SGLang server URLs when kind = 'sglang'.")
