@@ -50,6 +50,7 @@ class BarrierChecks:
     weight_sync: WeightSync
     _declare_dead: Callable[[Slot, str], None]
     _unverified_warned: bool = False
+    _last_expected: tuple[str, dict] | None = None  # (version, the trainer's checksums): admissions check too
 
     # --- loaded weights ------------------------------------------------------------------
     def _verify_loaded(self, slots: list[Slot], source: str | None, version: str) -> None:
@@ -59,6 +60,7 @@ class BarrierChecks:
         expected = self.weight_sync.expected_checksums(version)
         if expected is None:
             return
+        self._last_expected = (version, expected)
         t0 = time.monotonic()
         targets = [s for s in slots if s.status != "dead"]
         for attempt in range(self.cfg.weight_resyncs + 1):
@@ -86,6 +88,12 @@ class BarrierChecks:
             telemetry.event("engine.weights_resynced", severity="warning", slots=str(sorted(bad)), version=version,
                             attempt=attempt + 1)
             targets = [s for s in targets if s.index in bad and s.status != "dead"]
+
+    def _admission_mismatch(self, s: Slot, version: str) -> list[str]:
+        """An engine admitted alone (disk sync) loaded ``version``: its tensors against the barrier's record."""
+        if not self.cfg.verify_weights or self._last_expected is None or self._last_expected[0] != version:
+            return []
+        return self._loaded_mismatch(s, self._last_expected[1], version)
 
     def _loaded_mismatch(self, s: Slot, expected: dict, version: str) -> list[str]:
         """Names whose checksum differs; [] when equal or the engine cannot say (then warned once)."""

@@ -49,6 +49,8 @@ class EngineHealth:
     _ping_pool: cf.ThreadPoolExecutor
     _stop: threading.Event
 
+    _admission_mismatch: Callable[[Slot, str], list[str]]  # t1ops.guards.engine_checks.BarrierChecks
+
     def live_slots(self) -> list[int]:
         return [s.index for s in self._slots if s.status == "live"]
 
@@ -131,6 +133,11 @@ class EngineHealth:
                             telemetry.event("engine.awaiting_weights", slot=s.index, url=s.handle.url)
                         return
                     self.weight_sync.admit(s.handle.client, self.checkpoint_dir, self.version)
+                    bad = self._admission_mismatch(s, self.version)  # t1ops.guards.engine_checks
+                    if bad:
+                        self._declare_dead(s, f"admission: loaded weights of {self.version!r} differ from the "
+                                              f"trainer's in {len(bad)} tensor(s) (first: {bad[:3]})")
+                        return
             except ENGINE_FAILURES as e:
                 self._declare_dead(s, f"admission failed: {e}")
                 return

@@ -80,11 +80,15 @@ class _Sync:
         return {"dtype": "bfloat16", "tensors": dict(GOOD)}
 
 
-def _pool(engines, sync, **cfg) -> EnginePool:
+def _pool(engines, sync, spares=(), **cfg) -> EnginePool:
     cfg = EngineConfig(num_engines=len(engines), health_interval_s=0.05, warmup_grace_s=0.0, request_timeout_s=1.0,
                        **{"resume_deadline_s": 0.4, **cfg})
-    pool = EnginePool(lambda slot: EngineHandle(url=engines[slot].base_url, client=engines[slot]), cfg,
-                      version="0", weight_sync=sync)
+    first, queue = dict(enumerate(engines)), list(spares)
+
+    def make(slot):  # first the given engines, then the spares (replacements), else the same one again
+        engine = first.pop(slot, None) or (queue.pop(0) if queue else engines[slot])
+        return EngineHandle(url=engine.base_url, client=engine)
+    pool = EnginePool(make, cfg, version="0", weight_sync=sync)
     pool.start()
     pool.wait_until_live(timeout_s=10)
     return pool
@@ -103,13 +107,20 @@ def test_a_mismatching_engine_is_resynced_before_traffic_then_serves():
 
 def test_a_persistent_mismatch_is_declared_dead_and_recreated():
     sync = _Sync(bad={1}, corrupt=99)
-    pool = _pool([_Engine("http://e0"), _Engine("http://e1")], sync, weight_resyncs=1)
+    replacement = _Engine("http://e1b")
+    replacement.version, replacement.tensors = "default", dict(GOOD, w1="xx")  # starts elsewhere, loads corrupt
+    pool = _pool([_Engine("http://e0"), _Engine("http://e1")], sync, spares=[replacement], weight_resyncs=1)
     since = time.time()
     try:
         report = pool.sync_weights("ckpt", "1")
         assert report.recreated_slots == (1,) and sync.published == [[0, 1], [1]]
         dead = [e for e in telemetry.recent_events("engine.dead", since=since) if e.get("slot") == 1]
         assert dead and "differ from the trainer's in 1 tensor(s) (first: ['w2'])" in dead[-1]["reason"]
+        # the replacement loads alone at admission (disk sync) and is checked there too
+        deadline = time.monotonic() + 10
+        while "admission" not in pool.slot_state(1)[1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.slot_state(1)[0] == "dead" and "admission: loaded weights" in pool.slot_state(1)[1]
     finally:
         pool.close()
 
