@@ -127,6 +127,7 @@ def run(tmp: Path) -> Outcome:
         finally:
             good_pool.close()
     finally:
+        trainer.weight_close_group()  # the group's name is free again for the next run in this process (soak)
         kill_all([proc])
     log = (tmp / "engine.log").read_text(errors="replace")
     swaps = [line for line in log.splitlines() if line.startswith("chaos: bucket")]

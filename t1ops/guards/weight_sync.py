@@ -36,6 +36,7 @@ from t1ops import telemetry
 from t1ops.errors import EngineError
 
 Targets = Sequence[tuple[int, EngineClient]]   # (slot index, client)
+_GROUP_NUMBERS = itertools.count()  # group names are unique in the process (torch refuses a name twice)
 
 
 class WeightSync(Protocol):
@@ -137,7 +138,7 @@ class DistributedSync:
         self.sender, self.backend = sender, backend
         self.members: tuple[str, ...] = ()
         self.group_name: str | None = None
-        self._names = itertools.count()
+        self._names = _GROUP_NUMBERS
 
     def publish(self, targets: Targets, source: str, version: str) -> dict[int, str]:
         failures: dict[int, str] = {}
