@@ -49,6 +49,27 @@ def test_failing_step_names_the_dockerfile_line():
     assert images.failing_step("STEP 1/2: FROM x\nSTEP 2/2: COPY a b\nError: no such file") == "STEP 2/2: COPY a b"
 
 
+def test_public_task_failures_are_named_from_their_output():
+    # lines seen running public Harbor tasks (docs/containers.md, "Public tasks")
+    from rl.agent.container import diagnose
+
+    apt = "E: List directory /var/lib/apt/lists/partial is missing. - Acquire (30: Read-only file system)"
+    assert "installs packages at verification time (E: List directory" in diagnose.verifier_reasons("", apt)[0]
+    ro = "OSError: [Errno 30] Read-only file system: './ctrf.json'"
+    assert diagnose.verifier_reasons(ro, "") == [f"test.sh writes outside /logs/verifier and the workdir ({ro})"]
+    bad = "pytest: error: unrecognized arguments: --json-ctrf /logs/verifier/ctrf.json"
+    assert diagnose.verifier_reasons("", bad) == [f"test.sh's pytest refused its command line ({bad})"]
+    uv = "curl: (6) Could not resolve host: astral.sh"
+    assert diagnose.verifier_reasons("x\n" + uv, "") == [f"needs a host it cannot reach ({uv})"]
+    assert diagnose.verifier_reasons("4 passed", "") == []
+    log = ("STEP 2/4: RUN apt-get update \\\n    && curl -fsSL https://deb.nodesource.com/k | gpg\n"
+           "curl: (6) Could not resolve host: deb.nodesource.com\ngpg: no valid OpenPGP data found.\n"
+           'Error: building at STEP "RUN apt-get update     && curl -fsSL https://deb.nodesource.com/k '
+           '| gpg": while running runtime: exit status 2\n')
+    assert images.failing_step(log) == "RUN apt-get update && curl -fsSL https://deb.nodesource.com/k | gpg"
+    assert images._why(log, []) == "needs a host it cannot reach (curl: (6) Could not resolve host: deb.nodesource.com)"
+
+
 def test_owner_labels_tell_live_from_dead():
     assert runtime.owner_alive(runtime.owner_label())
     assert not runtime.owner_alive(runtime.owner_label().rsplit(":", 1)[0] + ":1")   # start ticks differ
