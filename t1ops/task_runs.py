@@ -58,10 +58,11 @@ def run_one(task: Task, sandbox, idx: int, *, oracle: bool) -> dict:
     reasons = [f"solution: needs a host it cannot reach ({u})" for u in [unreachable(ran)] if u]
     if ran is not None and ran.reason != "ok":
         reasons.append(f"solution {ran.reason} (exit {ran.exit_code})")
-    if verdict.reason != "ok":
+    if not is_solved(r):   # a reward 0 from test.sh's own `echo 0` hides why as well as no verdict
         out = getattr(verdict, "output", None)
         reasons += [f"verifier: {why}" for why in
                     diagnose.verifier_reasons(*((out.stdout, out.stderr) if out else ("", "")))]
+    if verdict.reason != "ok":
         reasons.append(f"verifier {verdict.reason}" + (f": {r.detail}" if r.detail else ""))
     return _row(task.name, reward=r.value, source=r.source, passed=r.passed, total=r.total,
                 solved=is_solved(r), duration_s=round(time.monotonic() - t0, 2),

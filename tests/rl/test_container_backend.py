@@ -62,6 +62,10 @@ def test_public_task_failures_are_named_from_their_output():
     uv = "curl: (6) Could not resolve host: astral.sh"
     assert diagnose.verifier_reasons("x\n" + uv, "") == [f"needs a host it cannot reach ({uv})"]
     assert diagnose.verifier_reasons("4 passed", "") == []
+    eperm = "E   PermissionError: [Errno 1] Operation not permitted: PosixPath('/tmp/probe')"
+    assert diagnose.verifier_reasons(eperm, "")[0].startswith(f"test.sh needs root ({eperm})")
+    failed = "FAILED ../tests/test_outputs.py::test_binary_exists - FileNotFoundError: [Errno 2] ..."
+    assert diagnose.verifier_reasons(f"x\n{failed}\n", "") == [f"first failed test: {failed}"]
     log = ("STEP 2/4: RUN apt-get update \\\n    && curl -fsSL https://deb.nodesource.com/k | gpg\n"
            "curl: (6) Could not resolve host: deb.nodesource.com\ngpg: no valid OpenPGP data found.\n"
            'Error: building at STEP "RUN apt-get update     && curl -fsSL https://deb.nodesource.com/k '

@@ -4,8 +4,9 @@ Public Harbor tasks (docs/containers.md, "Public tasks") fail here for a few rec
 reasons that a bare ``no-verdict`` or an exit status hides: a host the machine cannot reach
 (``curl https://astral.sh/uv/...``, ``deb.nodesource.com``), a ``test.sh`` that installs
 packages at verification time (the verifier runs unprivileged on a read-only root here, as the
-sandbox requires), one that writes outside ``/logs/verifier`` and the workdir, or a pytest
-command line its pinned pytest refuses. Each function returns the first output line that
+sandbox requires), one that needs root (drops to ``nobody`` to probe the solver), one that
+writes outside ``/logs/verifier`` and the workdir, or a pytest command line its pinned pytest
+refuses; else the first failed test. Each function returns the first output line that
 shows it, or "".
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ def writes_read_only(*texts: str | None) -> str:
 
 
 def verifier_reasons(stdout: str | None, stderr: str | None) -> list[str]:
-    """Named reasons for a verifier that gave no verdict (module doc), most specific first."""
+    """Named reasons why a verifier did not find the task solved (module doc), most specific first."""
     out: list[str] = []
     if line := unreachable(stdout, stderr):
         out.append(f"needs a host it cannot reach ({line})")
@@ -54,8 +55,13 @@ def verifier_reasons(stdout: str | None, stderr: str | None) -> list[str]:
                    "environment/Dockerfile")
     elif line := writes_read_only(stdout, stderr):
         out.append(f"test.sh writes outside /logs/verifier and the workdir ({line})")
-    if line := next((s[:MAX_LINE] for s in _lines(stdout, stderr) if s.startswith("pytest: error:")), ""):
+    lines = _lines(stdout, stderr)
+    if line := next((s[:MAX_LINE] for s in lines if "Operation not permitted" in s), ""):
+        out.append(f"test.sh needs root ({line}): the verifier runs as an unprivileged uid here")
+    if line := next((s[:MAX_LINE] for s in lines if s.startswith("pytest: error:")), ""):
         out.append(f"test.sh's pytest refused its command line ({line})")
+    if not out and (line := next((s[:MAX_LINE] for s in lines if s.startswith("FAILED ")), "")):
+        out.append(f"first failed test: {line}")
     return out
 
 
