@@ -168,3 +168,20 @@ def test_leftovers_of_a_dead_run_are_reaped(sandbox, monkeypatch, capsys):
     assert f"container {name} (run run-dead)" in out.err, out
     assert json.loads(out.out)[0]["facts"]["dead"] == 0
     assert name not in runtime.podman("ps", "-a", "--format", "{{.Names}}").stdout.split()
+
+
+def test_a_new_container_sandbox_removes_dead_runs_leftovers_and_records_them(sandbox, tmp_path, monkeypatch):
+    # what a SIGKILLed campaign leaves is removed by the next one's start (docs/containers.md)
+    from rl.agent.container import backend
+    from rl.agent.sandbox import Sandbox
+
+    name = f"t1ops-test-dead-{uuid.uuid4().hex[:6]}"
+    dead = runtime.owner_label().rsplit(":", 1)[0] + ":1"
+    runtime.podman("run", "-d", "--name", name, "--label", f"{runtime.LABEL_RUN}=run-killed",
+                   "--label", f"{runtime.LABEL_OWNER}={dead}", "--network", "none",
+                   "--entrypoint", "sleep", "python:3.11-slim", "infinity")
+    monkeypatch.setattr(backend, "_REAPED", __import__("threading").Event())   # a fresh process
+    box = Sandbox(tmp_path, "run-next", backend="container")
+    record = json.loads((box.run_dir / "reaped-leftovers.json").read_text())
+    assert {"kind": "container", "name": name, "run_id": "run-killed"} in record
+    assert name not in runtime.podman("ps", "-a", "--format", "{{.Names}}").stdout.split()
