@@ -1,10 +1,10 @@
 """The engine router: the engine pool as one Ray actor.
 
-The pool (:class:`~t1ops.guards.engines.EnginePool`: health pings, warm-up
+The pool (:class:`~t1ops.engines.pool.EnginePool`: health pings, warm-up
 grace, recreation, the weight-sync barrier) lives here, in its own actor, not
 in the coordinator. Rollout workers do not send their requests through it:
 they read its ``view`` (engine addresses, health, version, gate) and call the
-engines directly (:class:`t1ops.guards.engine_direct.DirectEngines`), reporting
+engines directly (:class:`t1ops.engines.direct.DirectEngines`), reporting
 failed calls back with ``report_failure``; ``generate`` remains for callers
 without a worker.
 The engine processes are this actor's children (the embedded CPU engine by
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.guards.engine_slots import spawn_factory, url_factory
-from t1ops.guards.engines import EnginePool
+from t1ops.engines.slots import spawn_factory, url_factory
+from t1ops.engines.pool import EnginePool
 from t1ops.guards.http import BoundedHttp
 from t1ops.guards.weight_sync import CheckpointDirSync, DiskSync, DistributedSync
 
