@@ -11,17 +11,12 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from t1ops.config_section import Section
 from t1ops.errors import ConfigError
+from t1ops.guards.field_config import FieldGuardsConfig
 from t1ops.parallel_layout import trainer_errors
-
-
-class Section(BaseModel):
-    """Base for every config section: unknown keys are errors, values validated."""
-
-    # allow_inf_nan=False: an inf timeout or size would silently disable its guard; None means "no limit"
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 class RunConfig(Section):
@@ -220,6 +215,7 @@ class GuardsConfig(Section):
     collective_slow_fraction: float = Field(0.5, gt=0, lt=1, description="Report a collective as slow (not dead) after this fraction of its timeout.")
     adam_host_bytes_per_param: float = Field(12.0, gt=0, description="Host bytes per parameter of CPU-offloaded fp32 Adam (fp32 master + exp_avg + exp_avg_sq).")
     sandbox_host_gib: float = Field(2.0, ge=0, description="Host RAM one concurrent sandbox worker costs, for the host-memory projection.")
+    field: FieldGuardsConfig = Field(default_factory=FieldGuardsConfig, description="Guards for failures reported from the field: slow verifiers, host RAM leaks, group-init races (t1ops/guards/field_config.py).")
 
 
 class FullyAsyncConfig(Section):
