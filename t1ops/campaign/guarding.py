@@ -23,7 +23,7 @@ from t1ops.config import CampaignConfig
 from t1ops.errors import HangError
 from t1ops.guards.fds import FdGuard, StallDetector
 from t1ops.guards.hostmem import HostMemoryMonitor, OomWatch, check_projection, project_host_memory
-from t1ops.guards.watchdog import Watchdog, signal_stack_dumper
+from t1ops.guards.watchdog import Watchdog, running_verifiers, signal_stack_dumper
 
 POLL_S = 0.5
 TRAINER_RANK = 0
@@ -37,8 +37,10 @@ class CampaignGuards:
         # pids: the coordinator plus the campaign's local processes (workers, engines); a process on
         # another node is skipped by the guard (its own node's worker watches it).
         self.fd_guard = FdGuard(cfg.guards.fd_warn_fraction, pids=pids).start(interval_s=cfg.guards.fd_sample_interval_s)
+        # a stall names the verifiers that run (slow-verifier): trials live in <run>/trials/<run id>/
         self.stall = StallDetector(cfg.guards.stall_timeout_s, fd_guard=self.fd_guard,
-                                   dead_engines=dead_engines, what="trials")
+                                   dead_engines=dead_engines, what="trials",
+                                   busy=lambda: running_verifiers(run_dir / "trials"))
         self.run_dir = run_dir
         self.watchdog: Watchdog | None = None
         self.trainer_pid: int | None = None

@@ -72,12 +72,13 @@ class TrainerRankHost(TrainerHost):
         self.last_report: dict = {}
 
     def address(self) -> str:
-        """Rank 0: the rendezvous ``tcp://ip:port`` on its own node."""
+        """Rank 0: the rendezvous on its own node, one fresh port per attempt (group-init-race:
+        ``t1ops.guards.rendezvous``, bounded by ``guards.field.group_init_timeout_s``)."""
         import ray
 
-        from rl.engines.ports import free_port
+        from t1ops.guards.rendezvous import plan_rendezvous
 
-        return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+        return plan_rendezvous(ray.util.get_node_ip_address(), self.guards.field)
 
     def join(self, init_method: str) -> int:
         """Initial weights (world of 1), then the real world and megatron's groups; returns the pid."""
