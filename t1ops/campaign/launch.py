@@ -157,7 +157,10 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
     c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()),
                               pids=lambda: [os.getpid(), *ray.get(c.router.engine_pids.remote()),
-                                            *(c.rollouts.pids if c.rollouts else [])])
+                                            *(c.rollouts.pids if c.rollouts else [])],
+                              roles=lambda: {"coordinator": os.getpid(),
+                                             **{f"engine-{i}": p for i, p in enumerate(ray.get(c.router.engine_pids.remote()))},
+                                             **{f"worker-{i}": p for i, p in enumerate(c.rollouts.pids if c.rollouts else [])}})
     progress.log("host memory: " + c.guards.project_host_memory(*ray.get(c.trainer.num_params.remote())))
     if rank_watch is not None:
         c.guards.attach_ranks(rank_watch)
