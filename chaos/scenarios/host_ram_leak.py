@@ -40,7 +40,7 @@ def _field():
     from t1ops.config import GuardsConfig
 
     f = GuardsConfig().field
-    f.rss_window_s, f.rss_min_window_s, f.rss_min_samples = 60.0, 1.5, 6
+    f.rss_window_s, f.rss_min_window_s, f.rss_min_samples = 60.0, 1.5, 8
     return f
 
 
@@ -57,6 +57,7 @@ def run(tmp: Path) -> Outcome:
         cgroup, mechanism = None, f"fallback: no cgroup v1 memory controller ({err}); user-space SIGKILL at the cap"
     trend, level = RssTrend(_field()), HostMemoryMonitor(0.9, cgroup_dir=cgroup.path if cgroup else None)
     noise = subprocess.Popen([sys.executable, "-c", NOISE])
+    time.sleep(0.5)   # past its interpreter start-up: a start-up is a ramp, not the noise under test
     leak = subprocess.Popen([sys.executable, "-c", LEAKER], preexec_fn=cgroup.join if cgroup else None)
     t0, first_level, first_trend, peak = time.monotonic(), None, {}, 0
     try:

@@ -16,7 +16,7 @@ class FieldGuardsConfig(Section):
     # host-ram-leak (t1ops/guards/rss_trend.py)
     rss_window_s: float = Field(3600.0, gt=0, description="Least-squares RSS slope per role process over the samples of the last this many seconds.")
     rss_min_window_s: float = Field(600.0, gt=0, description="No leak verdict before a process has been sampled over at least this many seconds (noise does not warn).")
-    rss_min_samples: int = Field(6, ge=3, description="No leak verdict from fewer samples than this.")
+    rss_min_samples: int = Field(10, ge=3, description="No leak verdict from fewer samples than this.")
     rss_min_slope_mib_per_h: float = Field(64.0, gt=0, description="Slopes below this many MiB/h are noise, not a leak.")
     rss_warn_horizon_h: float = Field(24.0, gt=0, description="Warn when a role's projected time to the host/cgroup memory limit is under this many hours.")
     # group-init-race (t1ops/guards/dist.py)

@@ -10,7 +10,8 @@ process, over the last ``guards.field.rss_window_s``:
 - fits a robust slope: Theil-Sen (the median of the pairwise slopes), so a one-time jump
   (a model load, a cache filled once) does not read as a trend;
 - calls it a leak only when it is steady (at least :data:`MIN_AGREEMENT` of the sample pairs
-  rise), the samples span ``rss_min_window_s`` and number ``rss_min_samples`` (noise does not
+  rise, and the rise over the window is :data:`MIN_RISE_OVER_NOISE` times the median deviation
+  from the fitted line), the samples span ``rss_min_window_s`` and number ``rss_min_samples`` (noise does not
   warn), and the slope is at least ``rss_min_slope_mib_per_h``;
 - projects the time until the process has eaten the memory still available (host or cgroup,
   the smaller: :class:`~t1ops.guards.hostmem.MemorySnapshot`) and warns (event
@@ -39,8 +40,11 @@ CATCHES = {
 
 RUNBOOK = "runbooks/host-ram-leak.md"
 MIB = 2 ** 20
-#: A trend is steady when at least this share of the (earlier, later) sample pairs rise.
+#: A trend is steady when at least this share of the (earlier, later) sample pairs rise ...
 MIN_AGREEMENT = 0.8
+#: ... and its rise over the window is at least this many times the typical (median absolute)
+#: deviation from the fitted line: noise that happens to line up for a few samples is no leak.
+MIN_RISE_OVER_NOISE = 3.0
 
 
 def theil_sen(ts: list[float], ys: list[float]) -> tuple[float, float]:
@@ -98,6 +102,10 @@ class RssTrend:
         slope, agreement = theil_sen(ts, ys)
         per_h = slope * 3600 / MIB
         if agreement < MIN_AGREEMENT or per_h < self.f.rss_min_slope_mib_per_h:
+            return None
+        intercept = statistics.median(y - slope * t for t, y in s)
+        noise = statistics.median(abs(y - intercept - slope * t) for t, y in s)
+        if slope * (ts[-1] - ts[0]) < MIN_RISE_OVER_NOISE * noise:
             return None
         hours = max(headroom_bytes, 0) / (slope * 3600)
         if hours >= self.f.rss_warn_horizon_h:
