@@ -18,6 +18,7 @@ time to the limit, which matches the real time left; the noisy process never war
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -32,8 +33,12 @@ LIMIT_BYTES = 160 * 2 ** 20
 SAMPLE_S = 0.25
 LEAKER = ("import time\nkeep = []\nwhile True:  # one step: what it allocates is retained (the leak)\n"
           "    keep.append(b'\\x01' * (2 * 2 ** 20))\n    time.sleep(0.1)\n")
-NOISE = ("import random, time\nwhile True:  # allocates and frees: RSS goes up and down, no trend\n"
-         "    x = b'\\x01' * random.randint(0, 24 * 2 ** 20)\n    time.sleep(0.1)\n    del x\n")
+NOISE = ("import random, sys, time\nfirst = True\nwhile True:  # allocates and frees: RSS up and down, no trend\n"
+         "    x = bytearray(random.randint(0, 24 * 2 ** 20))\n    x[::4096] = b'\\x01' * len(x[::4096])\n"
+         "    if first:\n        print('ready', flush=True)\n        first = False\n"
+         "    time.sleep(0.1)\n    del x\n")
+#: a freed block goes back to the OS at once (no glibc heap ratchet): the noise really goes down
+NOISE_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
 def _field():
@@ -56,8 +61,9 @@ def run(tmp: Path) -> Outcome:
     except OSError as err:
         cgroup, mechanism = None, f"fallback: no cgroup v1 memory controller ({err}); user-space SIGKILL at the cap"
     trend, level = RssTrend(_field()), HostMemoryMonitor(0.9, cgroup_dir=cgroup.path if cgroup else None)
-    noise = subprocess.Popen([sys.executable, "-c", NOISE])
-    time.sleep(0.5)   # past its interpreter start-up: a start-up is a ramp, not the noise under test
+    noise = subprocess.Popen([sys.executable, "-c", NOISE], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, **NOISE_ENV})
+    noise.stdout.readline()   # past its start-up: a start-up is a ramp, not the noise under test
     leak = subprocess.Popen([sys.executable, "-c", LEAKER], preexec_fn=cgroup.join if cgroup else None)
     t0, first_level, first_trend, peak = time.monotonic(), None, {}, 0
     try:
