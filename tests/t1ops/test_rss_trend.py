@@ -63,3 +63,20 @@ def test_sample_reads_real_processes_and_warns_once():
         warnings = tr.sample({"coordinator": os.getpid(), "gone": 2 ** 22 + 7}, 64 * 1024 * MIB)
     assert [w.role for w in warnings] == ["coordinator"] and list(tr.warned) == [("coordinator", os.getpid())]
     assert warnings[0].slope_mib_per_h == pytest.approx(8 * 3600, rel=0.25)
+
+
+def test_the_campaign_guards_feed_every_role_each_step(tmp_path):
+    from t1ops.campaign.guarding import CampaignGuards
+    from t1ops.config import CampaignConfig
+
+    g = CampaignGuards(CampaignConfig(), tmp_path, dead_engines=lambda: [],
+                       roles=lambda: {"coordinator": os.getpid(), "worker-0": os.getppid()})
+    try:
+        g.trainer_pid = os.getpid()
+        for step in (1, 2, 3):
+            g.after_step(step)
+    finally:
+        g.fd_guard.stop()
+    assert set(g.role_pids()) == {"coordinator", "worker-0", "trainer"}
+    assert {role: len(s) for (role, _), s in g.rss_trend._series.items()} == {"coordinator": 3, "worker-0": 3,
+                                                                              "trainer": 3}
