@@ -58,6 +58,10 @@ def theil_sen(ts: list[float], ys: list[float]) -> tuple[float, float]:
     return (statistics.median(slopes), rising / len(slopes)) if slopes else (0.0, 0.0)
 
 
+def _duration(hours: float) -> str:
+    return f"{hours:.2f} h" if hours >= 1 else f"{hours * 60:.1f} min" if hours * 60 >= 1 else f"{hours * 3600:.1f} s"
+
+
 @dataclass(frozen=True)
 class LeakWarning:
     role: str
@@ -73,7 +77,7 @@ class LeakWarning:
         return (f"{self.role} (pid {self.pid}) leaks host RAM: RSS {self.rss_bytes / MIB:.0f} MiB rising "
                 f"{self.slope_mib_per_h:.0f} MiB/h (steady over {self.num_samples} samples in {self.window_s:.0f} s); "
                 f"at this rate the {self.headroom_bytes / MIB:.0f} MiB still available are gone in "
-                f"{self.hours_to_limit:.2f} h and the OS OOM killer takes a process. Find what this role "
+                f"{_duration(self.hours_to_limit)} and the OS OOM killer takes a process. Find what this role "
                 f"retains per step (caches, lists of results, pinned buffers); restart it before then. See {RUNBOOK}.")
 
 

@@ -30,7 +30,7 @@ def test_a_steady_leak_warns_with_slope_and_time_to_the_limit():
     assert w.slope_mib_per_h == pytest.approx(200, rel=0.1)
     assert w.hours_to_limit == pytest.approx(4096 / 200, rel=0.1)
     msg = w.message()
-    assert "worker-0 (pid 4242)" in msg and f"{w.slope_mib_per_h:.0f} MiB/h" in msg and f"{w.hours_to_limit:.2f} h" in msg
+    assert "worker-0 (pid 4242)" in msg and f"{w.slope_mib_per_h:.0f} MiB/h" in msg and f"gone in {w.hours_to_limit:.2f} h" in msg
 
 
 def test_noise_a_one_time_jump_and_a_short_history_do_not_warn():
