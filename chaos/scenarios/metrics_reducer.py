@@ -45,7 +45,7 @@ def _batch(trainer, spec, gen: torch.Generator):
     """Responses sampled and scored by a bf16 copy of the trainer's policy (as the engine does)."""
     from rl.model import build_policy
     from rl.trainer import rollout_batch, sample_responses
-    from rl.trainer.trainer import copy_state
+    from rl.trainer.step import copy_state
 
     sampler = build_policy(spec, 0, torch.bfloat16)
     sampler.load_state_dict(copy_state(trainer.actor.state_dict()), strict=False)

@@ -16,7 +16,7 @@ from rl.model import ModelSpec, build_policy, record_routing
 from rl.trainer import (TrainBatch, Trainer, TrainerSettings, measure_routing_gap, rollout_batch,
                         sample_responses, score_with_routing)
 from rl.trainer.forward import actor_logprobs, critic_values
-from rl.trainer.trainer import copy_state
+from rl.trainer.step import copy_state
 
 SPEC = ModelSpec(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, num_experts=8,
                  moe_router_topk=2, moe_ffn_hidden_size=32, max_seq_len=64, vocab_size=16)
