@@ -21,7 +21,7 @@ from rl.agent.environment import LOCAL, Environment
 from rl.agent.tasks import Task, inspect_task
 from rl.agent.verdict import is_solved
 from rl.errors import T1OpsError
-from t1ops.task_import import task_dirs
+from t1ops.task_import import backend_named, task_dirs
 
 ORACLE_SCRIPT = "/solution/solve.sh"
 
@@ -77,13 +77,6 @@ def unreachable(ran, verdict) -> str:
             if any(p in line for p in _UNREACHABLE):
                 return line.strip()[:200]
     return ""
-
-
-def backend_named(name: str) -> Environment:
-    if name == "container":
-        from rl.agent.container.backend import CONTAINER
-        return CONTAINER
-    return LOCAL
 
 
 def run_paths(paths: list[Path], *, oracle: bool, allow_internet: bool = False,

@@ -131,7 +131,7 @@ def run_episode(instruction: str, execute: Callable[[str], Any], generate: Calla
 
     clock = clock or time.monotonic
     if tools is not None:
-        from rl.harness.template import render
+        from rl.chat.template import render
 
         def encode_prompt(messages):
             return renderer.encode(render(messages, [BASH_TOOL, *tools.openai_tools]))
@@ -216,7 +216,7 @@ def _dispatch_tools(text: str, tools: Any, ep: Episode) -> tuple[str | None, str
     """(bash command, problem, other tool's result) for a reply when extra tools are offered."""
     import json
 
-    from rl.harness.toolcalls import parse_reply
+    from rl.chat.toolcalls import parse_reply
 
     reply = parse_reply(text, offered={TOOL_NAME, *(t["function"]["name"] for t in tools.openai_tools)})
     if reply.problem is not None:
