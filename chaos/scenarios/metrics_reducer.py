@@ -21,7 +21,6 @@ the reducer and the ratio. Runbook: ``runbooks/metrics-reducer.md``.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -74,7 +73,7 @@ def run(tmp: Path) -> Outcome:
 
     metrics.REDUCERS[CHAOS_REDUCER] = group_sum_reducer  # the seam; removed below
     try:
-        faulty = Trainer(spec, dataclasses.replace(settings, gap_reducer=CHAOS_REDUCER), seed=0)
+        faulty = Trainer(spec, settings.model_copy(update={"gap_reducer": CHAOS_REDUCER}), seed=0)  # unvalidated: the config allows no other
         old_BT = faulty.behaviour_logprobs(batch)
         mask_BT = batch.loss_mask_BT
         true_gap = logprob_gap(old_BT, batch.rollout_logprobs_BT, mask_BT)

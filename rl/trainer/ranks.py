@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
@@ -45,31 +44,11 @@ from rl.trainer.batch import TrainBatch
 from rl.trainer.grads import comm_device, reduce_clip_step
 from rl.trainer.optim import build_optimizer
 from rl.trainer.packing import MicroBatch, pack_to_ranks, plan_micro_batches
-from rl.trainer.settings import TrainerSettings
+from rl.trainer.settings import Layout, TrainerSettings
 from rl.trainer.shard import assemble, local_from_full, placements
 from rl.trainer.sft import SftStats
 from rl.trainer.step import (StepStats, behaviour_plan, copy_state, grpo_token_advantages, masked_token_mean,
                              swapped_weights)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A trainer layout; field names match ``t1ops.config.ParallelConfig``."""
-
-    dp: int = 1
-    tp: int = 1
-    ep: int = 1
-    pp: int = 1
-    sequence_parallel: bool = False
-    max_tokens_per_gpu: int = 8192
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    @property
-    def sp_size(self) -> int:
-        return self.tp if self.sequence_parallel else 1
 
 
 def full_initial_states(spec, settings: TrainerSettings, seed: int, unk_id: int | None):

@@ -19,19 +19,20 @@ from rl.errors import ConfigError, DataContractError
 from rl.model import ModelSpec, weights_state_dict
 from rl.trainer.batch import TrainBatch
 from rl.trainer.optim import build_optimizer
-from rl.trainer.settings import TrainerSettings
 from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
 from rl.weights.sender import WeightSender
 from t1ops.campaign.dataplane import fetch
+from t1ops.campaign.reward_policy import RewardPolicy
+from t1ops.config import CheckpointsConfig, TrainerConfig
 from t1ops.guards.checkpoints import CheckpointManager
 
 
 class TrainerHost(WeightSender):
-    def __init__(self, *, spec: dict, settings: dict, vocab_path: str, ckpt_base: str, seed: int,
+    def __init__(self, *, spec: dict, settings: TrainerConfig, vocab_path: str, ckpt_base: str, seed: int,
                  num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
                  gloo_timeout_s: float = 3600.0, temperature: float = 1.0,
-                 retention: dict | None = None, reward_policy: dict | None = None) -> None:
+                 retention: CheckpointsConfig | None = None, reward_policy: RewardPolicy | None = None) -> None:
         torch.set_num_threads(num_threads)
         if run_dir is not None:
             from t1ops import telemetry
@@ -43,23 +44,21 @@ class TrainerHost(WeightSender):
         init_single_process(timeout_s=gloo_timeout_s)
         self.vocab = CompactVocab.load(vocab_path)
         self.spec = ModelSpec(**{**spec, "vocab_size": self.vocab.size})
-        self.settings = TrainerSettings.from_mapping(settings)
+        self.settings = settings
         # Refuse a bad checkpoint layout before any model exists (critic-overwrites-actor).
         self.ckpt = CheckpointManager.from_base(ckpt_base, save_every=self.settings.save_every)
         # log-probs at the sampling temperature: the engine reports temperature-scaled ones
         self.trainer = Trainer(self.spec, self.settings, seed=seed, unk_id=self.vocab.unk_id,
-                               temperature=temperature)
+                               temperature=temperature, max_tokens_per_gpu=settings.parallel.max_tokens_per_gpu)
         self.seed = seed
-        from t1ops.campaign.reward_policy import RewardPolicy
-
-        self.reward_policy = RewardPolicy(**(reward_policy or {}))
+        self.reward_policy = reward_policy or RewardPolicy()
         self.last_policy_counts: dict = {}
         if self.settings.critic_warm_load:
             self.warm_load_critic(self.settings.critic_warm_load)
         from t1ops.campaign.retention import Retention
 
         self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.trainer.critic is not None,
-                                   **(retention or {"keep_last": None}))
+                                   **(retention or CheckpointsConfig(keep_last=None)).model_dump())
         self.last_report: dict = {}
         self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> actor weights (behaviour snapshots)
 

@@ -129,16 +129,16 @@ def test_trainer_host_publish_saves_resume_state_retains_and_resumes(tmp_path):
     from rl.trainer.trainer import copy_state
     from rl.vocab import CompactVocab
     from t1ops.campaign.trainer_host import TrainerHost
-    from t1ops.config import CampaignConfig
+    from t1ops.config import CampaignConfig, CheckpointsConfig
 
     cfg = CampaignConfig()
     vocab = CompactVocab(range(300), 248_320, has_unk=True)
     vocab.save(tmp_path / "vocab.json")
     spec = {**cfg.model.model_dump(), "hidden_size": 32, "ffn_hidden_size": 64, "moe_ffn_hidden_size": 32,
             "max_seq_len": 128}
-    settings = {**cfg.trainer.model_dump(exclude={"parallel"}), "save_every": 2}
+    settings = cfg.trainer.model_copy(update={"save_every": 2})
     kw = dict(spec=spec, settings=settings, vocab_path=str(tmp_path / "vocab.json"), ckpt_base=str(tmp_path / "ck"),
-              seed=0, retention={"keep_last": 2, "keep_every": 0})
+              seed=0, retention=CheckpointsConfig(keep_last=2, keep_every=0))
     host = TrainerHost(**kw)
     for v in range(0, 6):
         host.publish(v)
