@@ -8,6 +8,7 @@ inside a function only hides it. Chat template and tool-call parsing live in
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,6 +50,7 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+@functools.lru_cache(maxsize=1)  # parsed once for both checks
 def _graph() -> dict[str, set[str]]:
     files = [f for root in ROOTS for f in (REPO / root).rglob("*.py")]
     known = {_module(f) for f in files}
