@@ -63,7 +63,7 @@ class TrainerSettings(BaseModel):
     adam_beta2: float = Field(0.98, ge=0, lt=1, description="Adam beta2.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
     ppo_epochs: int = Field(1, ge=1, le=16, description="Passes over each batch.")
-    save_every: int = Field(4, ge=1, description="Save weights-only checkpoints every N steps.")
+    save_every: int = Field(4, ge=1, description="Write the full checkpoint (both roles and the trainer state: a resume point) every N steps and at the last step; the other steps only publish the actor to the engines.")
     warm_start_steps: int = Field(110, ge=0, description="Supervised warm-start steps on task solutions before RL (the report's RL starts from SFT).")
     warm_start_lr: float = Field(3e-3, gt=0, le=1.0, description="Learning rate of the supervised warm start.")
     warm_start_noise: float = Field(0.5, ge=0, lt=1, description="Share of warm-start demonstrations showing another task's solution (an imperfect demonstrator).")

@@ -12,10 +12,11 @@ The coordinator talks to the ranks through :class:`RankGroup`: ``group.train.rem
 sends the call to every rank (the arguments are put in the object store once)
 and returns one reference that resolves to rank 0's answer when all ranks are
 done (any rank's error is raised), so the step loop is the same for 1 rank or N.
-Publishing gathers the full actor once per step (a collective); rank 0 writes
-the role-separated, checksummed checkpoint the engines load. Every ``save_every``
-steps both roles are also saved sharded: one file per rank under one checksummed
-manifest (``t1ops.guards.sharded_checkpoints``), loadable at any layout (docs/parallelism.md).
+Publishing gathers the full actor once per step (a collective); rank 0 keeps it
+for the weight sync. Every ``save_every`` steps (and at the last step) rank 0
+writes the role-separated, checksummed checkpoint and both roles are also saved
+sharded: one file per rank under one checksummed manifest
+(``t1ops.guards.sharded_checkpoints``), loadable at any layout (docs/parallelism.md).
 """
 from __future__ import annotations
 
@@ -107,13 +108,15 @@ class TrainerRankHost(TrainerHost):
         base = self.ckpt.actor_dir.parent
         return [d for role in ("actor", "critic") for d in _prune(base / f"{role}-shards", self.retention.keep)]
 
-    def publish(self, version: int) -> str | None:
-        """Gather the full actor once (a collective on every rank); rank 0 saves it for the engines.
-        Every save_every steps: both roles sharded per rank, and the resume point (the full critic
-        and every rank's optimizer and RNG state, gathered to rank 0: ``trainer_state``, the same
-        format a 1-rank trainer writes). Every rank keeps its shard as the behaviour snapshot."""
+    def publish(self, version: int, final: bool = False) -> str | None:
+        """Gather the full actor once (a collective on every rank): rank 0 keeps it for the weight
+        sender. At a resume point (``is_resume_point``: every save_every steps and the last step):
+        both roles sharded per rank, and rank 0 saves the full actor and critic and every rank's
+        optimizer and RNG state (``trainer_state``, the same format a 1-rank trainer writes).
+        Every rank keeps its shard as the behaviour snapshot. Rank 0 returns the newest actor
+        checkpoint directory."""
         actor = self.trainer.full_state("actor")  # the engines' weights: gathered once per step
-        resume_point = version % self.settings.save_every == 0
+        resume_point = self.is_resume_point(version, final)
         critic = ranks = None
         if resume_point:
             with self._collective_watch("sharded checkpoint save"):
@@ -129,14 +132,15 @@ class TrainerRankHost(TrainerHost):
             from t1ops.campaign.resume import save_trainer_state, trainer_state
             from t1ops.campaign.retention import disk_bytes
 
-            path = str(self.ckpt.save("actor", version, actor))
             if resume_point:
+                self.ckpt.save("actor", version, actor)
                 if critic is not None:
                     self.ckpt.save("critic", version, critic)
                 save_trainer_state(self.retention.base, version, trainer_state(self.trainer, version, ranks))
             deleted = self.retention.apply() + self._prune_shards()
             self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base),
                                 "checkpoints_deleted": len(deleted), "resume_point": self.retention.resume_point()}
+            path = self.newest_actor_checkpoint()
         self.published[version] = self.trainer.snapshot_behaviour()
         if self.rank == 0:  # the full weights the weight sender exports or broadcasts (rl.weights.sender)
             self.full_published[version] = actor

@@ -2,9 +2,10 @@
 
 Wrapped as a Ray actor by the runner. It turns rollout results (TITO chunks in
 tokenizer ids) into a :class:`~rl.trainer.batch.TrainBatch` in the model's
-compact ids, takes the step, and writes role-separated checkpoints: the actor
-every step (that directory is what the engines load at the weight sync), the
-critic every ``save_every`` steps (weights only, as the report chose).
+compact ids, takes the step, and publishes the actor for the engines every step
+(the weight sync sends that snapshot). The resumable checkpoint (both roles,
+role-separated and checksummed, and the trainer state) is written every
+``save_every`` steps and at the run's last step, not on every publish.
 """
 from __future__ import annotations
 
@@ -165,18 +166,32 @@ class TrainerHost(WeightSender):
         return {**stats.as_dict(), "behaviour_version": None, "policy": dict(self.last_policy_counts),
                 "policy_versions": sorted({int(v) for v in sampled.tolist()})}
 
-    def publish(self, version: int) -> str:
-        """Save the actor for the engines (and both roles every save_every); return the actor dir.
+    def is_resume_point(self, version: int, final: bool) -> bool:
+        """The full checkpoint (both roles and the trainer state) is written every ``save_every``
+        steps and at the run's last step; every other publish only hands weights to the engines."""
+        return final or version % self.settings.save_every == 0
 
-        Called inside the weight-sync barrier. It also rotates the behaviour snapshots: the
+    def newest_actor_checkpoint(self) -> str | None:
+        """The newest saved actor step directory (None before the first save)."""
+        from t1ops.guards.checkpoints import list_steps, step_dir_name
+
+        steps = list_steps(self.ckpt.actor_dir)
+        return str(self.ckpt.actor_dir / step_dir_name(steps[-1])) if steps else None
+
+    def publish(self, version: int, final: bool = False) -> str | None:
+        """Keep the actor of ``version`` for the engines; at a resume point (:meth:`is_resume_point`)
+        save the full checkpoint too. Returns the newest actor checkpoint directory.
+
+        Called inside the weight-sync barrier. The weight sync sends the snapshot kept here
+        (``_published_weights``), not a checkpoint. It also rotates the behaviour snapshots: the
         weights published now are the behaviour policy of the batch the engines sample next;
         snapshots older than the previous one can no longer be needed and are dropped."""
-        path = self.ckpt.save("actor", version, weights_state_dict(self.trainer.actor))
-        if self.trainer.critic is not None and version % self.ckpt.save_every == 0:
-            self.ckpt.save("critic", version, weights_state_dict(self.trainer.critic))
-        if version % self.ckpt.save_every == 0:  # what a resume needs besides the weights
+        if self.is_resume_point(version, final):
             from t1ops.campaign.resume import save_trainer_state
 
+            self.ckpt.save("actor", version, weights_state_dict(self.trainer.actor))
+            if self.trainer.critic is not None:
+                self.ckpt.save("critic", version, weights_state_dict(self.trainer.critic))
             save_trainer_state(self.retention.base, version, self._trainer_state(version))
         self.published[version] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
                                    for k, v in self.trainer.actor_state().items()}
@@ -187,7 +202,7 @@ class TrainerHost(WeightSender):
         deleted = self.retention.apply()
         self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base), "checkpoints_deleted": len(deleted),
                             "resume_point": self.retention.resume_point()}
-        return str(path)
+        return self.newest_actor_checkpoint()
 
     def _published_weights(self, version: str):
         """What the weight sync sends for ``version`` (rl.weights.sender): the snapshot publish() kept."""

@@ -150,18 +150,21 @@ def test_trainer_host_publish_saves_resume_state_retains_and_resumes(tmp_path):
     report = host.checkpoint_report()
     assert report["resume_point"] == 4 and report["checkpoint_bytes"] > 0
     base = tmp_path / "ck"
-    assert list_steps(base / "actor") == [4, 5] and list_steps(base / "critic") == [2, 4]
-    assert list_steps(base / "trainer_state") == [2, 4]
+    # the full checkpoint is written at save_every only (steps 0, 2, 4; keep_last = 2), not on every publish
+    assert list_steps(base / "actor") == list_steps(base / "critic") == list_steps(base / "trainer_state") == [2, 4]
+    assert host.published.keys() == {4, 5}  # ... while every publish keeps the engines' weights
+    assert host.publish(6, final=True).endswith("step_00000006")  # the run's last step is a resume point
+    assert list_steps(base / "actor") == list_steps(base / "trainer_state") == [4, 6]
     point = plan_resume(base, needs_critic=True)
-    assert point.step == 4 and "actor 5, critic 4" in point.message
+    assert point.step == 6 and "roles disagree" not in point.message
     other = TrainerHost(**{**kw, "seed": 9})
     loaded = other.resume(point.step)
-    assert loaded["next_step"] == 5 and set(other.published) == {4}
-    want = load_trainer_state(base, 4)["ranks"][0]["actor_optimizer"]["state"]  # one rank: one entry
+    assert loaded["next_step"] == 7 and set(other.published) == {6}
+    want = load_trainer_state(base, 6)["ranks"][0]["actor_optimizer"]["state"]  # one rank: one entry
     got = other.trainer.actor_optimizer.state_dict()["state"]
     assert want.keys() == got.keys() and all(torch.equal(want[k]["exp_avg"], got[k]["exp_avg"]) for k in want)
     from rl.model import weights_state_dict
-    saved = host.ckpt.load("actor", 4)
+    saved = host.ckpt.load("actor", 6)
     assert all(torch.equal(v, saved[k]) for k, v in weights_state_dict(other.trainer.actor).items())
 
 
