@@ -14,8 +14,9 @@ from rl.rewards import RewardResult
 def test_an_entry_lives_while_its_verifier_runs_and_names_its_pids(tmp_path, monkeypatch):
     monkeypatch.setattr(verifying, "RESOLVE_AFTER_S", 0.0)
     tag = f"run-x/trial-{os.getpid()}-{time.monotonic_ns()}"
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                             env={**os.environ, "T1_RUN_TAG": tag})
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                             env={**os.environ, "T1_RUN_TAG": tag}, stdout=subprocess.PIPE, text=True)
+    child.stdout.readline()   # exec'd: its environment is the verifier's, not the forking parent's
     try:
         run_dir = tmp_path / "run-x"
         run_dir.mkdir()
