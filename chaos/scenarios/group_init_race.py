@@ -70,6 +70,8 @@ def rank_main(cfg: dict) -> dict:
 def _rank_process(cfg: dict) -> None:
     import torch
 
+    log = os.open(Path(cfg["out"]) / f"rank{cfg['rank']}.log", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.dup2(log, 2)   # torch's C++ store errors go to the rank's log, not the report's terminal
     torch.set_num_threads(1)
     rank_main(cfg)
 
