@@ -22,7 +22,7 @@ from rl.agent.environment import LOCAL, Environment
 from rl.agent.tasks import Task, inspect_task
 from rl.agent.verdict import is_solved
 from rl.errors import T1OpsError
-from t1ops.task_import import task_dirs
+from t1ops.task_import import backend_named, task_dirs
 
 ORACLE_SCRIPT = "/solution/solve.sh"
 
@@ -72,13 +72,6 @@ def run_one(task: Task, sandbox, idx: int, *, oracle: bool) -> dict:
 def unreachable(ran) -> str:
     """The first output line of ``ran`` (an exec result) saying a host was unreachable."""
     return diagnose.unreachable(ran.stdout, ran.stderr) if ran is not None else ""
-
-
-def backend_named(name: str) -> Environment:
-    if name == "container":
-        from rl.agent.container.backend import CONTAINER
-        return CONTAINER
-    return LOCAL
 
 
 def run_paths(paths: list[Path], *, oracle: bool, allow_internet: bool = False,
