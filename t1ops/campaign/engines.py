@@ -24,6 +24,11 @@ from t1ops.guards.http import BoundedHttp
 from t1ops.guards.weight_sync import CheckpointDirSync, DiskSync, DistributedSync
 
 
+#: The version engines serve when started from the model's own initial weights (SGLang's default name):
+#: the campaign starts them so, concurrently with the trainer's warm start, and syncs version 0 after it.
+INITIAL_VERSION = "default"
+
+
 class RayTrainerSender:
     """:class:`~t1ops.guards.weight_sync.TrainerSender` over the trainer's Ray actor (rl.weights.sender)."""
 
@@ -62,8 +67,10 @@ class RayTrainerSender:
         return ray.get(handle)
 
 
-def build_weight_sync(cfg: EngineConfig, trainer, version: str):
-    """The pool's weight sync for ``engine.weight_sync`` (docs/weights.md); no trainer: the checkpoint dir."""
+def build_weight_sync(cfg: EngineConfig, trainer, version: str, checkpoint_dir: str | None = None):
+    """The pool's weight sync for ``engine.weight_sync`` (docs/weights.md); no trainer: the checkpoint dir.
+    Engines that start from a checkpoint get its export for admission; ones that start from initial
+    weights (``checkpoint_dir`` None) get the trainer's weights at the first barrier."""
     import ray
 
     if trainer is None:
@@ -71,14 +78,15 @@ def build_weight_sync(cfg: EngineConfig, trainer, version: str):
     if cfg.weight_sync == "disk":
         sync = DiskSync(lambda v: ray.get(trainer.weight_export.remote(v)),
                         checksums=lambda v: ray.get(trainer.weight_checksums.remote(v)))
-        sync.last_export = sync.export(version)  # what an engine at another version loads on admission
+        if checkpoint_dir is not None:
+            sync.last_export = sync.export(version)  # what an engine at another version loads on admission
         return sync
     backend = cfg.weight_sync_backend or ("gloo" if cfg.kind == "embedded" else "nccl")
     return DistributedSync(RayTrainerSender(trainer), backend)
 
 
 class EngineRouter:
-    def __init__(self, *, engine_cfg: dict, spec: dict, vocab_path: str, checkpoint_dir: str, version: str,
+    def __init__(self, *, engine_cfg: dict, spec: dict, vocab_path: str, checkpoint_dir: str | None, version: str,
                  num_moe_layers: int, topk: int, num_experts: int, log_path: str | None = None,
                  run_dir: str | None = None, telemetry_cfg: dict | None = None, pause_mode: str = "abort",
                  trainer=None) -> None:
@@ -100,7 +108,7 @@ class EngineRouter:
             factory = url_factory(self.cfg.urls, self.http, **client_kw)
         self.pool = EnginePool(factory, self.cfg, version=version, checkpoint_dir=checkpoint_dir,
                                pause_mode=pause_mode,  # in_place: fully async, requests span syncs
-                               weight_sync=build_weight_sync(self.cfg, trainer, version))
+                               weight_sync=build_weight_sync(self.cfg, trainer, version, checkpoint_dir))
         self.pool.start()
 
     def wait_until_live(self) -> str:
