@@ -9,7 +9,7 @@ requests in flight are woken to resubmit.
 
 Nothing here dies silently (swallowed-engine-death, rl.engines.background): an engine whose
 own background loop died answers 503 to pings (dead after ``failure_threshold`` of them) and to
-every request (dead at once, :meth:`EnginePool._run`); an exception
+every request (dead at once, :mod:`t1ops.engines.requests`); an exception
 in a ping future is recorded (``engine.ping_crashed``) and counts as a missed ping; the
 pinger thread itself is supervised (``engine.pinger_died``, then restarted).
 """
