@@ -131,7 +131,8 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
             reward_policy=RewardPolicy.from_config(cfg))
     # The engines start now, from the model's seeded weights (as SGLang starts from the base model),
     # while the trainer warm-starts or loads the resumed checkpoint; version 0 (or the resumed step)
-    # reaches them through the normal weight sync below. Calls on the trainer actor run in order.
+    # reaches them through the normal weight sync below. Calls on the trainer actor run in order. (The
+    # workers start after the warm start: on a 2-core host their imports slowed it more than they saved.)
     sender, sender_ready = _configure_weight_sender(cfg, c.trainer, run)
     if c.resume_from is None:
         examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
@@ -148,17 +149,6 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
         version=INITIAL_VERSION,
         telemetry_cfg=_telemetry_kw(cfg), pause_mode="in_place" if cfg.pipeline_mode == "fully_async" else "abort")
-    settings = _worker_settings(cfg)
-    store = None  # the trajectories' owner: outlives any worker (t1ops.campaign.dataplane)
-    if cfg.rollout.data_plane == "object_store":  # named, as the router: workers look it up (ray#53727)
-        store = f"t1ops-trajectories-{run.run_id}"
-        c.store = ray.remote(TrajectoryStore).options(name=store, num_cpus=0).remote()
-    for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
-        c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
-            num_cpus=0, max_restarts=2, max_task_retries=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
-            run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
-            settings=settings, router=f"t1ops-router-{run.run_id}", node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
-            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg), store=store))
     ray.get(sender_ready)
     if c.resume_from is None:
         c.warm_start_loss = ray.get(warm)
@@ -175,6 +165,17 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
                      f"optimizer state and RNG of {ranks} rank{'s' if ranks > 1 else ''} and trainer step "
                      f"{loaded['trainer_step']} restored; next step {loaded['next_step']}")
         telemetry.event("campaign.resumed", **loaded)
+    settings = _worker_settings(cfg)
+    store = None  # the trajectories' owner: outlives any worker (t1ops.campaign.dataplane)
+    if cfg.rollout.data_plane == "object_store":  # named, as the router: workers look it up (ray#53727)
+        store = f"t1ops-trajectories-{run.run_id}"
+        c.store = ray.remote(TrajectoryStore).options(name=store, num_cpus=0).remote()
+    for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
+        c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
+            num_cpus=0, max_restarts=2, max_task_retries=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+            run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
+            settings=settings, router=f"t1ops-router-{run.run_id}", node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
+            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg), store=store))
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
     first_sync = ray.get(c.router.sync_weights.remote(ckpt0, str(c.resume_from or 0)))
     progress.log(f"weights of step {c.resume_from or 0} synced to engines {first_sync['live']} "
