@@ -16,6 +16,10 @@ Semantics (the parts a caller relies on):
   request at a time) for benchmarks. Routing rows follow SGLang on both:
   prompt rows from the first forward, then each sampled token's row from the
   forward that feeds it; the last token has none.
+- ``batch_invariant=True`` (``--batch-invariant``, ``engine.batch_invariant``): each request's
+  forwards carry that request alone, with no prefix reuse, so its output is a function of its
+  prompt, ``sampling_seed`` and the weights only (docs/determinism.md). The recompute path is
+  batch-invariant already.
 - ``output_token_logprobs`` are exact log-probs of the engine's own model:
   log-softmax of the logits divided by the temperature (1 when greedy), over
   the real compact ids (UNK excluded), before top-k/top-p truncation.
@@ -111,7 +115,7 @@ class EmbeddedEngine:
 
     def __init__(self, spec: ModelSpec, vocab: CompactVocab, dtype: torch.dtype, seed: int,
                  checkpoint: str | None = None, weight_version: str = "default", *, batching: bool = True,
-                 kv_slots: int = 128, max_batch: int = 64) -> None:
+                 kv_slots: int = 128, max_batch: int = 64, batch_invariant: bool = False) -> None:
         if vocab.size != spec.vocab_size:
             raise InputError(f"vocab has {vocab.size} compact ids but spec.vocab_size is {spec.vocab_size}",
                              vocab_size=vocab.size, spec_vocab_size=spec.vocab_size)
@@ -140,7 +144,8 @@ class EmbeddedEngine:
                       f"{KV_CACHE_BUDGET_BYTES >> 20} MiB cache budget ({kv_slots} asked)", flush=True)
             cache = KVCache(self.model, num_slots, spec.max_seq_len)
             self.scheduler = BatchScheduler(self, CachedForward(self.model, cache),
-                                            SlotPool(cache, spec.num_layers, spec.moe_router_topk), max_batch=max_batch)
+                                            SlotPool(cache, spec.num_layers, spec.moe_router_topk), max_batch=max_batch,
+                                            batch_invariant=batch_invariant)
         if checkpoint is not None:
             self.update_weights(PC.UpdateWeightsFromDiskRequest(model_path=checkpoint, weight_version=None))
 

@@ -88,6 +88,7 @@ class EngineRouter:
 
             launch = partial(spawn, spec=ModelSpec(**spec), checkpoint=checkpoint_dir, vocab_path=vocab_path,
                              dtype=self.cfg.dtype, log_path=log_path, batching=self.cfg.batching,
+                             batch_invariant=self.cfg.batch_invariant,
                              emission_dir=None if run_dir is None else str(Path(run_dir) / "emissions"))
             factory = spawn_factory(launch, self.http, **client_kw)
         else:  # external SGLang servers: the pool re-admits a URL once its operator restarts it
