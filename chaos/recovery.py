@@ -165,36 +165,35 @@ def _wait(proc: subprocess.Popen) -> int | None:
         _end_session(proc)
 
 
-def _run_with_fault(args: list[str], out: Path, log: Path, when, act) -> tuple[Path | None, int | None, str]:
-    """Start a run; once ``when(run_dir)`` holds, ``act(proc)`` injects the fault (returns what it did)."""
-    proc = _start([*args, "--out", str(out)], log)
-    fired, deadline = "", time.monotonic() + RUN_TIMEOUT_S
-    try:
-        while not fired and proc.poll() is None and time.monotonic() < deadline:
-            run_dir = _run_dir(out)
-            if run_dir is not None and when(run_dir):
-                fired = act(proc)
-            time.sleep(0.02)
-        rc = _wait(proc)
-    finally:
-        _end_session(proc)
-    return _run_dir(out), rc, fired
+def _inject(proc: subprocess.Popen, out: Path, fault: str, step: int) -> str:
+    """Wait until ``fault``'s moment in ``step`` has come, then inject it; returns what it did ("" if
+    the run ended first)."""
+    when = (lambda d: _train_submitted(d, step)) if fault == "trainer-kill" else (lambda d: _rollout_started(d, step))
+    act = {"engine-kill": _kill_engine, "coordinator-kill": _kill_coordinator, "trainer-kill": _kill_trainer}[fault]
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        run_dir = _run_dir(out)
+        if run_dir is not None and when(run_dir):
+            return act(proc, step)
+        time.sleep(0.02)
+    return ""
 
 
-def _kill_engine(proc: subprocess.Popen) -> str:
+def _kill_engine(proc: subprocess.Popen, step: int) -> str:
     engines = sorted((p for p in _session(proc) if _cmdline_has(p, "rl.engines.embedded")), key=lambda p: p.pid)
     if not engines:
         return ""
     engines[0].send_signal(signal.SIGKILL)
-    return f"engine pid {engines[0].pid} SIGKILLed mid-rollout of step {KILL_STEP}"
+    return f"engine pid {engines[0].pid} SIGKILLed mid-rollout of step {step}"
 
 
-def _kill_coordinator(proc: subprocess.Popen) -> str:
+def _kill_coordinator(proc: subprocess.Popen, step: int) -> str:
     proc.send_signal(signal.SIGKILL)
-    return f"coordinator pid {proc.pid} SIGKILLed mid-rollout of step {KILL_STEP}"
+    proc.wait(timeout=60)
+    return f"coordinator pid {proc.pid} SIGKILLed mid-rollout of step {step}; resumed"
 
 
-def _kill_trainer(proc: subprocess.Popen) -> str:
+def _kill_trainer(proc: subprocess.Popen, step: int) -> str:
     ranks = [p for p in _session(proc) if _cmdline_has(p, "TrainerHost")]
     if not ranks:
         return ""
@@ -205,31 +204,33 @@ def _kill_trainer(proc: subprocess.Popen) -> str:
         proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         proc.kill()
-    return f"trainer rank pid {ranks[0].pid} SIGKILLed while training step {KILL_STEP}"
+    return f"trainer rank pid {ranks[0].pid} SIGKILLed while training step {step} (run exit {proc.returncode}); resumed"
 
 
 # --- the runs ---------------------------------------------------------------------------------
-def run_one(name: str, tmp: Path, overrides: list[str]) -> Record:
-    """The clean run (``name == "clean"``) or one fault (FAULTS) plus its recovery."""
+def run_one(name: str, tmp: Path, overrides: list[str], plan: list[tuple[str, int]]) -> Record:
+    """One campaign with the faults of ``plan`` ((fault, step) in step order; none: the clean run),
+    each crash followed by ``--resume`` of the same run directory."""
     args = [str(CONFIG), *[a for o in overrides for a in ("--set", o)]]
     out, log, t0 = tmp / name, tmp / f"{name}.log", time.monotonic()
-    rec = Record(name)
-    if name == "clean" or name.startswith("clean"):
-        proc = _start([*args, "--out", str(out)], log)
+    rec, fired = Record(name), []
+    proc = _start([*args, "--out", str(out)], log)
+    try:
+        for fault, step in plan:
+            what = _inject(proc, out, fault, step)
+            fired.append(what or f"{fault} did not fire")
+            if not what:
+                break
+            if fault != "engine-kill":  # the run died: recover by resuming it
+                rec.rcs.append(proc.poll())
+                _end_session(proc)
+                proc = _start([*args, "--resume", str(_run_dir(out))], log)
         rec.rcs.append(_wait(proc))
-        run_dir = _run_dir(out)
-    elif name == "engine-kill":
-        run_dir, rc, rec.fired = _run_with_fault(args, out, log, lambda d: _rollout_started(d, KILL_STEP),
-                                                 _kill_engine)
-        rec.rcs.append(rc)
-    else:
-        when = (lambda d: _rollout_started(d, KILL_STEP)) if name == "coordinator-kill" \
-            else (lambda d: _train_submitted(d, KILL_STEP))
-        act = _kill_coordinator if name == "coordinator-kill" else _kill_trainer
-        run_dir, rc, rec.fired = _run_with_fault(args, out, log, when, act)
-        rec.rcs.append(rc)
-        if rec.fired and run_dir is not None:  # recover: resume the same run directory
-            rec.rcs.append(_wait(_start([*args, "--resume", str(run_dir)], log)))
+    finally:
+        _end_session(proc)
+    missed = [f for f in fired if f.endswith("did not fire")] or (["too few"] if len(fired) < len(plan) else [])
+    rec.fired = "" if missed else "; ".join(fired)  # "" fails the run: its fault was not injected
+    run_dir = _run_dir(out)
     if run_dir is not None:
         rec.steps, rec.checksum = fingerprint(run_dir)
         rec.run_dir = str(run_dir)
@@ -237,11 +238,19 @@ def run_one(name: str, tmp: Path, overrides: list[str]) -> Record:
     return rec
 
 
-def verify(tmp: Path, faults: tuple[str, ...] = FAULTS, overrides: list[str] | None = None) -> tuple[bool, list[Record], str]:
-    """Run clean, then each fault; returns (all identical, the records, the comparison table)."""
+def verify(tmp: Path, faults: tuple[str, ...] = FAULTS, overrides: list[str] | None = None,
+           combined: bool = False) -> tuple[bool, list[Record], str]:
+    """Run clean, then each fault in a run of its own (or all of them in one run, ``combined``:
+    engine-kill at step 2, coordinator-kill at 3, trainer-kill at 4); returns (every run identical
+    to the clean one and every fault fired, the records, the comparison table)."""
     overrides = list(DETERMINISTIC if overrides is None else overrides)
-    clean = run_one("clean", tmp, overrides)
-    records = [clean] + [run_one(f, tmp, overrides) for f in faults]
+    clean = run_one("clean", tmp, overrides, [])
+    if combined:
+        steps = {"engine-kill": 2, "coordinator-kill": 3, "trainer-kill": 4}
+        plans = {"+".join(faults): [(f, steps[f]) for f in sorted(faults, key=steps.get)]}
+    else:
+        plans = {f: [(f, KILL_STEP)] for f in faults}
+    records = [clean] + [run_one(name, tmp, overrides, plan) for name, plan in plans.items()]
     ok = bool(clean.steps) and clean.rcs == [0]
     for rec in records[1:]:
         ok = ok and bool(rec.fired) and rec.rcs[-1] == 0 and not differences(clean, rec)
@@ -268,6 +277,6 @@ def table(records: list[Record]) -> str:
         ("clean" if r is clean else "IDENTICAL" if not differences(clean, r) else "DIFFERS").ljust(width)
         for r in records))
     for r in records[1:]:
-        lines.append(f"{r.name}: {r.fired or 'the fault did not fire'}")
+        lines.append(f"{r.name}: {r.fired or 'a fault did not fire'}")
         lines += [f"  {d}" for d in differences(clean, r)[:6]]
     return "\n".join(lines)
