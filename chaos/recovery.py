@@ -31,6 +31,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "tiny" / "campaign.toml"
 STEPS, KILL_STEP = 4, 3
+LABEL = 22  # width of the comparison table's row labels
 RUN_TIMEOUT_S = 900
 FAULTS = ("engine-kill", "coordinator-kill", "trainer-kill")
 # The smallest tiny campaign that still exercises every path: 2 groups of 4 per step, 2 engines (so
@@ -262,18 +263,18 @@ def table(records: list[Record]) -> str:
     clean = records[0]
     cols = [r.name for r in records]
     width = max(22, *(len(c) + 2 for c in cols))
-    lines = ["".ljust(18) + "".join(c.ljust(width) for c in cols)]
+    lines = ["".ljust(LABEL) + "".join(c.ljust(width) for c in cols)]
     for i, s in enumerate(clean.steps):
         for key in ("reward_mean", "policy_loss", "value_loss"):
             cells = []
             for r in records:
                 v = r.steps[i][key] if i < len(r.steps) else None
                 cells.append(("-" if v is None else f"{v:.10g}") + ("" if v == s[key] else " *"))
-            lines.append(f"step {s['step']} {key}".ljust(18) + "".join(c.ljust(width) for c in cells))
-    lines.append("final actor".ljust(18) + "".join(str(r.checksum).ljust(width) for r in records))
-    lines.append("exit codes".ljust(18) + "".join(str(r.rcs).ljust(width) for r in records))
-    lines.append("duration s".ljust(18) + "".join(str(r.duration_s).ljust(width) for r in records))
-    lines.append("verdict".ljust(18) + "".join(
+            lines.append(f"step {s['step']} {key}".ljust(LABEL) + "".join(c.ljust(width) for c in cells))
+    lines.append("final actor".ljust(LABEL) + "".join(str(r.checksum).ljust(width) for r in records))
+    lines.append("exit codes".ljust(LABEL) + "".join(str(r.rcs).ljust(width) for r in records))
+    lines.append("duration s".ljust(LABEL) + "".join(str(r.duration_s).ljust(width) for r in records))
+    lines.append("verdict".ljust(LABEL) + "".join(
         ("clean" if r is clean else "IDENTICAL" if not differences(clean, r) else "DIFFERS").ljust(width)
         for r in records))
     for r in records[1:]:
