@@ -262,7 +262,7 @@ def table(records: list[Record]) -> str:
     """The comparison: one column per run, one row per step figure, then the checksum and verdict."""
     clean = records[0]
     cols = [r.name for r in records]
-    width = max(22, *(len(c) + 2 for c in cols))
+    width = max(34, *(len(c) + 2 for c in cols))
     lines = ["".ljust(LABEL) + "".join(c.ljust(width) for c in cols)]
     for i, s in enumerate(clean.steps):
         for key in ("reward_mean", "policy_loss", "value_loss"):
@@ -271,7 +271,8 @@ def table(records: list[Record]) -> str:
                 v = r.steps[i][key] if i < len(r.steps) else None
                 cells.append(("-" if v is None else f"{v:.10g}") + ("" if v == s[key] else " *"))
             lines.append(f"step {s['step']} {key}".ljust(LABEL) + "".join(c.ljust(width) for c in cells))
-    lines.append("final actor".ljust(LABEL) + "".join(str(r.checksum).ljust(width) for r in records))
+    lines.append("final actor".ljust(LABEL) + "".join(
+        (str(r.checksum) + ("" if r.checksum == clean.checksum else " *")).ljust(width) for r in records))
     lines.append("exit codes".ljust(LABEL) + "".join(str(r.rcs).ljust(width) for r in records))
     lines.append("duration s".ljust(LABEL) + "".join(str(r.duration_s).ljust(width) for r in records))
     lines.append("verdict".ljust(LABEL) + "".join(
