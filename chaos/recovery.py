@@ -195,9 +195,12 @@ def _kill_coordinator(proc: subprocess.Popen, step: int) -> str:
 
 
 def _kill_trainer(proc: subprocess.Popen, step: int) -> str:
-    ranks = [p for p in _session(proc) if _cmdline_has(p, "TrainerHost")]
+    # the 1-rank trainer's actor, or (trainer.parallel world size > 1) the last of the rank actors
+    ranks = sorted((p for p in _session(proc) if _cmdline_has(p, "TrainerHost") or _cmdline_has(p, "TrainerRankHost")),
+                   key=lambda p: p.pid)
     if not ranks:
         return ""
+    ranks = ranks[-1:]
     ranks[0].send_signal(signal.SIGKILL)
     # a trainer that died mid-step fails the campaign; a coordinator that has not noticed within
     # the limit is ended too (what an operator does before --resume)
