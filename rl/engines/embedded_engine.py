@@ -100,6 +100,20 @@ def check_actor_checkpoint(model_path: str | Path) -> dict:
     return manifest
 
 
+def round_to_served(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Round every weight to the engine's precision, in place. Megatron keeps some parameters above
+    it (norm weights stay fp32 in a bf16 model); a weight sync sends every tensor in the served
+    dtype (``rl.weights.sender``), so an engine started from a checkpoint (a resume, a recreated
+    engine) must hold the same values as one that received the version through a sync, bit for
+    bit (docs/determinism.md)."""
+    from rl.model import weights_state_dict
+
+    with torch.no_grad():
+        for tensor in weights_state_dict(model).values():
+            if tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor.copy_(tensor.to(dtype))
+
+
 # --- request state -------------------------------------------------------------
 @dataclass
 class _Running:
@@ -186,6 +200,7 @@ class EmbeddedEngine:
             self.abort("", abort_all=True)
         with self._model_lock:
             load_weights(self.model, request.model_path)
+            round_to_served(self.model, self.dtype)
             self.weights_generation += 1
             self.weight_version = request.weight_version or str(manifest.get("step", self.weight_version))
             self.model_path = str(request.model_path)
