@@ -26,7 +26,12 @@ def engine(tmp_path_factory):
     import json
 
     directory = tmp_path_factory.mktemp("ckpt")
-    path = save_weights(build_policy(SPEC, seed=1), directory)
+    model = build_policy(SPEC, seed=1)
+    with torch.no_grad():  # trained norm weights: not all representable in bf16 (a fresh init's 1.0 are)
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.linspace(0, 1e-3, param.numel()).view_as(param))
+    path = save_weights(model, directory)
     (directory / "manifest.json").write_text(json.dumps(
         {"role": "actor", "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "step": 1}))
     return EmbeddedEngine(SPEC, CompactVocab.identity(SPEC.vocab_size), torch.bfloat16, 0, checkpoint=str(directory),
@@ -69,3 +74,14 @@ def test_without_the_per_request_seed_the_order_changes_the_tokens(engine):
     engine._sampler.manual_seed(0)
     backward = _fingerprint(_one_at_a_time(engine, reversed(range(6)), seeded=False))
     assert forward != backward  # the same requests, the same engine state, another arrival order
+
+
+def test_an_engine_started_from_a_checkpoint_holds_what_a_weight_sync_would_give_it(engine):
+    """A sync sends every tensor in the served dtype; megatron keeps norm weights fp32 in a bf16
+    model, so a checkpoint load must round them too, or a resumed run's engines serve other weights."""
+    from rl.model import weights_state_dict
+
+    state = weights_state_dict(engine.model)
+    above = {n: t for n, t in state.items() if t.dtype != torch.bfloat16}
+    assert above, "the bf16 engine keeps some weights in fp32 (the case this guards)"
+    assert all(torch.equal(t, t.to(torch.bfloat16).to(t.dtype)) for t in above.values())
