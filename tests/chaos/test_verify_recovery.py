@@ -32,3 +32,10 @@ def test_every_fault_plus_recovery_equals_the_clean_run(tmp_path):
     ok, records, text = verify(tmp_path, FAULTS, combined=True)
     assert len(records) == 2 and records[1].fired.count("SIGKILL") == 3, text
     assert ok, text
+
+
+def test_cli_refuses_an_unknown_fault(capsys):
+    from t1ops.cli import main
+
+    assert main(["chaos", "verify-recovery", "--faults", "engine-kill,disk-full"]) == 2
+    assert "unknown fault(s): disk-full" in capsys.readouterr().err
