@@ -342,12 +342,10 @@ class RolloutWorker:
 def task_agent(agent: AgentSettings, task) -> AgentSettings:
     """The agent limits of one task's trials. Precedence (docs/tasks.md): ``rollout.max_turns`` is
     the ceiling; a task's ``[agent] max_turns`` lowers it for its own trials, never raises it."""
-    import dataclasses
-
     own = getattr(task, "max_turns", None)
     if own is None or own >= agent.max_turns:
         return agent
-    return dataclasses.replace(agent, max_turns=int(own))
+    return agent.model_copy(update={"max_turns": int(own)})
 
 
 def failed_row(spec: TrialSpec, family: str, err: BaseException) -> dict:
