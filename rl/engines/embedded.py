@@ -127,7 +127,7 @@ def _build_engine(args: argparse.Namespace, spec: ModelSpec | None) -> EmbeddedE
         torch.set_num_threads(max(1, args.num_threads))
         engine = EmbeddedEngine(spec, CompactVocab.identity(spec.vocab_size), DTYPES[args.dtype], args.seed,
                                 checkpoint=args.model_path, batching=not args.recompute, kv_slots=max(1, args.kv_slots),
-                                batch_invariant=args.batch_invariant)
+                                batch_invariant=getattr(args, "batch_invariant", False))
         engine.weight_version = "default"  # as SGLang started with --model-path (its --weight-version default)
         return engine
     if spec is None:
@@ -139,7 +139,7 @@ def _build_engine(args: argparse.Namespace, spec: ModelSpec | None) -> EmbeddedE
     torch.set_num_threads(max(1, args.num_threads))
     return EmbeddedEngine(spec, vocab, DTYPES[args.dtype], args.seed, checkpoint=args.checkpoint,
                           batching=not args.recompute, kv_slots=max(1, args.kv_slots),
-                          batch_invariant=args.batch_invariant, **_scheduler_chaos(args))
+                          batch_invariant=getattr(args, "batch_invariant", False), **_scheduler_chaos(args))
 
 
 def _scheduler_chaos(args: argparse.Namespace) -> dict:
