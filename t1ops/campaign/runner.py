@@ -68,6 +68,7 @@ def _metrics_row(step: int, results: list[dict], stats: dict, rollout_s: float, 
             "no_verdict": sum(r["reward_source"] == "no-verdict" for r in results),
             "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
             "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
+            "policy_loss": stats.get("policy_loss", math.nan), "value_loss": stats.get("value_loss", math.nan),
             "reward_sources": _count(r["reward_source"] for r in results),
             # every non-CTRF reward named by its source and why CTRF was not used (T1 report, section 06)
             "reward_fallbacks": _count(f"{r['reward_source']} ({r.get('reward_fallback') or 'no CTRF tag'})"
