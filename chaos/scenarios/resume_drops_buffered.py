@@ -7,7 +7,7 @@ rollouts starts empty, so those prompts are never trained.
 Fault (real): in each mode (sync, one_step, fully_async) a coordinator process runs the
 production step bookkeeping with real groups: the real batch source (``PipelinedSource``, whose
 generation is the campaign's data order ``plan_groups``; fully_async: the real ``GroupBuffer`` and
-``GroupPlanner`` with its staleness slots), the real step rows (``_accounting``, ``row_books``)
+``GroupPlanner`` with its staleness slots), the real step rows (``step_accounting``, ``row_books``)
 written to summary.json by ``Summary``. Mid-step ``RESUME_AT + 1`` (the batch taken, the next
 groups generating or queued) the process gets SIGKILL: no cleanup, summary.json holds rows up to
 ``RESUME_AT`` (the newest trainer state, ``trainer.save_every``). The generation side is in process
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from chaos.harness import Guarded, Outcome, register
 from t1ops.campaign.async_buffer import GroupBuffer
-from t1ops.campaign.async_loop import GroupPlanner, _accounting, end_books, row_books
+from t1ops.campaign.async_loop import GroupPlanner, end_books, row_books, step_accounting
 from t1ops.campaign.group_ledger import audit_groups, replay_plan
 from t1ops.campaign.resume import ResumePoint, resumed_summary
 from t1ops.campaign.rollouts import Pending, PipelinedSource
@@ -116,7 +116,7 @@ def async_steps(summary: Summary, gen: AsyncGen, first: int, crash_step: int | N
         if check_budget:  # AsyncSource.after_sync
             buffer.check_budget()
         results = [r for g in groups for r in g.data["results"]]
-        fields = _accounting(buffer, groups, results, step, 1.0)
+        fields = step_accounting(buffer, groups, results, step, 1.0)
         fields["async_books"] = row_books(buffer, gen.planner, list(gen.in_flight))
         summary.add_step(_row(step, results, fields))
         gen.fill()

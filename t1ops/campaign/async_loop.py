@@ -224,7 +224,7 @@ class AsyncSource:
         self.driver.buffer.check_budget()  # never more headroom than the rule gives (a recovery's counters)
 
     def row_fields(self, step: int, batch: StepBatch) -> dict:
-        out = _accounting(self.driver.buffer, batch.groups, batch.results, step,
+        out = step_accounting(self.driver.buffer, batch.groups, batch.results, step,
                           self.c.cfg.fully_async.staleness_alarm_share)
         d = self.driver
         out["async_books"] = row_books(d.buffer, d.planner, [gid for _, gid in d.in_flight.values()])
@@ -246,7 +246,7 @@ class AsyncSource:
             telemetry.event("rollout.books_unbalanced", severity="error", **books)
 
 
-def _accounting(buffer: GroupBuffer, groups, results: list[dict], step: int, alarm_share: float) -> dict:
+def step_accounting(buffer: GroupBuffer, groups, results: list[dict], step: int, alarm_share: float) -> dict:
     """The step row's async fields: group books, token lag histogram, violations, long trials."""
     out = buffer.close_step()
     trainer_version = step - 1  # the weights the trainer held when step ``step`` began
