@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rl.rewards import LengthShaping, shape_length
+from rl.length_shaping import LengthShaping, shape_length
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rl.errors import InputError, RewardError
-from rl.rewards import FALLBACK_SOURCES, LengthShaping, RewardResult, ctrf_reward, shape_length
+from rl.length_shaping import LengthShaping, shape_length
+from rl.rewards import FALLBACK_SOURCES, RewardResult, ctrf_reward
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
