@@ -113,6 +113,14 @@ class DistributedTimeoutError(T1OpsError, ValueError):
     """A process group was requested without an explicit timeout."""
 
 
+class GroupInitError(T1OpsError, TimeoutError):
+    """A process-group rendezvous did not complete within its bound on any of its ports."""
+
+
+class VerifierTimeoutError(T1OpsError, TimeoutError):
+    """A trial's verifier outlived its budget: no verdict, so no reward."""
+
+
 # --- agents, sandboxes and tasks --------------------------------------------
 class BudgetError(T1OpsError, ValueError):
     """prompt + max_new_tokens would exceed the context window."""

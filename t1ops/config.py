@@ -11,17 +11,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from rl.agent.settings import AgentLimits
+from rl.trainer.settings import Layout, TrainerSettings
+from t1ops.config_engine_checks import EngineChecks
+from t1ops.config_section import Section
 from t1ops.errors import ConfigError
+from t1ops.guards.field_config import FieldGuardsConfig
 from t1ops.parallel_layout import trainer_errors
-
-
-class Section(BaseModel):
-    """Base for every config section: unknown keys are errors, values validated."""
-
-    # allow_inf_nan=False: an inf timeout or size would silently disable its guard; None means "no limit"
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 class RunConfig(Section):
@@ -50,7 +48,7 @@ class ModelConfig(Section):
     vocab_size: int = Field(248_320, ge=256, description="Vocabulary size (Qwen3.5 tokenizer: 248,320).")
 
 
-class EngineConfig(Section):
+class EngineConfig(Section, EngineChecks):  # + the barrier's proofs (t1ops.config_engine_checks)
     kind: Literal["embedded", "sglang"] = Field("embedded", description="Embedded CPU engine or external SGLang servers.")
     num_engines: int = Field(1, ge=1, le=1024, description="Engines to run (embedded) or expect (sglang).")
     urls: list[str] = Field(default_factory=list, description="SGLang server URLs when kind = 'sglang'.")
@@ -72,68 +70,24 @@ class EngineConfig(Section):
     batching: bool = Field(True, description="Embedded engine: K/V cache, continuous batching and prefix reuse (docs/engine.md); false recomputes the whole sequence per token, one request at a time (the old path, for benchmarks).")
 
 
-class ParallelConfig(Section):
-    """The trainer's layout on its ranks (docs/parallelism.md); world size = dp * tp * pp.
+class ParallelConfig(Layout, Section):
+    """The trainer's layout on its ranks (docs/parallelism.md): ``rl.trainer.settings.Layout`` and the
+    process-group backend. Checked at load against the model by the same rules preflight applies
+    to plans (``t1ops.parallel_layout``)."""
 
-    Checked at load against the model by the same rules preflight applies to
-    plans (``t1ops.parallel_layout``)."""
-
-    dp: int = Field(1, ge=1, le=4096, description="Data-parallel ranks: trajectories are packed to them by token count.")
-    tp: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks (megatron-core; > 1 needs sequence_parallel).")
-    ep: int = Field(1, ge=1, le=1024, description="Expert-parallel ranks: must divide num_experts and dp*tp (expert tensor parallelism is 1).")
-    pp: int = Field(1, ge=1, le=1, description="Pipeline stages: 1 only; pipeline schedules are not wired (docs/parallelism.md says why).")
-    sequence_parallel: bool = Field(False, description="Split the sequence over the tensor-parallel ranks (megatron SP); requires tp > 1.")
-    max_tokens_per_gpu: int = Field(8192, ge=16, description="Token cap of one micro-batch (padded tokens) on one rank; a longer sample is its own micro-batch.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Process-group backend: auto = nccl with CUDA, gloo on CPU.")
 
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
 
+class TrainerConfig(TrainerSettings, Section):
+    """The ``[trainer]`` section: the step's settings (``rl.trainer.settings``) and the rank layout."""
 
-class TrainerConfig(Section):
-    mode: Literal["ppo", "grpo"] = Field("ppo", description="PPO with a critic and GAE, or GRPO with DPPO.")
-    actor_lr: float = Field(1e-3, gt=0, le=1.0, description="Actor learning rate (constant).")
-    critic_lr_multiplier: float = Field(30.0, gt=0, le=1000, description="Critic LR as a multiple of the actor's (30x in the report).")
-    critic_warmup_steps: int = Field(0, ge=0, description="Critic-only steps before the actor updates (report: 2, after a warm-loaded critic).")
-    critic_warm_load: str | None = Field(None, description="Warm-load the critic from a checkpoint: a critic step dir (checkpoints/critic/step_N) or a critic role dir (its newest step) of an earlier run; None: a fresh critic (T1 report section 04: warm-loaded, then critic_warmup_steps critic-only steps).")
-    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
-    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
-    clip_low: float = Field(0.2, ge=0, le=1, description="PPO ratio clip below 1.")
-    clip_high: float = Field(0.2, ge=0, le=10, description="PPO ratio clip above 1.")
-    value_clip: float = Field(0.2, ge=0, description="Clip of the value update around pre-update values.")
-    dppo_delta: float = Field(0.15, gt=0, le=1, description="DPPO binary-TV threshold (probability difference); the default of both sides.")
-    dppo_delta_low: float | None = Field(None, gt=0, le=1, description="DPPO threshold for negative-advantage tokens (probability drop); None: dppo_delta (walkthrough: 0.15).")
-    dppo_delta_high: float | None = Field(None, gt=0, le=1, description="DPPO threshold for positive-advantage tokens (probability rise); None: dppo_delta (walkthrough: 0.15).")
-    loss_reduction: Literal["token_mean", "seq_mean", "prompt_mean"] = Field("token_mean", description="How per-token losses are reduced.")
-    r3: bool = Field(True, description="Replay the rollout's routing in the actor forward (R3).")
-    weight_decay: float = Field(0.1, ge=0, le=1, description="AdamW weight decay.")
-    adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
-    adam_beta2: float = Field(0.98, ge=0, lt=1, description="Adam beta2.")
-    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
-    ppo_epochs: int = Field(1, ge=1, le=16, description="Passes over each batch.")
-    save_every: int = Field(4, ge=1, description="Save weights-only checkpoints every N steps.")
-    warm_start_steps: int = Field(110, ge=0, description="Supervised warm-start steps on task solutions before RL (the report's RL starts from SFT).")
-    warm_start_lr: float = Field(3e-3, gt=0, le=1.0, description="Learning rate of the supervised warm start.")
-    warm_start_noise: float = Field(0.5, ge=0, lt=1, description="Share of warm-start demonstrations showing another task's solution (an imperfect demonstrator).")
-    clip_ratio_c: float | None = Field(None, gt=1, le=100, description="PPO dual clip: a negative-advantage token's loss is at most -clip_ratio_c * A (None: off, as the report).")
-    tis_mode: Literal["off", "token", "sequence"] = Field("off", description="Apply truncated importance sampling (trainer vs sampler) per token or per sequence; 'off' records it only (the report).")
-    tis_cap: float = Field(2.0, gt=0, le=1000, description="Truncation cap of the TIS weight.")
-    grpo_norm_by_std: bool = Field(False, description="GRPO: divide group-centred advantages by the group's std (off: the walkthrough's Dr. GRPO-style centring).")
-    advantage_whitening: bool = Field(False, description="PPO: whiten GAE advantages over the batch's tokens (off: the report, 'advantage normalization is not enabled').")
-    gap_reducer: Literal["token_mean"] = Field("token_mean", description="Reducer of the train-vs-rollout log-prob gap, self-checked against the direct token mean on every step (rl.metrics.checked_logprob_gap); the chaos harness alone selects a wrong one (docs/failures.md, metrics-reducer).")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Layout of the trainer's ranks.")
 
 
-class RolloutConfig(Section):
+class RolloutConfig(AgentLimits, Section):
     tasks_dir: str = Field("examples/tasks", description="Directory of Harbor-layout tasks.")
     batch_size: int = Field(8, ge=1, le=100_000, description="Trajectories per step.")
     n_samples_per_prompt: int = Field(2, ge=1, le=256, description="Samples per task (GRPO group size).")
-    max_turns: int = Field(4, ge=1, le=1000, description="Agent turns per trial.")
-    max_new_tokens: int = Field(64, ge=1, description="Tokens one turn may generate.")
-    context_window: int = Field(1024, ge=64, description="Context window in tokens; prompt + max_new_tokens never exceeds it.")
-    summary_max_new_tokens: int = Field(0, ge=0, description="History compaction (builtin agent, docs/compaction.md): the summary request's max_new_tokens; the loop summarises before the history leaves too little room for it (the trigger is derived from this request, never a separate reserve) and continues from system + task + summary as a new trajectory chunk. 0: off (a full context ends the trial with 'context_exhausted'). summary_max_new_tokens + max_new_tokens must be below context_window.")
-    temperature: float = Field(1.0, ge=0, le=4, description="Sampling temperature.")
     max_concurrency: int = Field(8, ge=1, description="Trials in flight at once.")
     sandbox_rate_per_s: float = Field(20.0, gt=0, description="Sandbox creations per second (token bucket).")
     skim_overprovision: float = Field(1.0, ge=1, le=4, description="Launch this multiple of the batch; accept the first to finish.")
@@ -220,6 +174,7 @@ class GuardsConfig(Section):
     collective_slow_fraction: float = Field(0.5, gt=0, lt=1, description="Report a collective as slow (not dead) after this fraction of its timeout.")
     adam_host_bytes_per_param: float = Field(12.0, gt=0, description="Host bytes per parameter of CPU-offloaded fp32 Adam (fp32 master + exp_avg + exp_avg_sq).")
     sandbox_host_gib: float = Field(2.0, ge=0, description="Host RAM one concurrent sandbox worker costs, for the host-memory projection.")
+    field: FieldGuardsConfig = Field(default_factory=FieldGuardsConfig, description="Guards for failures reported from the field: slow verifiers, host RAM leaks, group-init races (t1ops/guards/field_config.py).")
 
 
 class FullyAsyncConfig(Section):

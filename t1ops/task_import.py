@@ -18,6 +18,7 @@ from typing import Iterator
 from rl.agent import tblegacy
 from rl.agent.archive import ArchiveLimits, extract_task_archive, extract_task_bytes
 from rl.agent.bounded import short
+from rl.agent.environment import LOCAL, Environment
 from rl.agent.tasks import inspect_task, links_leaving, load_task
 from rl.errors import T1OpsError, TaskError, UnsafeArchiveError
 from t1ops import telemetry
@@ -184,8 +185,6 @@ def do_check(root: Path, *, allow_internet: bool = False, backend: str = "local"
             for problem in check.problems:
                 report.add_refusal(str(d), TaskError(problem, path=str(d)))
             continue
-        from t1ops.task_runs import backend_named
-
         env = backend_named(backend).check(check.task, allow_internet=allow_internet)
         missing = [m for m in RECOMMENDED if not (d / m).exists()]
         report.ok.append({"source": str(d), "task": check.task.name, "family": check.task.family,
@@ -194,3 +193,11 @@ def do_check(root: Path, *, allow_internet: bool = False, backend: str = "local"
                           "runs_locally": env.runs_locally, "needs": list(env.needs),
                           "notes": list(env.notes), "workdir": env.workdir})
     return report
+
+
+def backend_named(name: str) -> Environment:
+    """The environment backend a task is checked and run with: "container" or the local one."""
+    if name == "container":
+        from rl.agent.container.backend import CONTAINER
+        return CONTAINER
+    return LOCAL

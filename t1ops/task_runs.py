@@ -17,11 +17,12 @@ import time
 import uuid
 from pathlib import Path
 
+from rl.agent.container import diagnose
 from rl.agent.environment import LOCAL, Environment
 from rl.agent.tasks import Task, inspect_task
 from rl.agent.verdict import is_solved
 from rl.errors import T1OpsError
-from t1ops.task_import import task_dirs
+from t1ops.task_import import backend_named, task_dirs
 
 ORACLE_SCRIPT = "/solution/solve.sh"
 
@@ -54,9 +55,13 @@ def run_one(task: Task, sandbox, idx: int, *, oracle: bool) -> dict:
         if close is not None:
             close()
     r = verdict.reward
-    reasons = [f"needs a host it cannot reach ({u})" for u in [unreachable(ran, verdict)] if u]
+    reasons = [f"solution: needs a host it cannot reach ({u})" for u in [unreachable(ran)] if u]
     if ran is not None and ran.reason != "ok":
         reasons.append(f"solution {ran.reason} (exit {ran.exit_code})")
+    if not is_solved(r):   # a reward 0 from test.sh's own `echo 0` hides why as well as no verdict
+        out = getattr(verdict, "output", None)
+        reasons += [f"verifier: {why}" for why in
+                    diagnose.verifier_reasons(*((out.stdout, out.stderr) if out else ("", "")))]
     if verdict.reason != "ok":
         reasons.append(f"verifier {verdict.reason}" + (f": {r.detail}" if r.detail else ""))
     return _row(task.name, reward=r.value, source=r.source, passed=r.passed, total=r.total,
@@ -64,26 +69,9 @@ def run_one(task: Task, sandbox, idx: int, *, oracle: bool) -> dict:
                 reason="; ".join(reasons) or "ok", trial=trial.trial_id)
 
 
-# what a resolver or a socket says when the trial has no route to a host it needs
-_UNREACHABLE = ("Could not resolve host", "Temporary failure in name resolution",
-                "Name or service not known", "Network is unreachable", "No route to host",
-                "Failed to establish a new connection", "Could not connect to server")
-
-
-def unreachable(ran, verdict) -> str:
-    """The first output line of the solution or the verifier saying a host was unreachable."""
-    for out in (ran, getattr(verdict, "output", None)):
-        for line in ((out.stdout + "\n" + out.stderr).splitlines() if out is not None else []):
-            if any(p in line for p in _UNREACHABLE):
-                return line.strip()[:200]
-    return ""
-
-
-def backend_named(name: str) -> Environment:
-    if name == "container":
-        from rl.agent.container.backend import CONTAINER
-        return CONTAINER
-    return LOCAL
+def unreachable(ran) -> str:
+    """The first output line of ``ran`` (an exec result) saying a host was unreachable."""
+    return diagnose.unreachable(ran.stdout, ran.stderr) if ran is not None else ""
 
 
 def run_paths(paths: list[Path], *, oracle: bool, allow_internet: bool = False,
@@ -121,7 +109,7 @@ def _run_dir(d: Path, sandbox, idx: int, *, oracle: bool, allow_internet: bool,
     try:
         return run_one(check.task, sandbox, idx, oracle=oracle)
     except ImageBuildError as e:   # a named verdict, never a crash: reward 0, no trial ran
-        return _row(d.name, reward=0.0, source="build-failed", reason=f"build-failed at {e.line}: {e}")
+        return _row(d.name, reward=0.0, source="build-failed", reason=f"build-failed: {e}")
     except McpNotReady as e:
         return _row(d.name, reward=0.0, source="mcp-not-ready", reason=f"mcp-not-ready: {e}")
     except T1OpsError as e:

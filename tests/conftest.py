@@ -111,10 +111,17 @@ def _shared_session_fixture(item) -> str | None:
     return None
 
 
+def _is_long(item) -> bool:
+    return item.get_closest_marker("slow") is not None or item.get_closest_marker("chaos") is not None
+
+
 def pytest_collection_modifyitems(config, items):
+    # the long tests first: a 3-minute campaign handed out last keeps one worker busy while the
+    # other idles (the order of independent tests is free; a module's fast tests keep their order)
+    items.sort(key=lambda item: not _is_long(item))
     for item in items:
         shared = _shared_session_fixture(item)
         if shared is not None:
             item.add_marker(pytest.mark.xdist_group(f"session-fixture-{shared}"))
-        elif item.get_closest_marker("slow") is None and item.get_closest_marker("chaos") is None:
+        elif not _is_long(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

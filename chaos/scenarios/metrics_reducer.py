@@ -21,7 +21,6 @@ the reducer and the ratio. Runbook: ``runbooks/metrics-reducer.md``.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -45,7 +44,7 @@ def _batch(trainer, spec, gen: torch.Generator):
     """Responses sampled and scored by a bf16 copy of the trainer's policy (as the engine does)."""
     from rl.model import build_policy
     from rl.trainer import rollout_batch, sample_responses
-    from rl.trainer.trainer import copy_state
+    from rl.trainer.step import copy_state
 
     sampler = build_policy(spec, 0, torch.bfloat16)
     sampler.load_state_dict(copy_state(trainer.actor.state_dict()), strict=False)
@@ -74,7 +73,7 @@ def run(tmp: Path) -> Outcome:
 
     metrics.REDUCERS[CHAOS_REDUCER] = group_sum_reducer  # the seam; removed below
     try:
-        faulty = Trainer(spec, dataclasses.replace(settings, gap_reducer=CHAOS_REDUCER), seed=0)
+        faulty = Trainer(spec, settings.model_copy(update={"gap_reducer": CHAOS_REDUCER}), seed=0)  # unvalidated: the config allows no other
         old_BT = faulty.behaviour_logprobs(batch)
         mask_BT = batch.loss_mask_BT
         true_gap = logprob_gap(old_BT, batch.rollout_logprobs_BT, mask_BT)

@@ -130,7 +130,7 @@ def sampled_turns(chunks: list) -> list[tuple[list[int], list[float]]]:
 def assistant_spans(r, messages: list[dict]) -> tuple[list[int], list[tuple[int, int]]]:
     """The final transcript's ids and each assistant turn's [start, end) in them (through <|im_end|>)."""
     from rl.chat import IM_END_ID
-    from rl.harness.template import render
+    from rl.chat.template import render
 
     ids = r.encode(render(messages, add_generation_prompt=False))
     spans = []

@@ -18,11 +18,14 @@ import shutil
 import tarfile
 import tempfile
 import zlib
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from rl.agent.archive_rules import (MAX_COMPRESSED_BYTES, MAX_HEADER_BYTES, MAX_MEMBER_BYTES, MAX_MEMBERS,
+                                   MAX_NAME_BYTES, MAX_TOTAL_BYTES, ArchiveLimits, free_target, normalised,
+                                   task_name_of)
 from rl.agent.bounded import short
-from rl.errors import InputError, UnsafeArchiveError
+from rl.agent.ziparchive import extract_zip
+from rl.errors import UnsafeArchiveError
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
@@ -30,47 +33,11 @@ CATCHES = {
     "hostile-archive": (),
 }
 
-MAX_MEMBERS = 2_000
-MAX_TOTAL_BYTES = 64 * 1024 * 1024     # a terminal task is KiBs; 64 MiB leaves room for data files
-MAX_MEMBER_BYTES = 32 * 1024 * 1024
-MAX_COMPRESSED_BYTES = 32 * 1024 * 1024
-MAX_HEADER_BYTES = 64 * 1024          # a GNU long-name/long-link or pax header: a path, not data
-MAX_NAME_BYTES = 1024                 # a member path (each component at most 255)
+__all__ = ["ArchiveLimits", "MAX_COMPRESSED_BYTES", "MAX_HEADER_BYTES", "MAX_MEMBER_BYTES", "MAX_MEMBERS",
+           "MAX_NAME_BYTES", "MAX_TOTAL_BYTES", "check_headers", "check_members", "decompress", "extract_task_archive",
+           "extract_task_bytes", "is_zip", "pack_task"]
+
 _BLOCK = 512
-
-
-@dataclass(frozen=True)
-class ArchiveLimits:
-    """Bounds on one archive (checked on the header values, before extraction)."""
-
-    max_members: int = MAX_MEMBERS
-    max_total_bytes: int = MAX_TOTAL_BYTES
-    max_member_bytes: int = MAX_MEMBER_BYTES
-    max_compressed_bytes: int = MAX_COMPRESSED_BYTES
-
-    def __post_init__(self) -> None:
-        for name in ("max_members", "max_total_bytes", "max_member_bytes", "max_compressed_bytes"):
-            if getattr(self, name) <= 0:
-                raise InputError(f"ArchiveLimits.{name} = {getattr(self, name)} must be > 0",
-                                 argument=name)
-
-
-def _normalised(name: str, archive: str) -> PurePosixPath:
-    """A member name as a relative path inside the root, or UnsafeArchiveError."""
-    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES or any(
-            len(p.encode("utf-8", "surrogateescape")) > 255 for p in name.split("/")):
-        raise UnsafeArchiveError(f"{archive}: member {short(name, 80)!r} has a name over {MAX_NAME_BYTES} "
-                                 "bytes (or a component over 255)", archive=archive, member=short(name, 80))
-    if not name or "\x00" in name:
-        raise UnsafeArchiveError(f"{archive}: member {name!r} has an empty or NUL-bearing name",
-                                 archive=archive, member=name)
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise UnsafeArchiveError(f"{archive}: member {name!r} is an absolute path",
-                                 archive=archive, member=name)
-    parts = PurePosixPath(name).parts
-    if ".." in parts:
-        raise UnsafeArchiveError(f"{archive}: member {name!r} contains '..'", archive=archive, member=name)
-    return PurePosixPath(*[p for p in parts if p != "."]) if parts else PurePosixPath(".")
 
 
 def _link_stays_inside(member: tarfile.TarInfo, rel: PurePosixPath, top: str = "") -> bool:
@@ -97,7 +64,7 @@ def check_members(tar: tarfile.TarFile, archive: str, limits: ArchiveLimits) -> 
             raise UnsafeArchiveError(f"{archive}: more than {limits.max_members} members (at "
                                      f"{member.name!r}); refusing a member-count bomb",
                                      archive=archive, member=member.name)
-        rel = _normalised(member.name, archive)
+        rel = normalised(member.name, archive)
         if member.ischr() or member.isblk() or member.isfifo() or member.isdev():
             raise UnsafeArchiveError(f"{archive}: member {member.name!r} is a device or fifo",
                                      archive=archive, member=member.name)
@@ -202,18 +169,6 @@ def is_zip(data: bytes) -> bool:
     return data[:4] in (b"PK\x03\x04", b"PK\x05\x06")
 
 
-def _task_name(parts: list[tuple[str, ...]], name: str | None, archive: str) -> tuple[str, bool]:
-    """(task name, whether to strip the single top-level folder)."""
-    tops = {ps[0] for ps in parts if ps}
-    strip = len(tops) == 1 and any(len(ps) > 1 for ps in parts)
-    task_name = name or (next(iter(tops)) if strip else None)
-    if not task_name or "/" in task_name or task_name in (".", ".."):
-        raise UnsafeArchiveError(f"{archive}: the archive has no single top folder (top-level "
-                                 f"entries {sorted(tops)[:5]}); name the task with --name NAME",
-                                 archive=archive, member=None)
-    return task_name, strip
-
-
 def extract_task_bytes(data: bytes, dest: str | Path, *, name: str | None = None,
                        archive: str = "<bytes>", limits: ArchiveLimits = ArchiveLimits()) -> Path:
     """Extract one task archive (gzip tar, or zip: :mod:`rl.agent.ziparchive`) into
@@ -228,20 +183,19 @@ def extract_task_bytes(data: bytes, dest: str | Path, *, name: str | None = None
     dest_dir = Path(dest).resolve()
     dest_dir.mkdir(parents=True, exist_ok=True)
     if is_zip(data):
-        from rl.agent.ziparchive import extract_zip
         return extract_zip(data, dest_dir, name=name, archive=archive, limits=limits)
     try:
         with _open(data, archive, limits) as tar:
             members = check_members(tar, archive, limits)
-            parts = [_normalised(m.name, archive).parts for m in members]
-            task_name, strip = _task_name(parts, name, archive)
+            parts = [normalised(m.name, archive).parts for m in members]
+            task_name, strip = task_name_of(parts, name, archive)
             top = next(ps[0] for ps in parts if ps) if strip else ""
             for m, ps in zip(members, parts):   # links are judged against the task root
                 if (m.issym() or m.islnk()) and not _link_stays_inside(m, PurePosixPath(*ps), top):
                     raise UnsafeArchiveError(f"{archive}: member {short(m.name, 120)!r} links to "
                                              f"{short(m.linkname, 120)!r} outside the task root",
                                              archive=archive, member=short(m.name, 120))
-            target = _free_target(dest_dir, task_name, archive)
+            target = free_target(dest_dir, task_name, archive)
             with tempfile.TemporaryDirectory(prefix=".import-", dir=dest_dir) as staging:
                 tar.extractall(staging, members=members, filter="data")
                 shutil.move(str(Path(staging) / top), str(target))
@@ -254,14 +208,6 @@ def extract_task_bytes(data: bytes, dest: str | Path, *, name: str | None = None
     except (EOFError, OSError, ValueError, UnicodeDecodeError) as e:
         raise UnsafeArchiveError(f"{archive}: corrupt archive ({type(e).__name__}: {short(e, 200)})",
                                  archive=archive, member=None) from None
-    return target
-
-
-def _free_target(dest_dir: Path, task_name: str, archive: str) -> Path:
-    target = dest_dir / task_name
-    if target.exists():
-        raise UnsafeArchiveError(f"{archive}: {target} already exists; remove it or import "
-                                 "elsewhere", archive=archive, member=None)
     return target
 
 

@@ -30,6 +30,7 @@ from opentelemetry import trace
 
 from rl.agent import budget, response
 from rl.agent.compaction import Compactor
+from rl.agent.settings import AgentSettings
 from rl.chat import IM_END_ID, STOP_IDS, ChatRenderer, parse_assistant
 from rl.engines.protocol import GenerateRequest
 from rl.errors import BudgetError
@@ -41,21 +42,6 @@ SYSTEM_PROMPT = ("You are a terminal agent. Solve the task by running shell comm
                  "tool, one command per turn. Reply without a tool call when you are done.")
 TOOL_NAME = "bash"
 MAX_OBSERVATION_CHARS = 2000  # long outputs are cut: the tail rarely helps a small policy
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    """Limits of one trial (field names follow ``RolloutConfig``)."""
-
-    max_turns: int = 4
-    max_new_tokens: int = 64
-    context_window: int = 1024
-    temperature: float = 1.0
-    min_new_tokens: int = 8            # a turn with less room than this is not worth sampling
-    num_layers: int | None = None      # set both to require routing on every turn (R3)
-    topk: int | None = None
-    command_timeout_s: float = 20.0
-    summary_max_new_tokens: int = 0    # > 0: compact the history with a summary of this size (0: off)
 
 
 @dataclass
@@ -131,7 +117,7 @@ def run_episode(instruction: str, execute: Callable[[str], Any], generate: Calla
 
     clock = clock or time.monotonic
     if tools is not None:
-        from rl.harness.template import render
+        from rl.chat.template import render
 
         def encode_prompt(messages):
             return renderer.encode(render(messages, [BASH_TOOL, *tools.openai_tools]))
@@ -216,7 +202,7 @@ def _dispatch_tools(text: str, tools: Any, ep: Episode) -> tuple[str | None, str
     """(bash command, problem, other tool's result) for a reply when extra tools are offered."""
     import json
 
-    from rl.harness.toolcalls import parse_reply
+    from rl.chat.toolcalls import parse_reply
 
     reply = parse_reply(text, offered={TOOL_NAME, *(t["function"]["name"] for t in tools.openai_tools)})
     if reply.problem is not None:

@@ -6,7 +6,8 @@ as free-form, so real task files carry ``schema_version``, ``[task]``,
 and more. Here every key is sorted into one of three bins (docs/tasks.md):
 
 - **applied**: timeouts, ``[environment] cpus / memory_mb (or memory = "4G") /
-  storage_mb (or storage) / allow_internet / env / workdir``, ``[verifier.env]``,
+  storage_mb (or storage) / allow_internet (or Harbor's newer network_mode) / env / workdir``,
+  ``[verifier.env]``,
   ``[solution.env]``, our ``family``, ``max_turns``, ``required_env_keys``;
 - **ignored**: anything else (unknown keys, unused metadata, Harbor features with
   no local meaning such as ``build_timeout_sec``); kept and listed once by
@@ -41,8 +42,13 @@ _KNOWN: dict[str, dict[str, str]] = {
     "environment": {"cpus": _NUM, "memory_mb": _INT, "memory": _STR, "storage_mb": _INT,
                     "storage": _STR, "allow_internet": _BOOL, "allow_network": _BOOL, "env": _ENV,
                     "workdir": _STR, "required_env_keys": _STRS, "gpus": _INT,
-                    "docker_image": _STR, "os": _STR},
+                    "docker_image": _STR, "os": _STR, "network_mode": _STR,
+                    "allowed_hosts": _STRS},
 }
+# Harbor's [environment] network_mode (docs/containers.md): the newer spelling of allow_internet.
+# "allowlist" cannot be narrowed to its hosts here: it needs network (a trial network of its own,
+# only where the run allows internet), and an empty allowlist denies all egress, as in Harbor.
+NETWORK_MODES = ("public", "no-network", "allowlist")
 _TOP = {"version": _STR, "schema_version": _STR}
 _METADATA_USED = {"family", "category", "difficulty", "tags"}
 # known to Harbor, with no local meaning: listed as ignored with the reason
@@ -52,6 +58,8 @@ _NO_LOCAL_MEANING = {
     "environment.build_timeout_sec": "the local backend builds nothing (the container backend applies it)",
     "environment.gpu_types": "no GPU is given to trials",
     "environment.mcp_servers": "the local backend starts no MCP server (the container backend does)",
+    "agent.network_mode": "one network setting per trial here: [environment] network_mode",
+    "verifier.network_mode": "the verifier runs without network here, always",
     "environment.healthcheck": "the local backend starts no services to check",
     "environment.skills_dir": "agent skills are not copied here",
 }
@@ -131,7 +139,30 @@ def read_task_toml(text: str, *, source: str = "task.toml") -> TomlReport:
             ignored.append(f"{key} (not used by t1ops)")
     steps = _steps(data.get("steps"), problems)
     _values(data, problems)
+    _network_mode(data, problems)
     return TomlReport(data, tuple(ignored), tuple(problems), steps)
+
+
+def _network_mode(data: dict[str, Any], problems: list[tuple[str, str]]) -> None:
+    """Fold ``[environment] network_mode`` into ``allow_internet`` (what every backend reads):
+    public -> true, no-network -> false, allowlist -> true iff it names a host. A value
+    outside Harbor's three, or one that contradicts a declared allow_internet, is a problem."""
+    env = data.get("environment")
+    if not isinstance(env, dict) or not isinstance(env.get("network_mode"), str):
+        return
+    mode = env["network_mode"]
+    if mode not in NETWORK_MODES:
+        problems.append(("environment.network_mode", f"environment.network_mode = {short(mode, 40)!r} "
+                         f"must be one of {', '.join(NETWORK_MODES)}"))
+        return
+    hosts = env.get("allowed_hosts")
+    wants = mode == "public" or (mode == "allowlist" and bool(hosts) and _type_ok(_STRS, hosts))
+    declared = env.get("allow_internet", env.get("allow_network"))
+    if isinstance(declared, bool) and declared != wants:
+        problems.append(("environment.network_mode", f"environment.network_mode = {mode!r} "
+                         f"contradicts allow_internet = {str(declared).lower()}; keep one of them"))
+    elif declared is None:
+        env["allow_internet"] = wants
 
 
 def _metadata(value: Any, ignored: list[str], problems: list[tuple[str, str]]) -> None:

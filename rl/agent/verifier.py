@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rl.agent import verifying
 from rl.agent.ctrf import read_ctrf
 from rl.agent.sandbox import PINNED_PYTEST_INI, VERIFIER_LIMITS, ExecResult, Limits, Trial
 from rl.agent.secrets import redact, redact_obj
@@ -50,7 +51,7 @@ from rl.agent.tasks import hash_tree
 from rl.agent.verdict import (SOURCE_NO_VERDICT, InconsistentVerdict, ctrf_problem, decide,
                               foreign_reward_files, no_verdict)
 from rl.agent.verifier_env import git_env, import_dirs, task_env_for_verifier
-from rl.errors import ParseError, TaskError, TrialDirError
+from rl.errors import ParseError, TaskError, TrialDirError, VerifierTimeoutError
 from rl.rewards import RewardResult, ctrf_reward
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
@@ -79,6 +80,8 @@ class VerifierResult:
     reason: str
     duration_s: float
     output: ExecResult | None = None
+    budget_s: float | None = None           # the verifier's timeout: the task's, capped by the campaign
+    verifier_pids: tuple[int, ...] = ()     # its processes while it ran (rl/agent/verifying.py)
 
     @property
     def tampered(self) -> bool:
@@ -188,9 +191,18 @@ def verifier_limits(trial: Trial) -> Limits:
     return dataclasses.replace(VERIFIER_LIMITS, memory_mb=trial.limits.memory_mb, cpus=trial.limits.cpus)
 
 
-def verify(trial: Trial, *, limits: Limits | None = None, scale: float = 20.0) -> VerifierResult:
+def verifier_budget_s(trial: Trial, timeout_cap_s: float | None = None) -> float:
+    """The verifier's timeout: the task's ``[verifier] timeout_sec``, capped by the campaign
+    (``guards.field.verifier_timeout_cap_s``; slow-verifier)."""
+    own = trial.task.verifier_timeout_s
+    return own if timeout_cap_s is None else min(own, timeout_cap_s)
+
+
+def verify(trial: Trial, *, limits: Limits | None = None, scale: float = 20.0,
+           timeout_cap_s: float | None = None) -> VerifierResult:
     """Run the task's verifier on a finished trial and compute its reward (see module doc)."""
     limits = verifier_limits(trial) if limits is None else limits
+    budget = verifier_budget_s(trial, timeout_cap_s)
     if trial.verified:
         raise TrialDirError(f"trial {trial.trial_id} was already verified; a verdict is final",
                             trial_id=trial.trial_id)
@@ -211,25 +223,30 @@ def verify(trial: Trial, *, limits: Limits | None = None, scale: float = 20.0) -
     if events:   # a forgery voids the trial: run nothing the agent may have prepared
         return _finish(trial, tag, vdir, events, None, t_start, scale)
     t0_ms = time.time() * 1000
-    out = trial.run_verifier(["/bin/bash", "/tests/test.sh"], env=env,
-                             limits=limits, timeout_s=trial.task.verifier_timeout_s, tests=tests,
-                             vdir=vdir, files=files)
+    with verifying.Entry(trial.dir.parent, trial.task.name, trial.trial_id, tag, budget) as running:
+        out = trial.run_verifier(["/bin/bash", "/tests/test.sh"], env=env, limits=limits, timeout_s=budget,
+                                 tests=tests, vdir=vdir, files=files)
     t1_ms = time.time() * 1000
     events += _post_checks(trial, tests)
     if events:
         return _finish(trial, tag, vdir, events, out, t_start, scale)
     reward, reason = _reward(trial, vdir, tag, t0_ms, t1_ms, out, events, scale)
-    return _finish(trial, tag, vdir, events, out, t_start, scale, reward, reason)
+    res = _finish(trial, tag, vdir, events, out, t_start, scale, reward, reason)
+    return dataclasses.replace(res, budget_s=budget, verifier_pids=tuple(running.doc["pids"]))
 
 
 VERIFY_SLACK_S = 60.0   # the scan, the copies and the verdict around the verifier's own timeout
 
 
-def verify_within(trial: Trial, *, bound_s: float | None = None, **kw: Any) -> VerifierResult:
+def verify_within(trial: Trial, *, bound_s: float | None = None, timeout_cap_s: float | None = None,
+                  **kw: Any) -> VerifierResult:
     """:func:`verify` under a wall-clock bound the caller enforces (``bound_s``, default the
-    task's verifier timeout plus :data:`VERIFY_SLACK_S`): past it the trial's processes are
-    killed and the verdict is ``verifier-timeout``, reward 0, whatever verify was blocked on."""
-    bound = trial.task.verifier_timeout_s + VERIFY_SLACK_S if bound_s is None else bound_s
+    verifier's budget (:func:`verifier_budget_s`) plus :data:`VERIFY_SLACK_S`): past it the trial's
+    processes are killed and the verdict is ``verifier-timeout``, reward 0, whatever verify was
+    blocked on."""
+    budget = verifier_budget_s(trial, timeout_cap_s)
+    bound = budget + VERIFY_SLACK_S if bound_s is None else bound_s
+    kw["timeout_cap_s"] = timeout_cap_s
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -250,7 +267,20 @@ def verify_within(trial: Trial, *, bound_s: float | None = None, **kw: Any) -> V
     log.error("verification of trial %s passed its wall-clock bound of %.0fs", trial.trial_id, bound)
     return VerifierResult(trial.trial_id, run_tag_for(trial),
                           no_verdict(f"verification passed its wall-clock bound of {bound:g}s"), (),
-                          None, "verifier-timeout", bound, None)
+                          None, "verifier-timeout", bound, None, budget)
+
+
+def verifier_timeout_error(task: str, verdict: VerifierResult) -> VerifierTimeoutError:
+    """The error a ``verifier-timeout`` verdict becomes in a campaign: no verdict, no reward; the
+    trial fails and ``rollout.failed_trials`` decides (slow-verifier)."""
+    pids = ",".join(map(str, verdict.verifier_pids)) or "not seen"
+    budget = verdict.budget_s if verdict.budget_s is not None else verdict.duration_s
+    return VerifierTimeoutError(
+        f"verifier of task {task}, trial {verdict.trial_id} (pid {pids}) outlived its {budget:g} s budget "
+        "and was killed: no verdict, so no reward; the trial counts as failed (rollout.failed_trials). A slow "
+        "reward function, not the trainer or the network: make the verifier faster, or raise the task's "
+        "[verifier] timeout_sec and guards.field.verifier_timeout_cap_s. See runbooks/slow-verifier.md",
+        task=task, trial_id=verdict.trial_id, pids=list(verdict.verifier_pids), budget_s=budget)
 
 
 def _finish(trial: Trial, tag: str, vdir: Path, events: list[TamperEvent], out: ExecResult | None,

@@ -1,4 +1,4 @@
-"""Zip task archives, under the same safety rules as tar (rl/agent/archive.py).
+"""Zip task archives, under the same safety rules as tar (rl/agent/archive_rules.py).
 
 Every member is checked before anything is written: absolute paths, ``..``, links
 that leave the task root, device/fifo/socket members, encrypted members, and size or
@@ -18,7 +18,7 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from rl.agent.archive import ArchiveLimits, _free_target, _normalised, _task_name
+from rl.agent.archive_rules import ArchiveLimits, free_target, normalised, task_name_of
 from rl.errors import UnsafeArchiveError
 
 _CHUNK = 1 << 16
@@ -43,7 +43,7 @@ def _check(zf: zipfile.ZipFile, archive: str, limits: ArchiveLimits) -> list[tup
         if len(out) >= limits.max_members:
             raise UnsafeArchiveError(f"{archive}: more than {limits.max_members} members (at {name!r}); "
                                      "refusing a member-count bomb", archive=archive, member=name)
-        rel = _normalised(name.rstrip("/") or name, archive)   # bounded name length too
+        rel = normalised(name.rstrip("/") or name, archive)   # bounded name length too
         kind = _kind(info)
         if kind == "special":
             raise UnsafeArchiveError(f"{archive}: member {name!r} is a device, fifo or socket",
@@ -104,8 +104,8 @@ def extract_zip(data: bytes, dest_dir: Path, *, name: str | None, archive: str,
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             members = _check(zf, archive, limits)
             parts = [rel.parts for _, rel, _ in members]
-            task_name, strip = _task_name(parts, name, archive)
-            target = _free_target(dest_dir, task_name, archive)
+            task_name, strip = task_name_of(parts, name, archive)
+            target = free_target(dest_dir, task_name, archive)
             with tempfile.TemporaryDirectory(prefix=".import-", dir=dest_dir) as staging:
                 root = Path(staging) / "t"
                 root.mkdir()

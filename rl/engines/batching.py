@@ -25,6 +25,12 @@ the new weights. Pause, abort and versions keep the engine's semantics: no
 step runs while paused, aborted requests finish at the next iteration with
 ``finish_reason`` abort (paused or not), each token records the version that
 sampled it.
+
+The scheduler thread is nobody's awaited task, so it is supervised
+(:mod:`rl.engines.background`): an exception that ends its loop marks the engine failed
+(``engine.fail``: ``/health`` and ``/health_generate`` answer 503), fails every waiting and
+running request with :class:`~rl.engines.background.EngineFailedError` (HTTP 503) and refuses
+new ones, instead of leaving every caller waiting forever on a live process.
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ import numpy as np
 import torch
 
 from rl.engines import protocol as P
+from rl.engines.background import EngineFailedError, supervised_thread
 from rl.engines.kvcache import CachedForward, KVCache
 from rl.engines.sampling import Generation, finish_reason, sample_token
 
@@ -56,6 +63,7 @@ class Sequence:
     slot: int | None = None
     cached: int = 0                     # positions [0, cached) have K/V in the slot
     done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None            # the scheduler died with this request waiting or running
 
 
 class SlotPool:
@@ -128,7 +136,8 @@ class BatchScheduler:
     """
 
     def __init__(self, engine, forward: CachedForward, pool: SlotPool, *, max_batch: int = 64,
-                 prefill_tokens: int = 4096) -> None:
+                 prefill_tokens: int = 4096, supervised: bool = True,
+                 chaos_fail_after: int | None = None) -> None:
         self.engine, self.forward, self.pool = engine, forward, pool
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
         self._cond = threading.Condition()
@@ -136,15 +145,34 @@ class BatchScheduler:
         self._active: list[Sequence] = []
         self._weights_seen = engine.weights_generation
         self.num_forwards = 0
-        self._thread = threading.Thread(target=self._loop, name="engine-batcher", daemon=True)
-        self._thread.start()
+        self.dead: str | None = None  # why the loop ended (it never ends otherwise)
+        self.chaos_fail_after = chaos_fail_after  # chaos only: raise inside the loop after this many forwards
+        self._thread = supervised_thread(self._loop, name="engine-batcher", on_death=self._died, supervised=supervised)
 
     def run(self, seq: Sequence) -> Generation:
         with self._cond:
+            if self.dead is not None:
+                raise EngineFailedError(f"engine failed: {self.dead}; it serves no request (restart it)")
             self._waiting.append(seq)
             self._cond.notify()
         seq.done.wait()
+        if seq.error is not None:
+            raise EngineFailedError(f"engine failed with this request in flight: {seq.error}")
         return seq.gen
+
+    def _died(self, reason: str) -> None:
+        """The loop ended: mark the engine failed and fail every request it holds (never left waiting)."""
+        fail = getattr(self.engine, "fail", None)
+        if fail is not None:
+            fail(reason)
+        with self._cond:
+            self.dead = reason
+            stranded = [*self._waiting, *self._active]
+            self._waiting.clear()
+            self._active = []
+        for seq in stranded:
+            seq.error = reason
+            seq.done.set()
 
     def num_queued(self) -> int:
         with self._cond:
@@ -209,6 +237,8 @@ class BatchScheduler:
                 self._active.append(seq)
 
     def _step(self, finished: list[Sequence]) -> None:
+        if self.chaos_fail_after is not None and self.num_forwards >= self.chaos_fail_after:
+            raise RuntimeError(f"chaos: batch scheduler raised after {self.num_forwards} forwards")
         with self._cond:
             active = list(self._active)
         prefill = [s for s in active if len(s.tokens) - s.cached > 1]

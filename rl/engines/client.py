@@ -112,6 +112,12 @@ class EngineClient:
         """The engine's current weight version (``GET /model_info``)."""
         return PC.ModelInfo.from_json(self._json(self._call("GET", P.MODEL_INFO), P.MODEL_INFO)).weight_version
 
+    def weight_checksums(self, dtype: str) -> dict:
+        """``POST /weights_checksum`` (t1ops; rl.engines.weight_updates): ``{"weight_version", "dtype",
+        "tensors": {name: checksum}}`` computed by the engine from the tensors it holds now. An engine
+        without the endpoint (a stock SGLang server) raises :class:`EngineError` with status 404."""
+        return self._json(self._call("POST", "/weights_checksum", {"dtype": dtype}), "/weights_checksum")
+
     def update_weight_version(self, new_version: str, *, abort_all_requests: bool = True) -> None:
         """``POST /update_weight_version``: relabel the current weights (no transfer)."""
         body = PC.UpdateWeightVersionRequest(new_version, abort_all_requests).to_json()

@@ -62,6 +62,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Chaos mode: allow the --chaos-* fault switches (never in a campaign).")
     parser.add_argument("--chaos-omit-routing-for", default=None, metavar="RID_REGEX",
                         help="Chaos mode only: answer requests whose rid matches without routed_experts.")
+    parser.add_argument("--chaos-drop-continue", action="store_true",
+                        help="Chaos mode only: acknowledge /continue_generation and stay paused (engine-left-paused).")
+    parser.add_argument("--chaos-corrupt-weight-bucket", type=int, action="append", default=None, metavar="N",
+                        help="Chaos mode only: reorder two tensors of the N-th weight bucket this engine receives "
+                             "(weight-sync-corruption); repeat for several.")
+    parser.add_argument("--chaos-fail-batcher-after", type=int, default=None, metavar="N",
+                        help="Chaos mode only: raise inside the batch scheduler's loop after N forwards "
+                             "(swallowed-engine-death).")
+    parser.add_argument("--chaos-unsupervised", action="store_true",
+                        help="Chaos mode only: run the batch scheduler without its supervisor (its death "
+                             "goes unreported, as before the guard).")
     parser.add_argument("--emission-log", default=None, metavar="PATH",
                         help="Append every answered request's emitted ids to PATH (JSON lines; the audit's "
                              "engine-side record, rl/engines/emission_log.py).")
@@ -69,19 +80,31 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="K/V cache slots: running requests plus finished ones kept for prefix reuse.")
 
 
+CHAOS_SWITCHES = ("chaos_omit_routing_for", "chaos_drop_continue", "chaos_corrupt_weight_bucket",
+                  "chaos_fail_batcher_after", "chaos_unsupervised")
+
+
 def build_engine(args: argparse.Namespace, spec: ModelSpec | None = None) -> EmbeddedEngine:
     """An engine from parsed serve flags; ``spec`` overrides ``--spec-json``; ``--model-path`` overrides both."""
+    for switch in CHAOS_SWITCHES:  # fault switches of the chaos harness (docs/failures.md)
+        if getattr(args, switch, None) not in (None, False) and not getattr(args, "chaos", False):
+            flag = "--" + switch.replace("_", "-")
+            raise InputError(f"{flag} is a chaos fault switch: add --chaos to start the engine "
+                             "in chaos mode (never in a campaign)", argument=flag)
     omit, pattern = getattr(args, "chaos_omit_routing_for", None), None
-    if omit is not None:  # a fault switch for the chaos harness (docs/failures.md, missing-routing)
-        if not getattr(args, "chaos", False):
-            raise InputError("--chaos-omit-routing-for is a chaos fault switch: add --chaos to start the engine "
-                             "in chaos mode (never in a campaign)", argument="--chaos-omit-routing-for")
+    if omit is not None:
         try:
             pattern = re.compile(omit)
         except re.error as exc:
             raise InputError(f"--chaos-omit-routing-for {omit!r} is not a regular expression: {exc}",
                              argument="--chaos-omit-routing-for") from exc
     engine = _build_engine(args, spec)
+    if getattr(args, "chaos_drop_continue", False):
+        engine.chaos_drop_continue = True
+    if getattr(args, "chaos_corrupt_weight_bucket", None) is not None:
+        engine.chaos_corrupt_buckets = tuple(args.chaos_corrupt_weight_bucket)
+    if getattr(args, "chaos", False):
+        print(f"embedded engine in CHAOS mode: {[s for s in CHAOS_SWITCHES if getattr(args, s, None)]}", flush=True)
     if getattr(args, "emission_log", None):
         from rl.engines.emission_log import EmissionLog
 
@@ -111,7 +134,12 @@ def _build_engine(args: argparse.Namespace, spec: ModelSpec | None) -> EmbeddedE
     vocab = CompactVocab.load(args.vocab) if args.vocab else CompactVocab.identity(spec.vocab_size)
     torch.set_num_threads(max(1, args.num_threads))
     return EmbeddedEngine(spec, vocab, DTYPES[args.dtype], args.seed, checkpoint=args.checkpoint,
-                          batching=not args.recompute, kv_slots=max(1, args.kv_slots))
+                          batching=not args.recompute, kv_slots=max(1, args.kv_slots), **_scheduler_chaos(args))
+
+
+def _scheduler_chaos(args: argparse.Namespace) -> dict:
+    return {"supervised": not getattr(args, "chaos_unsupervised", False),
+            "chaos_fail_after": getattr(args, "chaos_fail_batcher_after", None)}
 
 
 def serve(engine: EmbeddedEngine, host: str, port: int) -> None:

@@ -29,6 +29,10 @@ Semantics (the parts a caller relies on):
   match. The new version is the request's ``weight_version``, else the
   manifest's step. ``meta_info.weight_versions`` lists which output tokens
   came from which version, so a request spanning two is visible.
+- a death of the batch scheduler's loop (nobody awaits that thread) is never
+  silent (:mod:`rl.engines.background`): :meth:`EmbeddedEngine.fail` records
+  it, ``/health`` and ``/health_generate`` answer 503 from then on, and every
+  waiting or new ``/generate`` answers 503 naming the cause.
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ import torch
 
 from rl.engines import protocol as P
 from rl.engines import protocol_control as PC
+from rl.engines.background import EngineFailedError
 from rl.engines.batching import BatchScheduler, Sequence, SlotPool
 from rl.engines.kvcache import CachedForward, KVCache
 from rl.engines.sampling import Generation, finish_reason, sample_token
@@ -111,7 +116,8 @@ class EmbeddedEngine:
 
     def __init__(self, spec: ModelSpec, vocab: CompactVocab, dtype: torch.dtype, seed: int,
                  checkpoint: str | None = None, weight_version: str = "default", *, batching: bool = True,
-                 kv_slots: int = 128, max_batch: int = 64) -> None:
+                 kv_slots: int = 128, max_batch: int = 64, supervised: bool = True,
+                 chaos_fail_after: int | None = None) -> None:
         if vocab.size != spec.vocab_size:
             raise InputError(f"vocab has {vocab.size} compact ids but spec.vocab_size is {spec.vocab_size}",
                              vocab_size=vocab.size, spec_vocab_size=spec.vocab_size)
@@ -132,6 +138,8 @@ class EmbeddedEngine:
         self.model_lock, self.running_event = self._model_lock, self._running_event  # for the scheduler
         self.scheduler: BatchScheduler | None = None
         self.chaos_omit_routing: re.Pattern | None = None  # chaos mode only (--chaos-omit-routing-for)
+        self.chaos_drop_continue = False  # chaos mode only (--chaos-drop-continue): acknowledge, stay paused
+        self.failed: str | None = None  # why the engine can serve nothing any more (a background loop died)
         if batching:  # KV cache + continuous batching (docs/engine.md); else recompute per token
             per_slot = KVCache.bytes_per_slot(self.model, spec.max_seq_len)
             num_slots = max(1, min(kv_slots, KV_CACHE_BUDGET_BYTES // per_slot))
@@ -140,7 +148,8 @@ class EmbeddedEngine:
                       f"{KV_CACHE_BUDGET_BYTES >> 20} MiB cache budget ({kv_slots} asked)", flush=True)
             cache = KVCache(self.model, num_slots, spec.max_seq_len)
             self.scheduler = BatchScheduler(self, CachedForward(self.model, cache),
-                                            SlotPool(cache, spec.num_layers, spec.moe_router_topk), max_batch=max_batch)
+                                            SlotPool(cache, spec.num_layers, spec.moe_router_topk), max_batch=max_batch,
+                                            supervised=supervised, chaos_fail_after=chaos_fail_after)
         if checkpoint is not None:
             self.update_weights(PC.UpdateWeightsFromDiskRequest(model_path=checkpoint, weight_version=None))
 
@@ -160,7 +169,14 @@ class EmbeddedEngine:
             pass
 
     def resume(self) -> None:
+        if self.chaos_drop_continue:  # the fault of chaos/scenarios/engine_left_paused.py: the continue is lost
+            print("chaos: continue_generation acknowledged and dropped; the engine stays paused", flush=True)
+            return
         self._running_event.set()
+
+    def fail(self, reason: str) -> None:
+        """A background loop died: from now on health checks answer 503 naming ``reason``."""
+        self.failed = reason
 
     def abort(self, rid: str, abort_all: bool) -> int:
         with self._state_lock:
@@ -268,7 +284,10 @@ class EmbeddedEngine:
             routed_experts_RLK=routing, weight_versions=_version_spans(gen.versions))
 
     def health_generate(self) -> None:
-        """One forward of one token under the model lock (does not wait for a pause)."""
+        """One forward of one token under the model lock (does not wait for a pause); raises
+        :class:`~rl.engines.background.EngineFailedError` once the engine has failed."""
+        if self.failed is not None:
+            raise EngineFailedError(f"engine failed: {self.failed}")
         with self._model_lock, torch.no_grad():
             last_logits(self.model, torch.zeros(1, 1, dtype=torch.long))
 

@@ -6,8 +6,9 @@ Endpoints: ``POST /generate``, ``GET /health``, ``GET /health_generate``,
 ``POST /abort_request``, ``POST /flush_cache``, ``GET /model_info`` and
 ``GET /get_weight_version``, plus the distributed weight-update routes of
 :mod:`rl.engines.weight_updates` and any added with :func:`route`. A data-contract error
-(:class:`~rl.errors.T1OpsError`) answers 400 with its message; anything else answers 500
-and the server keeps serving.
+(:class:`~rl.errors.T1OpsError`) answers 400 with its message; an engine whose background
+loop died (:class:`~rl.engines.background.EngineFailedError`) answers 503, ``/health``
+included; anything else answers 500 and the server keeps serving.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any, Callable
 from rl.engines import protocol as P
 from rl.engines import protocol_control as PC
 from rl.engines import weight_updates
+from rl.engines.background import EngineFailedError
 from rl.engines.embedded_engine import EmbeddedEngine
 from rl.errors import CheckpointError, InputError, ParseError, T1OpsError
 
@@ -73,6 +75,8 @@ def make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
                 return
             try:
                 status, body = route()
+            except EngineFailedError as exc:  # the process answers, the engine cannot: callers must see it
+                status, body = HTTPStatus.SERVICE_UNAVAILABLE, {"error": {"message": str(exc), "type": "EngineFailed"}}
             except T1OpsError as exc:
                 status, body = HTTPStatus.BAD_REQUEST, {"error": {"message": str(exc), "type": type(exc).__name__}}
             except Exception as exc:  # a server answers 500 and keeps serving; the traceback goes to its log
@@ -87,7 +91,7 @@ def make_handler(engine: EmbeddedEngine) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 (stdlib name)
             self._dispatch({
                 **self._extra("GET"),
-                P.HEALTH: lambda: (HTTPStatus.OK, {}),
+                P.HEALTH: lambda: _health(engine),
                 P.HEALTH_GENERATE: lambda: _health_generate(engine),
                 P.MODEL_INFO: lambda: (HTTPStatus.OK, _model_info(engine)),
                 "/get_weight_version": lambda: (HTTPStatus.OK, {"weight_version": engine.weight_version}),
@@ -118,6 +122,12 @@ def _continue(engine: EmbeddedEngine, body: Any) -> tuple[int, Any]:
     PC.ContinueGenerationRequest.from_json(body)  # validates; torch_empty_cache has no CPU meaning
     engine.resume()
     return _ok()
+
+
+def _health(engine: EmbeddedEngine) -> tuple[int, Any]:
+    if engine.failed is not None:
+        raise EngineFailedError(f"engine failed: {engine.failed}")
+    return HTTPStatus.OK, {}
 
 
 def _health_generate(engine: EmbeddedEngine) -> tuple[int, Any]:

@@ -12,6 +12,12 @@ Loading is all-or-nothing per request: names, units and shapes are checked befor
 and the copy happens under the engine's model lock, so no token step sees half a bucket.
 Requests are received outside the lock (the barrier has paused generation already; a request
 that arrives anyway sees the old weights until the copy).
+
+``POST /weights_checksum`` (a t1ops endpoint; body ``{"dtype"}``) answers the checksum of every
+tensor *in the model now* (:mod:`rl.weights.checksums`), so the barrier can prove the load
+matched what the trainer sent. The chaos switch ``--chaos-corrupt-weight-bucket N`` reorders
+two same-shaped tensors of the N-th bucket this engine receives (repeatable) (or reverses one's bytes) on
+its way from the receive to the load: the silent corruption of SkyRL issue #1680.
 """
 from __future__ import annotations
 
@@ -28,7 +34,10 @@ from rl.errors import CheckpointError, InputError, T1OpsError
 from rl.hf import qwen3_moe
 from rl.hf.checkpoint import check_actor_export, import_hf
 from rl.model import weights_state_dict
-from rl.weights.group import destroy_update_group, init_update_group, receive_tensors
+from rl.weights.checksums import state_checksums
+from rl.weights.group import destroy_update_group, init_update_group, parse_dtype, receive_tensors
+
+WEIGHTS_CHECKSUM = "/weights_checksum"
 
 
 def load_partial(engine, state: dict[str, torch.Tensor]) -> None:
@@ -71,6 +80,8 @@ class WeightReceiver:
         self.engine = engine
         self.groups: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self.num_buckets = 0  # buckets received so far (the chaos switch counts them)
+        self.chaos_corrupt_buckets: tuple[int, ...] = getattr(engine, "chaos_corrupt_buckets", ())
 
     def init_group(self, request: PW.InitWeightsUpdateGroupRequest) -> str:
         with self._lock:
@@ -88,6 +99,9 @@ class WeightReceiver:
         if group is None:
             raise InputError(f"no weight-update group {request.group_name!r}; call /init_weights_update_group first")
         hf = receive_tensors(request.names, request.dtypes, request.shapes, group)
+        self.num_buckets += 1
+        if self.num_buckets in self.chaos_corrupt_buckets:
+            hf = _chaos_reorder(hf, self.num_buckets)
         qwen3_moe.check_shapes(hf, self.engine.spec)
         state = qwen3_moe.from_hf(hf, self.engine.spec, partial=True)
         if request.abort_all_requests:
@@ -108,6 +122,32 @@ class WeightReceiver:
         return f"destroyed {request.group_name}"
 
 
+def _chaos_reorder(hf: dict[str, torch.Tensor], number: int) -> dict[str, torch.Tensor]:
+    """Chaos only: two same-shaped tensors of this bucket swap places (else one's bytes reverse)."""
+    names = list(hf)
+    for i, a in enumerate(names):
+        b = next((n for n in names[i + 1:] if hf[n].shape == hf[a].shape and not torch.equal(hf[n], hf[a])), None)
+        if b is not None:
+            hf[a], hf[b] = hf[b], hf[a]
+            print(f"chaos: bucket {number}: tensors {a} and {b} swapped in transit", flush=True)
+            return hf
+    hf[names[0]] = hf[names[0]].reshape(-1).flip(0).reshape(hf[names[0]].shape)
+    print(f"chaos: bucket {number}: bytes of {names[0]} reversed in transit", flush=True)
+    return hf
+
+
+def weights_checksum(engine, body: Any) -> tuple[int, Any]:
+    """``POST /weights_checksum``: ``{"weight_version", "dtype", "tensors": {name: checksum}}`` of the
+    tensors in the served model now, cast to the body's ``dtype`` (the one the trainer sent)."""
+    if not isinstance(body, dict) or not isinstance(body.get("dtype"), str):
+        raise InputError("weights_checksum: body needs a string 'dtype' (e.g. 'bfloat16')", field="dtype")
+    dtype = parse_dtype(body["dtype"])
+    with engine._model_lock:
+        tensors = state_checksums(weights_state_dict(engine.model), dtype)
+        version = engine.weight_version
+    return HTTPStatus.OK, {"weight_version": version, "dtype": body["dtype"], "tensors": tensors}
+
+
 def _answer(call: Callable[[], str]) -> tuple[int, Any]:
     """SGLang's answer: 200 + success true, or 400 + success false with the reason."""
     try:
@@ -126,4 +166,5 @@ def routes(engine, body: Callable[[], Any]) -> dict[str, Callable[[], tuple[int,
             lambda: receiver.update(PW.UpdateWeightsFromDistributedRequest.from_json(body()))),
         PW.DESTROY_WEIGHTS_UPDATE_GROUP: lambda: _answer(
             lambda: receiver.destroy(PW.DestroyWeightsUpdateGroupRequest.from_json(body()))),
+        WEIGHTS_CHECKSUM: lambda: weights_checksum(engine, body()),
     }

@@ -1,8 +1,7 @@
 """Harness mode: third-party agents over an OpenAI-compatible endpoint, with TITO kept.
 
-- :mod:`rl.harness.template`: the Qwen3 chat template (tools section included),
-  rendered by transformers' Jinja machinery, encoded by the real tokenizer;
-- :mod:`rl.harness.toolcalls`: Qwen ``<tool_call>`` output -> OpenAI ``tool_calls``;
+- the Qwen3 chat template (:mod:`rl.chat.template`) and the ``<tool_call>`` parser
+  (:mod:`rl.chat.toolcalls`) live in ``rl.chat``, below both this package and ``rl.agent``;
 - :mod:`rl.harness.session`: one trial's session: prompt -> ``TitoBuilder.add_turn``
   (strict -> normalized -> retokenized -> split) -> engine -> recorded trajectory;
 - :mod:`rl.harness.openai_api`: request validation and OpenAI-shaped responses/errors;

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rl.errors import InputError
-from rl.harness.template import normalize_messages
+from rl.chat.template import normalize_messages
 
 
 class ApiError(Exception):

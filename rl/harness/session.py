@@ -3,7 +3,7 @@
 Per request (:meth:`HarnessSession.complete`):
 
 1. render the harness's messages and tools with the Qwen3 template and encode
-   them with the real tokenizer (:mod:`rl.harness.template`);
+   them with the real tokenizer (:mod:`rl.chat.template`);
 2. check the turn and context budgets (``prompt + max_new_tokens <= context``,
    ``rl.agent.budget``); a request over budget is an OpenAI error, never a
    silently shortened prompt;
@@ -36,8 +36,8 @@ from rl.chat import STOP_IDS, ChatRenderer, token_bytes
 from rl.engines.protocol import GenerateRequest, GenerateResponse, SamplingParams
 from rl.errors import BudgetError, ParseError
 from rl.harness.openai_api import ApiError, ChatRequest, Completion
-from rl.harness.template import render
-from rl.harness.toolcalls import Reply, parse_reply
+from rl.chat.template import render
+from rl.chat.toolcalls import Reply, parse_reply
 from rl.tito import TitoBuilder, Trajectory
 
 CORRECTION_PREFIX = "[parse error] "

@@ -24,15 +24,20 @@ from rl.routing import assert_row_count
 from rl.trainer.batch import TrainBatch
 
 
+def require_routing(batch: TrainBatch) -> None:
+    """Refuse an R3 replay forward on a batch without routing rows (never route freely in silence)."""
+    if batch.routing_BTLK is None:
+        raise MissingRoutingError("the batch carries no routing rows but R3 replay is on; the sampler must "
+                                  "return routed experts (--enable-return-routed-experts), or turn r3 off "
+                                  "explicitly", num_samples=batch.num_samples)
+
+
 def forward_rows(batch: TrainBatch) -> list[np.ndarray]:
     """Routing rows for the forward's positions 0..T-2, one ``[T-1, L, K]`` array per sample.
 
     Absent routing is a hard error (never a silent free-routing forward).
     """
-    if batch.routing_BTLK is None:
-        raise MissingRoutingError("the batch carries no routing rows but R3 replay is on; the sampler must "
-                                  "return routed experts (--enable-return-routed-experts), or turn r3 off "
-                                  "explicitly", num_samples=batch.num_samples)
+    require_routing(batch)
     T = batch.tokens_BT.shape[1]
     rows = [batch.routing_BTLK[b, : T - 1].numpy() for b in range(batch.num_samples)]
     for b, rows_TLK in enumerate(rows):

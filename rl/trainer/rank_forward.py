@@ -15,6 +15,8 @@ all data-parallel ranks into full ``[B, T]`` tensors, identical on every rank.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -22,7 +24,7 @@ import torch.distributed as dist
 from rl import model as rmodel
 from rl.routing import assert_row_count, shard_for_rank
 from rl.trainer.batch import PAD_TOKEN_ID, TrainBatch
-from rl.trainer.forward import shift_to_tokens
+from rl.trainer.forward import require_routing, shift_to_tokens
 from rl.trainer.packing import FILLER, MicroBatch
 
 
@@ -38,6 +40,7 @@ def slice_rows(x: torch.Tensor, mb: MicroBatch, fill=0) -> torch.Tensor:
 
 def routing_rows(batch: TrainBatch, mb: MicroBatch) -> torch.Tensor:
     """``[rows, positions, L, K]`` routing; padding positions and filler rows get experts 0..K-1."""
+    require_routing(batch)
     K = batch.routing_BTLK.shape[-1]
     pad = torch.arange(K, dtype=batch.routing_BTLK.dtype)
     out = pad.expand(len(mb.rows), mb.positions, batch.routing_BTLK.shape[2], K).clone()
@@ -70,17 +73,21 @@ def _device(model) -> torch.device:
 
 
 def actor_logprobs(actor, batch: TrainBatch, mb: MicroBatch, *, replay: bool, sp_size: int = 1,
-                   sp_rank: int = 0, temperature: float = 1.0) -> torch.Tensor:
-    """fp32 token-aligned ``[rows, positions]`` log-probs of the micro-batch (differentiable under grad).
+                   sp_rank: int = 0, temperature: float = 1.0, with_entropy: bool = False):
+    """fp32 token-aligned ``[rows, positions]`` log-probs of the micro-batch (differentiable under grad);
+    ``with_entropy``: ``(logprobs, entropy)``, the entropy without gradient, aligned the same way.
 
     The forward runs on the model's device; the result comes back to the CPU, where the batch lives."""
     tokens = slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
     ids, targets = tokens[:, :-1], tokens[:, 1:]
     dev = _device(actor)
-    if not replay:
-        return shift_to_tokens(rmodel.token_logprobs(actor, ids.to(dev), targets.to(dev), temperature).cpu())
-    with rmodel.replay_routing(actor, sp_rows(batch, mb, ids, sp_size, sp_rank), sp_size=sp_size):
-        return shift_to_tokens(rmodel.token_logprobs(actor, ids.to(dev), targets.to(dev), temperature).cpu())
+    replaying = rmodel.replay_routing(actor, sp_rows(batch, mb, ids, sp_size, sp_rank), sp_size=sp_size) \
+        if replay else contextlib.nullcontext()
+    with replaying:
+        out = rmodel.token_logprobs(actor, ids.to(dev), targets.to(dev), temperature, with_entropy=with_entropy)
+    if with_entropy:
+        return shift_to_tokens(out[0].cpu()), shift_to_tokens(out[1].cpu())
+    return shift_to_tokens(out.cpu())
 
 
 def critic_values(critic, batch: TrainBatch, mb: MicroBatch) -> torch.Tensor:

@@ -1,4 +1,8 @@
-"""The trainer on one rank of a megatron layout (DP x TP(+SP) x EP), actor and critic.
+"""The trainer: one rank of a megatron layout (DP x TP(+SP) x EP), actor and critic.
+
+This is the only implementation of the PPO/GRPO step (loss assembly, behaviour
+plan, gradients, optimizer steps): the 1-rank :class:`~rl.trainer.trainer.Trainer`
+is its world-size-1 case.
 
 Every rank of the layout builds a :class:`RankTrainer` after its process
 group and megatron's parallel state exist (``rl.megatron_cpu.init_model_parallel``;
@@ -8,13 +12,13 @@ the step (critic first), as the report's actor and critic time-share their
 GPUs (docs/parallelism.md).
 
 Initial weights are layout-free: :func:`full_initial_states` builds the
-1-rank :class:`~rl.trainer.trainer.Trainer` in a world of 1 and returns its
+models in a world of 1 exactly as the 1-rank trainer does and returns their
 weights; each rank keeps its shard (``rl.trainer.shard``). So a 2-rank and a
 1-rank trainer start from the same weights, and a checkpoint of one layout
 loads into another.
 
-The step mirrors ``rl.trainer.step``: the whole batch's reduction weights,
-GAE, advantages, TIS and the log-prob gap are computed on full ``[B, T]``
+The step: the whole batch's reduction weights, GAE, advantages, TIS and the
+log-prob gap are computed on full ``[B, T]``
 tensors (per-sample forward results gathered over DP); only forwards and
 backwards run per rank, per micro-batch (``rl.trainer.packing``), with
 gradients accumulated, reduced and clipped by the global norm
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
@@ -41,31 +44,11 @@ from rl.trainer.batch import TrainBatch
 from rl.trainer.grads import comm_device, reduce_clip_step
 from rl.trainer.optim import build_optimizer
 from rl.trainer.packing import MicroBatch, pack_to_ranks, plan_micro_batches
-from rl.trainer.settings import TrainerSettings
+from rl.trainer.settings import Layout, TrainerSettings
 from rl.trainer.shard import assemble, local_from_full, placements
 from rl.trainer.sft import SftStats
-from rl.trainer.step import behaviour_plan, grpo_token_advantages
-from rl.trainer.trainer import StepStats, Trainer, _weights, copy_state
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A trainer layout; field names match ``t1ops.config.ParallelConfig``."""
-
-    dp: int = 1
-    tp: int = 1
-    ep: int = 1
-    pp: int = 1
-    sequence_parallel: bool = False
-    max_tokens_per_gpu: int = 8192
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    @property
-    def sp_size(self) -> int:
-        return self.tp if self.sequence_parallel else 1
+from rl.trainer.step import (StepStats, behaviour_plan, copy_state, grpo_token_advantages, masked_token_mean,
+                             swapped_weights)
 
 
 def full_initial_states(spec, settings: TrainerSettings, seed: int, unk_id: int | None):
@@ -73,10 +56,18 @@ def full_initial_states(spec, settings: TrainerSettings, seed: int, unk_id: int 
     from rl.megatron_cpu import init_single_process, teardown
 
     init_single_process()
-    t = Trainer(spec, settings, seed=seed, unk_id=unk_id)
-    states = (rmodel.weights_state_dict(t.actor), None if t.critic is None else rmodel.weights_state_dict(t.critic))
+    actor, critic = build_models(spec, settings, seed, unk_id)
+    states = (rmodel.weights_state_dict(actor), None if critic is None else rmodel.weights_state_dict(critic))
     teardown()
     return states
+
+
+def build_models(spec, settings: TrainerSettings, seed: int, unk_id: int | None, sequence_parallel: bool = False):
+    """The actor (``seed``) and, in PPO mode, the critic (``seed + 1``), fp32, on the current layout."""
+    actor = rmodel.build_policy(spec, seed, torch.float32, unk_id=unk_id, sequence_parallel=sequence_parallel)
+    critic = rmodel.build_critic(spec, seed + 1, sequence_parallel=sequence_parallel) \
+        if settings.mode == "ppo" else None
+    return actor, critic
 
 
 class _Tally:
@@ -104,33 +95,36 @@ class _Tally:
 class RankTrainer:
     """Actor (+ critic in PPO) shards on this rank, their optimizers, the distributed step."""
 
-    def __init__(self, spec, settings: TrainerSettings, layout: Layout, *, full_actor: Mapping[str, torch.Tensor],
-                 full_critic: Mapping[str, torch.Tensor] | None, unk_id: int | None, seed: int = 0,
-                 temperature: float = 1.0, on_micro_batch: Callable[[int], None] | None = None,
+    def __init__(self, spec, settings: TrainerSettings, layout: Layout, *,
+                 full_actor: Mapping[str, torch.Tensor] | None, full_critic: Mapping[str, torch.Tensor] | None,
+                 unk_id: int | None, seed: int = 0, temperature: float = 1.0,
+                 on_micro_batch: Callable[[int], None] | None = None,
                  watch: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
+        """``full_actor``/``full_critic`` None: keep the weights built from ``seed`` (world of 1 only)."""
         from megatron.core import parallel_state as ps
 
         if dist.get_world_size() != layout.world_size:
             raise InputError(f"layout needs {layout.world_size} ranks (dp*tp*pp), the process group has "
                              f"{dist.get_world_size()}", world_size=dist.get_world_size())
+        if not temperature >= 0:
+            raise InputError(f"temperature must be >= 0, got {temperature!r}", argument="temperature")
         self.spec, self.settings, self.layout = spec, settings, layout
         # greedy sampling (0) reports log-probs of the unscaled distribution, as SGLang does
         self.temperature = temperature if temperature > 0 else 1.0
         self.tp_rank, self.dp_rank = ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()
         self.ep_rank = ps.get_expert_model_parallel_rank()
         self.dp_group = ps.get_data_parallel_group()
-        sp = layout.sequence_parallel
-        self.actor = rmodel.build_policy(spec, seed, torch.float32, unk_id=unk_id, sequence_parallel=sp)
-        self._load(self.actor, full_actor)
+        self.actor, self.critic = build_models(spec, settings, seed, unk_id, layout.sequence_parallel)
+        for model, full, role in ((self.actor, full_actor, "actor"), (self.critic, full_critic, "critic")):
+            if model is not None and full is None and layout.world_size > 1:
+                raise InputError(f"a {layout.world_size}-rank trainer needs the {role}'s full initial weights "
+                                 "(rl.trainer.ranks.full_initial_states)", argument=f"full_{role}")
+            if model is not None and full is not None:
+                self._load(model, full)
         self.actor_optimizer = build_optimizer(self.actor, settings.actor_lr, settings)
-        self.critic = self.critic_optimizer = None
-        if settings.mode == "ppo":
-            if full_critic is None:
-                raise InputError("PPO mode needs the critic's initial weights", argument="full_critic")
-            self.critic = rmodel.build_critic(spec, seed + 1, sequence_parallel=sp)
-            self._load(self.critic, full_critic)
-            self.critic_optimizer = build_optimizer(self.critic, settings.critic_lr, settings)
-        self.step = 0
+        self.critic_optimizer = None if self.critic is None else \
+            build_optimizer(self.critic, settings.critic_lr, settings)
+        self.step = 0  # RL steps taken (SFT steps are not counted)
         self.micro_batches_done = 0
         self._behaviour: dict[str, torch.Tensor] | None = None  # this rank's shard of the behaviour policy
         self._on_micro_batch = on_micro_batch
@@ -174,10 +168,14 @@ class RankTrainer:
         self._behaviour = None
 
     def snapshot_behaviour(self) -> dict[str, torch.Tensor]:
-        """This rank's shard of the actor as it is now (the policy the engines sample with next)."""
-        return copy_state(self.actor.state_dict())
+        """This rank's shard of the actor as it is now (the policy the engines sample with next),
+        kept as the behaviour policy and returned (a host keeps one per published version)."""
+        self._behaviour = copy_state(self.actor.state_dict())
+        return self._behaviour
 
     def set_behaviour(self, local_state: Mapping[str, torch.Tensor] | None) -> None:
+        """Use ``local_state`` (this rank's shard of the weights that sampled the next batch) as the
+        behaviour policy; None means the current weights (a synchronous loop)."""
         self._behaviour = None if local_state is None else copy_state(local_state)
 
     # --- plan -----------------------------------------------------------------------------
@@ -194,26 +192,42 @@ class RankTrainer:
         if self._on_micro_batch is not None:
             self._on_micro_batch(self.micro_batches_done)
 
-    def _actor_lp(self, batch, mb, replay, temperature: float | None = None):
+    def _actor_lp(self, batch, mb, replay, temperature: float | None = None, with_entropy: bool = False):
         return rf.actor_logprobs(self.actor, batch, mb, replay=replay, sp_size=self.layout.sp_size,
-                                 sp_rank=self.tp_rank,
+                                 sp_rank=self.tp_rank, with_entropy=with_entropy,
                                  temperature=self.temperature if temperature is None else temperature)
+
+    def _gather(self, parts: dict[int, torch.Tensor], batch: TrainBatch) -> torch.Tensor:
+        with self._watch("data-parallel gather"):
+            return rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch, plan: list[MicroBatch] | None = None, *, replay: bool | None = None,
-                 behaviour: bool = False) -> torch.Tensor:
-        """Full token-aligned ``[B, T]`` log-probs of the actor (under the behaviour snapshot if asked)."""
+                 behaviour: bool = False, with_entropy: bool = False):
+        """Full token-aligned ``[B, T]`` log-probs of the actor (under the behaviour snapshot if asked);
+        ``with_entropy``: ``(logprobs, token-mean entropy over the loss tokens)``."""
         plan = self.plan(batch) if plan is None else plan
         replay = self.settings.r3 if replay is None else replay
         parts: dict[int, torch.Tensor] = {}
+        entropy: dict[int, torch.Tensor] = {}
         self.actor.eval()
-        with _weights(self.actor, self._behaviour if behaviour else None):
+        with swapped_weights(self.actor, self._behaviour if behaviour else None):
             for mb in plan:
                 with self._watch("micro-batch forward"):
-                    rf.collect(mb, self._actor_lp(batch, mb, replay), parts)
+                    out = self._actor_lp(batch, mb, replay, with_entropy=with_entropy)
+                rf.collect(mb, out[0] if with_entropy else out, parts)
+                if with_entropy:
+                    rf.collect(mb, out[1], entropy)
                 self._tick()
-        with self._watch("data-parallel gather"):
-            return rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
+        logprobs_BT = self._gather(parts, batch)
+        if not with_entropy:
+            return logprobs_BT
+        return logprobs_BT, masked_token_mean(self._gather(entropy, batch), batch.loss_mask_BT)
+
+    def behaviour_logprobs(self, batch: TrainBatch, plan: list[MicroBatch] | None = None, *,
+                           with_entropy: bool = False):
+        """Old log-probs recomputed under the behaviour snapshot (R3 as configured); see :meth:`logprobs`."""
+        return self.logprobs(batch, plan, behaviour=True, with_entropy=with_entropy)
 
     @torch.no_grad()
     def _values(self, batch: TrainBatch, plan: list[MicroBatch]) -> torch.Tensor:
@@ -223,8 +237,7 @@ class RankTrainer:
             with self._watch("micro-batch forward"):
                 rf.collect(mb, rf.critic_values(self.critic, batch, mb), parts)
             self._tick()
-        with self._watch("data-parallel gather"):
-            return rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
+        return self._gather(parts, batch)
 
     # --- the step -----------------------------------------------------------------------------
     def _weighted(self, loss_bT: torch.Tensor, w_bT: torch.Tensor) -> torch.Tensor:
@@ -249,18 +262,26 @@ class RankTrainer:
                 norm = reduce_clip_step(self.critic, self.critic_optimizer, s.grad_clip)
         return tally.total(self.dp_group), norm
 
-    def _actor_update(self, batch, plan, weights_BT, advantages, old_BT, tis_BT) -> tuple[dict, float]:
+    def _actor_update(self, batch, plan, weights_BT, advantages, old_BT, tis_BT) -> tuple[dict, float, dict]:
+        """``ppo_epochs`` clipped steps: PPO against ``old_BT``, or DPPO against the rollout's log-probs.
+        Returns the last epoch's tallies, its pre-clip grad norm and the first epoch's forward
+        (``{"logprobs": {sample: [n]}, "entropy": ...}``, this rank's samples, current weights)."""
         s, mask_BT = self.settings, batch.loss_mask_BT
         adv_BT = advantages if advantages.dim() == 2 else advantages[:, None].expand(mask_BT.shape).contiguous()
         key = "clip_fraction" if s.mode == "ppo" else "tv_masked_fraction"
         extra = ("dual_clip_fraction",) if s.mode == "ppo" else ()
+        first: dict[str, dict[int, torch.Tensor]] = {"logprobs": {}, "entropy": {}}
         self.actor.train()
-        for _ in range(s.ppo_epochs):
+        for epoch in range(s.ppo_epochs):
             tally = _Tally()
             for mb in plan:
                 mask = rf.slice_rows(mask_BT, mb, fill=False)
                 with self._watch("micro-batch forward"):
-                    lp = self._actor_lp(batch, mb, s.r3)
+                    lp = self._actor_lp(batch, mb, s.r3, with_entropy=epoch == 0)
+                if epoch == 0:
+                    lp, entropy = lp
+                    rf.collect(mb, lp, first["logprobs"])
+                    rf.collect(mb, entropy, first["entropy"])
                 adv = rf.slice_rows(adv_BT, mb)
                 if s.mode == "ppo":
                     loss_bT, stats = ppo_clip_loss(lp, rf.slice_rows(old_BT, mb), adv, mask, s.clip_low, s.clip_high,
@@ -277,11 +298,15 @@ class RankTrainer:
                 self._tick()
             with self._watch("gradient all-reduce (actor)"):
                 norm = reduce_clip_step(self.actor, self.actor_optimizer, s.grad_clip)
-        return tally.total(self.dp_group), norm
+        return tally.total(self.dp_group), norm, first
 
     def train_step(self, batch: TrainBatch, *, behaviour: str = "snapshot") -> StepStats:
-        """The distributed twin of ``Trainer.train_step`` (same numbers up to float summation order);
-        ``behaviour`` as there (``rl.trainer.step.behaviour_plan``: "rollout" is fully async)."""
+        """Critic step (PPO), then the actor's clipped step unless in critic warm-up.
+
+        ``behaviour`` (``rl.trainer.step.behaviour_plan``): ``"snapshot"`` recomputes old log-probs
+        under the behaviour snapshot; ``"rollout"`` takes the per-token rollout log-probs (fully
+        async). GRPO without TIS needs no recompute: the log-prob gap and TIS stats are then
+        measured on the first epoch's forward of the current weights."""
         s, mask_BT, bp = self.settings, batch.loss_mask_BT, behaviour_plan(self.settings, behaviour)
         if batch.num_loss_tokens == 0:
             raise InputError("the batch has no loss-bearing token; skip it explicitly rather than "
@@ -298,16 +323,23 @@ class RankTrainer:
             critic = (ev, *self._critic_update(batch, plan, weights_BT, old_values_BT, returns_BT))
         else:
             advantages = grpo_token_advantages(batch, s.grpo_norm_by_std)
-        recompute = bp.recompute
-        # GRPO without TIS: the 1-rank trainer measures on its first epoch's forward (current weights)
-        old_BT = self.logprobs(batch, plan, behaviour=recompute)
-        tis_BT, tis = tis_weights(old_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
-                                  "token" if s.tis_mode == "off" else s.tis_mode)
-        gap = checked_logprob_gap(old_BT, batch.rollout_logprobs_BT, mask_BT, s.gap_reducer)
+        old_BT, behaviour_entropy = self.behaviour_logprobs(batch, plan=plan, with_entropy=True) \
+            if bp.recompute else (None, math.nan)
+        tis_BT = None
+        if bp.apply_tis:  # apply_tis implies recompute
+            tis_BT, _ = tis_weights(old_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap, s.tis_mode)
         actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
         ratio_old_BT = batch.rollout_logprobs_BT if bp.ratio_from_rollout else old_BT
-        actor = self._actor_update(batch, plan, weights_BT, advantages, ratio_old_BT,
-                                   tis_BT if bp.apply_tis else None) if actor_updated else None
+        actor = self._actor_update(batch, plan, weights_BT, advantages, ratio_old_BT, tis_BT) \
+            if actor_updated else None
+        entropy = behaviour_entropy
+        if actor is not None:
+            entropy = masked_token_mean(self._gather(actor[2]["entropy"], batch), mask_BT)
+        if old_BT is None:  # GRPO without TIS (its actor always steps): measure on the first epoch's forward
+            old_BT = self._gather(actor[2]["logprobs"], batch)
+        _, tis = tis_weights(old_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap,
+                             "token" if s.tis_mode == "off" else s.tis_mode)
+        gap = checked_logprob_gap(old_BT, batch.rollout_logprobs_BT, mask_BT, s.gap_reducer)
         self.step += 1
         adv_BT = advantages if advantages.dim() == 2 else advantages[:, None].expand(mask_BT.shape)
         nan = math.nan
@@ -322,7 +354,10 @@ class RankTrainer:
             critic_grad_norm=critic[2] if critic else nan, tis_mean=tis["tis_mean"],
             tis_max_raw=tis["tis_max_raw"], tis_clip_fraction=tis["tis_clip_fraction"],
             advantage_mean=float(adv_BT[mask_BT].mean()), dual_clip_fraction=a.get("dual_clip_fraction", nan),
-            tis_mode=s.tis_mode, behaviour_recomputed=recompute)
+            tis_mode=s.tis_mode, behaviour_recomputed=bp.recompute,
+            # the actor's first forward; a critic-only step has none, but its actor has not moved since
+            # the behaviour snapshot it was published as, so the behaviour forward is the same policy
+            entropy=entropy)
 
     def sft_step(self, tokens, loss_mask) -> SftStats:
         """Supervised step (token-mean NLL, free routing), data-parallel over the same packer."""

@@ -1,85 +1,78 @@
-"""Trainer hyper-parameters as a plain dataclass (``rl`` cannot import ``t1ops``).
+"""Trainer hyper-parameters: the ``[trainer]`` section's one declaration (a pydantic model).
 
-Field names mirror ``t1ops.config.TrainerConfig`` one for one, so the campaign
-builds it with ``TrainerSettings.from_mapping(cfg.trainer.model_dump(exclude={"parallel"}))``; a
-test keeps the two in step. Defaults follow the T1 report, section 04: clip
-0.2 symmetric, value clip 0.2, gamma = lambda = 1, Adam(0.9, 0.98), weight
-decay 0.1, constant LR, critic at 30x the actor's LR.
+``rl`` cannot import ``t1ops``, so the model lives here and ``t1ops.config.TrainerConfig``
+extends it with the rank layout (``parallel``); the campaign hands the validated model to
+the trainer actors as is (Ray pickles it). Defaults follow the T1 report, section 04: clip
+0.2 symmetric, value clip 0.2, gamma = lambda = 1, Adam(0.9, 0.98), weight decay 0.1,
+constant LR, critic at 30x the actor's LR.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Literal
 
-from rl.errors import ConfigError
-from rl.losses import REDUCE_MODES, TIS_MODES
+from pydantic import BaseModel, ConfigDict, Field
 
 MODES = ("ppo", "grpo")
 
 
-@dataclass(frozen=True)
-class TrainerSettings:
-    """What one trainer step needs; see ``t1ops.config.TrainerConfig`` for each field's meaning."""
+class Layout(BaseModel):
+    """A trainer layout (docs/parallelism.md); world size = dp * tp * pp. The ``[trainer.parallel]``
+    section (``t1ops.config.ParallelConfig``) extends it with the process-group backend."""
 
-    mode: str = "ppo"
-    actor_lr: float = 1e-3
-    critic_lr_multiplier: float = 30.0
-    critic_warmup_steps: int = 0
-    critic_warm_load: str | None = None
-    gamma: float = 1.0
-    lam: float = 1.0
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    value_clip: float = 0.2
-    dppo_delta: float = 0.15
-    dppo_delta_low: float | None = None
-    dppo_delta_high: float | None = None
-    loss_reduction: str = "token_mean"
-    r3: bool = True
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    grad_clip: float = 1.0
-    ppo_epochs: int = 1
-    save_every: int = 4
-    warm_start_steps: int = 110
-    warm_start_lr: float = 3e-3
-    warm_start_noise: float = 0.5
-    clip_ratio_c: float | None = None
-    tis_mode: str = "off"
-    tis_cap: float = 2.0
-    grpo_norm_by_std: bool = False
-    advantage_whitening: bool = False
-    gap_reducer: str = "token_mean"
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"trainer mode must be one of {MODES}, got {self.mode!r}", key="mode")
-        if self.loss_reduction not in REDUCE_MODES:
-            raise ConfigError(f"loss_reduction must be one of {REDUCE_MODES}, got {self.loss_reduction!r}",
-                              key="loss_reduction")
-        for key in ("actor_lr", "critic_lr_multiplier", "grad_clip", "dppo_delta"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"{key} must be > 0, got {getattr(self, key)!r}", key=key)
-        for key in ("gamma", "lam", "adam_beta1", "adam_beta2", "weight_decay"):
-            if not 0 <= getattr(self, key) <= 1:
-                raise ConfigError(f"{key} must lie in [0, 1], got {getattr(self, key)!r}", key=key)
-        from rl.metrics import REDUCERS
+    dp: int = Field(1, ge=1, le=4096, description="Data-parallel ranks: trajectories are packed to them by token count.")
+    tp: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks (megatron-core; > 1 needs sequence_parallel).")
+    ep: int = Field(1, ge=1, le=1024, description="Expert-parallel ranks: must divide num_experts and dp*tp (expert tensor parallelism is 1).")
+    pp: int = Field(1, ge=1, le=1, description="Pipeline stages: 1 only; pipeline schedules are not wired (docs/parallelism.md says why).")
+    sequence_parallel: bool = Field(False, description="Split the sequence over the tensor-parallel ranks (megatron SP); requires tp > 1.")
+    max_tokens_per_gpu: int = Field(8192, ge=16, description="Token cap of one micro-batch (padded tokens) on one rank; a longer sample is its own micro-batch.")
 
-        if self.gap_reducer not in REDUCERS:
-            raise ConfigError(f"gap_reducer must be one of {sorted(REDUCERS)}, got {self.gap_reducer!r}",
-                              key="gap_reducer")
-        if self.tis_mode not in TIS_MODES:
-            raise ConfigError(f"tis_mode must be one of {TIS_MODES}, got {self.tis_mode!r}", key="tis_mode")
-        if not self.tis_cap > 0:
-            raise ConfigError(f"tis_cap must be > 0, got {self.tis_cap!r}", key="tis_cap")
-        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
-            raise ConfigError(f"clip_ratio_c (dual clip) must be > 1 or unset, got {self.clip_ratio_c!r}",
-                              key="clip_ratio_c")
-        if self.ppo_epochs < 1 or self.critic_warmup_steps < 0:
-            raise ConfigError(f"ppo_epochs must be >= 1 and critic_warmup_steps >= 0, got "
-                              f"{self.ppo_epochs} and {self.critic_warmup_steps}", key="ppo_epochs")
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def sp_size(self) -> int:
+        return self.tp if self.sequence_parallel else 1
+
+
+class TrainerSettings(BaseModel):
+    """What one trainer step needs; unknown keys and out-of-range values are errors."""
+
+    # as every config section (t1ops.config.Section): an inf value would silently disable a bound
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    mode: Literal["ppo", "grpo"] = Field("ppo", description="PPO with a critic and GAE, or GRPO with DPPO.")
+    actor_lr: float = Field(1e-3, gt=0, le=1.0, description="Actor learning rate (constant).")
+    critic_lr_multiplier: float = Field(30.0, gt=0, le=1000, description="Critic LR as a multiple of the actor's (30x in the report).")
+    critic_warmup_steps: int = Field(0, ge=0, description="Critic-only steps before the actor updates (report: 2, after a warm-loaded critic).")
+    critic_warm_load: str | None = Field(None, description="Warm-load the critic from a checkpoint: a critic step dir (checkpoints/critic/step_N) or a critic role dir (its newest step) of an earlier run; None: a fresh critic (T1 report section 04: warm-loaded, then critic_warmup_steps critic-only steps).")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    clip_low: float = Field(0.2, ge=0, le=1, description="PPO ratio clip below 1.")
+    clip_high: float = Field(0.2, ge=0, le=10, description="PPO ratio clip above 1.")
+    value_clip: float = Field(0.2, ge=0, description="Clip of the value update around pre-update values.")
+    dppo_delta: float = Field(0.15, gt=0, le=1, description="DPPO binary-TV threshold (probability difference); the default of both sides.")
+    dppo_delta_low: float | None = Field(None, gt=0, le=1, description="DPPO threshold for negative-advantage tokens (probability drop); None: dppo_delta (walkthrough: 0.15).")
+    dppo_delta_high: float | None = Field(None, gt=0, le=1, description="DPPO threshold for positive-advantage tokens (probability rise); None: dppo_delta (walkthrough: 0.15).")
+    loss_reduction: Literal["token_mean", "seq_mean", "prompt_mean"] = Field("token_mean", description="How per-token losses are reduced.")
+    r3: bool = Field(True, description="Replay the rollout's routing in the actor forward (R3).")
+    weight_decay: float = Field(0.1, ge=0, le=1, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
+    adam_beta2: float = Field(0.98, ge=0, lt=1, description="Adam beta2.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    ppo_epochs: int = Field(1, ge=1, le=16, description="Passes over each batch.")
+    save_every: int = Field(4, ge=1, description="Write the full checkpoint (both roles and the trainer state: a resume point) every N steps and at the last step; the other steps only publish the actor to the engines.")
+    warm_start_steps: int = Field(110, ge=0, description="Supervised warm-start steps on task solutions before RL (the report's RL starts from SFT).")
+    warm_start_lr: float = Field(3e-3, gt=0, le=1.0, description="Learning rate of the supervised warm start.")
+    warm_start_noise: float = Field(0.5, ge=0, lt=1, description="Share of warm-start demonstrations showing another task's solution (an imperfect demonstrator).")
+    clip_ratio_c: float | None = Field(None, gt=1, le=100, description="PPO dual clip: a negative-advantage token's loss is at most -clip_ratio_c * A (None: off, as the report).")
+    tis_mode: Literal["off", "token", "sequence"] = Field("off", description="Apply truncated importance sampling (trainer vs sampler) per token or per sequence; 'off' records it only (the report).")
+    tis_cap: float = Field(2.0, gt=0, le=1000, description="Truncation cap of the TIS weight.")
+    grpo_norm_by_std: bool = Field(False, description="GRPO: divide group-centred advantages by the group's std (off: the walkthrough's Dr. GRPO-style centring).")
+    advantage_whitening: bool = Field(False, description="PPO: whiten GAE advantages over the batch's tokens (off: the report, 'advantage normalization is not enabled').")
+    gap_reducer: Literal["token_mean"] = Field("token_mean", description="Reducer of the train-vs-rollout log-prob gap, self-checked against the direct token mean on every step (rl.metrics.checked_logprob_gap); the chaos harness alone selects a wrong one (docs/failures.md, metrics-reducer).")
 
     @property
     def dppo_deltas(self) -> tuple[float, float]:
@@ -92,13 +85,3 @@ class TrainerSettings:
     def critic_lr(self) -> float:
         """The critic's LR: a multiple of the actor's (its target is a supervised regression)."""
         return self.actor_lr * self.critic_lr_multiplier
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "TrainerSettings":
-        """Build from a dict (e.g. ``TrainerConfig.model_dump()``); an unknown key is an error."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown trainer setting(s) {unknown}; known: {sorted(known)}. "
-                              "Add the field to rl.trainer.settings.TrainerSettings too.", keys=unknown)
-        return cls(**dict(values))

@@ -5,4 +5,5 @@
   default one), and the per-tensor broadcast SGLang's ``/update_weights_from_distributed`` receives.
 - :mod:`rl.weights.buckets`: the Hugging Face tensors of a policy state, in buckets that never
   split a conversion unit.
+- :mod:`rl.weights.checksums`: per-tensor checksums of what was sent and what an engine loaded.
 """

@@ -19,7 +19,8 @@ import torch
 from rl.errors import InputError
 from rl.model import ModelSpec
 from rl.weights.buckets import Bucket, hf_buckets
-from rl.weights.group import destroy_update_group, init_update_group, send_tensors
+from rl.weights.checksums import state_checksums
+from rl.weights.group import destroy_update_group, dtype_name, init_update_group, send_tensors
 
 
 class WeightSender(abc.ABC):
@@ -109,3 +110,10 @@ class WeightSender(abc.ABC):
             sent += send_tensors(tensors, self._ws_group)
         self._ws_cache = None  # the version's converted copy is not needed again
         return {"bytes": sent, "seconds": time.perf_counter() - t0}
+
+    # --- verification ----------------------------------------------------------------------
+    def weight_checksums(self, version: str) -> dict:
+        """What the engines must hold after loading ``version``: ``{"dtype", "tensors": {name: checksum}}``
+        of the published state cast to the dtype it is sent in (rl.weights.checksums)."""
+        state, _ = self._published_weights(version)
+        return {"dtype": dtype_name(self._ws_dtype), "tensors": state_checksums(state, self._ws_dtype)}

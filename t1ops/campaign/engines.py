@@ -46,6 +46,11 @@ class RayTrainerSender:
     def send(self, version: str):
         return self.actor.weight_send.remote(version)
 
+    def checksums(self, version: str) -> dict:
+        import ray
+
+        return ray.get(self.actor.weight_checksums.remote(version))
+
     def close_group(self) -> None:
         import ray
 
@@ -64,7 +69,8 @@ def build_weight_sync(cfg: EngineConfig, trainer, version: str):
     if trainer is None:
         return CheckpointDirSync()
     if cfg.weight_sync == "disk":
-        sync = DiskSync(lambda v: ray.get(trainer.weight_export.remote(v)))
+        sync = DiskSync(lambda v: ray.get(trainer.weight_export.remote(v)),
+                        checksums=lambda v: ray.get(trainer.weight_checksums.remote(v)))
         sync.last_export = sync.export(version)  # what an engine at another version loads on admission
         return sync
     backend = cfg.weight_sync_backend or ("gloo" if cfg.kind == "embedded" else "nccl")
@@ -111,8 +117,9 @@ class EngineRouter:
         """Engine addresses, health, version and gate for workers that call engines directly."""
         return self.pool.view()
 
-    def report_failure(self, index: int, url: str, reason: str, wrong_version: bool = False) -> None:
-        self.pool.report_failure(index, url, reason, wrong_version=wrong_version)
+    def report_failure(self, index: int, url: str, reason: str, wrong_version: bool = False,
+                       engine_failed: bool = False) -> None:
+        self.pool.report_failure(index, url, reason, wrong_version=wrong_version, engine_failed=engine_failed)
 
     def client_config(self) -> dict:
         """The engine config and routing shape a worker's direct clients need."""

@@ -28,7 +28,7 @@ import concurrent.futures
 import math
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -247,4 +247,4 @@ def _count(items) -> dict:
 
 def eval_agent(agent, temperature: float):
     """The worker's agent settings at the eval temperature (0: greedy)."""
-    return replace(agent, temperature=temperature)
+    return agent.model_copy(update={"temperature": temperature})

@@ -3,7 +3,9 @@
 - fds: soft nofile raised in the coordinator and (via the Ray set-up hook) in
   every worker; usage sampled each step; a stall detector on rollout results.
 - host RAM: projected before launch, sampled each step; a Ray actor that dies
-  is checked for an OS OOM kill and reported as such.
+  is checked for an OS OOM kill and reported as such; every role's RSS trend is
+  fitted each step and a steady climb warns with its projected time to the limit
+  (``t1ops.guards.rss_trend``, host-ram-leak).
 - trainer watchdog: the trainer reports progress per step; a slow step is
   classified (warming up / hung) instead of waited on forever; a hung trainer
   gets its Python stacks dumped.
@@ -13,6 +15,7 @@ guarded where they happen (trainer host, engine fleet, workers, agent loop).
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -23,22 +26,27 @@ from t1ops.config import CampaignConfig
 from t1ops.errors import HangError
 from t1ops.guards.fds import FdGuard, StallDetector
 from t1ops.guards.hostmem import HostMemoryMonitor, OomWatch, check_projection, project_host_memory
-from t1ops.guards.watchdog import Watchdog, signal_stack_dumper
+from t1ops.guards.rss_trend import RssTrend
+from t1ops.guards.watchdog import Watchdog, running_verifiers, signal_stack_dumper
 
 POLL_S = 0.5
 TRAINER_RANK = 0
 
 
 class CampaignGuards:
-    def __init__(self, cfg: CampaignConfig, run_dir: Path, dead_engines, pids=None) -> None:
+    def __init__(self, cfg: CampaignConfig, run_dir: Path, dead_engines, pids=None, roles=None) -> None:
         self.cfg = cfg
         self.host_mem = HostMemoryMonitor(cfg.guards.host_ram_warn_fraction)
+        # roles: {name: pid} of the coordinator, workers and engines (the trainer is added here)
+        self.rss_trend, self._roles = RssTrend(cfg.guards.field), roles
         self.oom = OomWatch().arm()
         # pids: the coordinator plus the campaign's local processes (workers, engines); a process on
         # another node is skipped by the guard (its own node's worker watches it).
         self.fd_guard = FdGuard(cfg.guards.fd_warn_fraction, pids=pids).start(interval_s=cfg.guards.fd_sample_interval_s)
+        # a stall names the verifiers that run (slow-verifier): trials live in <run>/trials/<run id>/
         self.stall = StallDetector(cfg.guards.stall_timeout_s, fd_guard=self.fd_guard,
-                                   dead_engines=dead_engines, what="trials")
+                                   dead_engines=dead_engines, what="trials",
+                                   busy=lambda: running_verifiers(run_dir / "trials"))
         self.run_dir = run_dir
         self.watchdog: Watchdog | None = None
         self.trainer_pid: int | None = None
@@ -110,8 +118,18 @@ class CampaignGuards:
     def after_step(self, step: int) -> None:
         self.fd_guard.sample()
         t0 = time.perf_counter()
-        self.host_mem.sample()
+        snap = self.host_mem.sample()
+        self.rss_trend.sample(self.role_pids(), snap.available_bytes)
         self._busy_s += time.perf_counter() - t0
+
+    def role_pids(self) -> dict[str, int]:
+        """{role: pid} of every campaign process this node can see: coordinator, workers, engines, trainer."""
+        roles = dict(self._roles()) if self._roles is not None else {"coordinator": os.getpid()}
+        if self.rank_watch is not None:
+            roles.update({f"trainer-rank-{r}": p.pid for r, p in self.rank_watch.ranks.items()})
+        elif self.trainer_pid is not None:
+            roles["trainer"] = self.trainer_pid
+        return roles
 
     def take_busy_s(self) -> float:
         """Seconds spent in the coordinator's guard checks (fd sampling thread included) since the

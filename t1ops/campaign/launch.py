@@ -12,7 +12,8 @@ import logging
 import os
 from pathlib import Path
 
-from rl.agent.loop import AgentSettings, sft_example, solution_command
+from rl.agent.loop import sft_example, solution_command
+from rl.agent.settings import AgentLimits, AgentSettings
 from rl.agent.sandbox import require_isolation
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
@@ -123,11 +124,11 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
                      f"tp {cfg.trainer.parallel.tp}, ep {cfg.trainer.parallel.ep})")
     else:
         c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
-            spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}), vocab_path=str(run.vocab),
+            spec=spec, settings=cfg.trainer, vocab_path=str(run.vocab),
             ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
             telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
-            temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump(),
-            reward_policy=RewardPolicy.from_config(cfg).to_dict())
+            temperature=cfg.rollout.temperature, retention=cfg.checkpoints,
+            reward_policy=RewardPolicy.from_config(cfg))
     if c.resume_from is None:
         examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
         c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
@@ -157,7 +158,10 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
     c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()),
                               pids=lambda: [os.getpid(), *ray.get(c.router.engine_pids.remote()),
-                                            *(c.rollouts.pids if c.rollouts else [])])
+                                            *(c.rollouts.pids if c.rollouts else [])],
+                              roles=lambda: {"coordinator": os.getpid(),
+                                             **{f"engine-{i}": p for i, p in enumerate(ray.get(c.router.engine_pids.remote()))},
+                                             **{f"worker-{i}": p for i, p in enumerate(c.rollouts.pids if c.rollouts else [])}})
     progress.log("host memory: " + c.guards.project_host_memory(*ray.get(c.trainer.num_params.remote())))
     if rank_watch is not None:
         c.guards.attach_ranks(rank_watch)
@@ -240,15 +244,15 @@ def train_task_names(tasks, cfg: CampaignConfig) -> list[str]:
 
 def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
     r = cfg.rollout
-    agent = AgentSettings(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens, context_window=r.context_window,
-                          temperature=r.temperature, summary_max_new_tokens=r.summary_max_new_tokens,
+    agent = AgentSettings(**r.model_dump(include=set(AgentLimits.model_fields)),  # declared once: AgentLimits
                           num_layers=cfg.model.num_layers if cfg.trainer.r3 else None,
                           topk=cfg.model.moe_router_topk if cfg.trainer.r3 else None)
     return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
                           skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
                           timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
                           sandbox={**cfg.sandbox.model_dump(), "backend": cfg.environment.backend},
-                          harness=harness_settings(cfg), failed_trials=r.failed_trials)
+                          harness=harness_settings(cfg), failed_trials=r.failed_trials,
+                          verifier_timeout_cap_s=cfg.guards.field.verifier_timeout_cap_s)
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,

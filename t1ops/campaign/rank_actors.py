@@ -12,14 +12,14 @@ The coordinator talks to the ranks through :class:`RankGroup`: ``group.train.rem
 sends the call to every rank (the arguments are put in the object store once)
 and returns one reference that resolves to rank 0's answer when all ranks are
 done (any rank's error is raised), so the step loop is the same for 1 rank or N.
-Publishing gathers the full actor once per step (a collective); rank 0 writes
-the role-separated, checksummed checkpoint the engines load. Every ``save_every``
-steps both roles are also saved sharded: one file per rank under one checksummed
-manifest (``t1ops.guards.sharded_checkpoints``), loadable at any layout (docs/parallelism.md).
+Publishing gathers the full actor once per step (a collective); rank 0 keeps it
+for the weight sync. Every ``save_every`` steps (and at the last step) rank 0
+writes the role-separated, checksummed checkpoint and both roles are also saved
+sharded: one file per rank under one checksummed manifest
+(``t1ops.guards.sharded_checkpoints``), loadable at any layout (docs/parallelism.md).
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import time
@@ -29,13 +29,12 @@ import torch
 
 from rl.model import ModelSpec
 from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
-from rl.trainer.settings import TrainerSettings
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trainer_host import TrainerHost, load_rank_state, rank_state, resumed
 from t1ops.campaign.trainer_rank import join_world
-from t1ops.config import CampaignConfig, GuardsConfig
+from t1ops.config import CampaignConfig, CheckpointsConfig, GuardsConfig, TrainerConfig
 from t1ops.errors import ConfigError
 from t1ops.guards.checkpoints import CheckpointManager
 from t1ops.guards.rank_watch import ProgressBeacon, RankProcess, RankWatch, collective_watch
@@ -47,18 +46,18 @@ PG_READY_TIMEOUT_S = 120.0
 class TrainerRankHost(TrainerHost):
     """One trainer rank (a Ray actor). Warm start, batch assembly and ``train`` are TrainerHost's."""
 
-    def __init__(self, *, rank: int, layout: dict, spec: dict, settings: dict, vocab_path: str, ckpt_base: str,
-                 seed: int, run_dir: str, guards: dict, telemetry_cfg: dict | None = None,
-                 temperature: float = 1.0, num_threads: int = 1, retention: dict | None = None,
-                 reward_policy: dict | None = None) -> None:
+    def __init__(self, *, rank: int, layout: Layout, spec: dict, settings: TrainerConfig, vocab_path: str,
+                 ckpt_base: str, seed: int, run_dir: str, guards: GuardsConfig, telemetry_cfg: dict | None = None,
+                 temperature: float = 1.0, num_threads: int = 1, retention: CheckpointsConfig | None = None,
+                 reward_policy: RewardPolicy | None = None) -> None:
         torch.set_num_threads(num_threads)
-        self.reward_policy, self.last_policy_counts = RewardPolicy(**(reward_policy or {})), {}
-        self.rank, self.layout, self.run_dir = rank, Layout(**layout), Path(run_dir)
+        self.reward_policy, self.last_policy_counts = reward_policy or RewardPolicy(), {}
+        self.rank, self.layout, self.run_dir = rank, layout, Path(run_dir)
         telemetry.setup(run_dir, role=f"trainer-rank{rank}", **(telemetry_cfg or {}))
-        self.guards = GuardsConfig(**guards)
+        self.guards = guards
         self.vocab = CompactVocab.load(vocab_path)
         self.spec = ModelSpec(**{**spec, "vocab_size": self.vocab.size})
-        self.settings = TrainerSettings.from_mapping(settings)
+        self.settings = settings
         # rank 0 writes the checkpoints; every rank refuses a bad layout before any model exists
         self.ckpt = CheckpointManager.from_base(ckpt_base, save_every=self.settings.save_every)
         self.seed, self.temperature = seed, temperature
@@ -68,16 +67,17 @@ class TrainerRankHost(TrainerHost):
         from t1ops.campaign.retention import Retention
 
         self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.settings.mode == "ppo",
-                                   **(retention or {"keep_last": None}))
+                                   **(retention or CheckpointsConfig(keep_last=None)).model_dump())
         self.last_report: dict = {}
 
     def address(self) -> str:
-        """Rank 0: the rendezvous ``tcp://ip:port`` on its own node."""
+        """Rank 0: the rendezvous on its own node, one fresh port per attempt (group-init-race:
+        ``t1ops.guards.rendezvous``, bounded by ``guards.field.group_init_timeout_s``)."""
         import ray
 
-        from rl.engines.ports import free_port
+        from t1ops.guards.rendezvous import plan_rendezvous
 
-        return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+        return plan_rendezvous(ray.util.get_node_ip_address(), self.guards.field)
 
     def join(self, init_method: str) -> int:
         """Initial weights (world of 1), then the real world and megatron's groups; returns the pid."""
@@ -109,13 +109,15 @@ class TrainerRankHost(TrainerHost):
         base = self.ckpt.actor_dir.parent
         return [d for role in ("actor", "critic") for d in _prune(base / f"{role}-shards", self.retention.keep)]
 
-    def publish(self, version: int) -> str | None:
-        """Gather the full actor once (a collective on every rank); rank 0 saves it for the engines.
-        Every save_every steps: both roles sharded per rank, and the resume point (the full critic
-        and every rank's optimizer and RNG state, gathered to rank 0: ``trainer_state``, the same
-        format a 1-rank trainer writes). Every rank keeps its shard as the behaviour snapshot."""
+    def publish(self, version: int, final: bool = False) -> str | None:
+        """Gather the full actor once (a collective on every rank): rank 0 keeps it for the weight
+        sender. At a resume point (``is_resume_point``: every save_every steps and the last step):
+        both roles sharded per rank, and rank 0 saves the full actor and critic and every rank's
+        optimizer and RNG state (``trainer_state``, the same format a 1-rank trainer writes).
+        Every rank keeps its shard as the behaviour snapshot. Rank 0 returns the newest actor
+        checkpoint directory."""
         actor = self.trainer.full_state("actor")  # the engines' weights: gathered once per step
-        resume_point = version % self.settings.save_every == 0
+        resume_point = self.is_resume_point(version, final)
         critic = ranks = None
         if resume_point:
             with self._collective_watch("sharded checkpoint save"):
@@ -131,14 +133,15 @@ class TrainerRankHost(TrainerHost):
             from t1ops.campaign.resume import save_trainer_state, trainer_state
             from t1ops.campaign.retention import disk_bytes
 
-            path = str(self.ckpt.save("actor", version, actor))
             if resume_point:
+                self.ckpt.save("actor", version, actor)
                 if critic is not None:
                     self.ckpt.save("critic", version, critic)
                 save_trainer_state(self.retention.base, version, trainer_state(self.trainer, version, ranks))
             deleted = self.retention.apply() + self._prune_shards()
             self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base),
                                 "checkpoints_deleted": len(deleted), "resume_point": self.retention.resume_point()}
+            path = self.newest_actor_checkpoint()
         self.published[version] = self.trainer.snapshot_behaviour()
         if self.rank == 0:  # the full weights the weight sender exports or broadcasts (rl.weights.sender)
             self.full_published[version] = actor
@@ -230,8 +233,7 @@ def start_ranks(cfg: CampaignConfig, run, spec: dict) -> tuple[RankGroup, RankWa
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     p = cfg.trainer.parallel
-    layout = Layout(dp=p.dp, tp=p.tp, ep=p.ep, pp=p.pp, sequence_parallel=p.sequence_parallel,
-                    max_tokens_per_gpu=p.max_tokens_per_gpu)
+    layout = p  # a ParallelConfig is the rank trainer's Layout
     gpus = ray.cluster_resources().get("GPU", 0) >= layout.world_size and p.backend != "gloo"
     bundle = {"CPU": 1, "GPU": 1} if gpus else {"CPU": 1}
     pg = placement_group([dict(bundle) for _ in range(layout.world_size)], strategy="PACK")
@@ -244,12 +246,12 @@ def start_ranks(cfg: CampaignConfig, run, spec: dict) -> tuple[RankGroup, RankWa
     actors = [ray.remote(TrainerRankHost).options(
         num_cpus=1, num_gpus=1 if gpus else 0,
         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r)).remote(
-        rank=r, layout=dataclasses.asdict(layout), spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}),
-        vocab_path=str(run.vocab), ckpt_base=str(run.checkpoints), seed=cfg.run.seed, run_dir=str(run.path),
-        guards=cfg.guards.model_dump(), telemetry_cfg={"otlp_endpoint": cfg.telemetry.otlp_endpoint,
-                                                       "export_interval_s": cfg.telemetry.export_interval_s},
-        temperature=cfg.rollout.temperature, retention=cfg.checkpoints.model_dump(),
-        reward_policy=RewardPolicy.from_config(cfg).to_dict())
+        rank=r, layout=layout, spec=spec, settings=cfg.trainer, vocab_path=str(run.vocab),
+        ckpt_base=str(run.checkpoints), seed=cfg.run.seed, run_dir=str(run.path), guards=cfg.guards,
+        telemetry_cfg={"otlp_endpoint": cfg.telemetry.otlp_endpoint,
+                       "export_interval_s": cfg.telemetry.export_interval_s},
+        temperature=cfg.rollout.temperature, retention=cfg.checkpoints,
+        reward_policy=RewardPolicy.from_config(cfg))
         for r in range(layout.world_size)]
     init_method = ray.get(actors[0].address.remote())
     pids = ray.get([a.join.remote(init_method) for a in actors])

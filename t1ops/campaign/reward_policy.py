@@ -48,12 +48,6 @@ class RewardPolicy:
                    context_overflow_clear_mask=r.context_overflow_clear_mask,
                    zero_variance_filter=r.zero_variance_filter)
 
-    def to_dict(self) -> dict:
-        return {"mode": self.mode, "shape_length": self.shape_length, "shaping": dict(self.shaping),
-                "truncated_reward_zero": self.truncated_reward_zero,
-                "context_overflow_clear_mask": self.context_overflow_clear_mask,
-                "zero_variance_filter": self.zero_variance_filter}
-
 
 @dataclass
 class Prepared:

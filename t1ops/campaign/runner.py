@@ -147,7 +147,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     if ev is not None:
         ev.collect()  # nor an eval request: each eval sees exactly the weights it evaluates
     t_sync = time.monotonic()
-    ckpt = ray.get(c.trainer.publish.remote(step))
+    ckpt = ray.get(c.trainer.publish.remote(step, step == c.cfg.run.steps))  # the last step is a resume point
     telemetry.event("campaign.sync_barrier", step=step)
     sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
     source.after_sync()

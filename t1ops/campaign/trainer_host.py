@@ -2,9 +2,10 @@
 
 Wrapped as a Ray actor by the runner. It turns rollout results (TITO chunks in
 tokenizer ids) into a :class:`~rl.trainer.batch.TrainBatch` in the model's
-compact ids, takes the step, and writes role-separated checkpoints: the actor
-every step (that directory is what the engines load at the weight sync), the
-critic every ``save_every`` steps (weights only, as the report chose).
+compact ids, takes the step, and publishes the actor for the engines every step
+(the weight sync sends that snapshot). The resumable checkpoint (both roles,
+role-separated and checksummed, and the trainer state) is written every
+``save_every`` steps and at the run's last step, not on every publish.
 """
 from __future__ import annotations
 
@@ -19,19 +20,20 @@ from rl.errors import ConfigError, DataContractError
 from rl.model import ModelSpec, weights_state_dict
 from rl.trainer.batch import TrainBatch
 from rl.trainer.optim import build_optimizer
-from rl.trainer.settings import TrainerSettings
 from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
 from rl.weights.sender import WeightSender
 from t1ops.campaign.dataplane import fetch
+from t1ops.campaign.reward_policy import RewardPolicy
+from t1ops.config import CheckpointsConfig, TrainerConfig
 from t1ops.guards.checkpoints import CheckpointManager
 
 
 class TrainerHost(WeightSender):
-    def __init__(self, *, spec: dict, settings: dict, vocab_path: str, ckpt_base: str, seed: int,
+    def __init__(self, *, spec: dict, settings: TrainerConfig, vocab_path: str, ckpt_base: str, seed: int,
                  num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
                  gloo_timeout_s: float = 3600.0, temperature: float = 1.0,
-                 retention: dict | None = None, reward_policy: dict | None = None) -> None:
+                 retention: CheckpointsConfig | None = None, reward_policy: RewardPolicy | None = None) -> None:
         torch.set_num_threads(num_threads)
         if run_dir is not None:
             from t1ops import telemetry
@@ -43,23 +45,21 @@ class TrainerHost(WeightSender):
         init_single_process(timeout_s=gloo_timeout_s)
         self.vocab = CompactVocab.load(vocab_path)
         self.spec = ModelSpec(**{**spec, "vocab_size": self.vocab.size})
-        self.settings = TrainerSettings.from_mapping(settings)
+        self.settings = settings
         # Refuse a bad checkpoint layout before any model exists (critic-overwrites-actor).
         self.ckpt = CheckpointManager.from_base(ckpt_base, save_every=self.settings.save_every)
         # log-probs at the sampling temperature: the engine reports temperature-scaled ones
         self.trainer = Trainer(self.spec, self.settings, seed=seed, unk_id=self.vocab.unk_id,
-                               temperature=temperature)
+                               temperature=temperature, max_tokens_per_gpu=settings.parallel.max_tokens_per_gpu)
         self.seed = seed
-        from t1ops.campaign.reward_policy import RewardPolicy
-
-        self.reward_policy = RewardPolicy(**(reward_policy or {}))
+        self.reward_policy = reward_policy or RewardPolicy()
         self.last_policy_counts: dict = {}
         if self.settings.critic_warm_load:
             self.warm_load_critic(self.settings.critic_warm_load)
         from t1ops.campaign.retention import Retention
 
         self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.trainer.critic is not None,
-                                   **(retention or {"keep_last": None}))
+                                   **(retention or CheckpointsConfig(keep_last=None)).model_dump())
         self.last_report: dict = {}
         self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> actor weights (behaviour snapshots)
 
@@ -166,18 +166,32 @@ class TrainerHost(WeightSender):
         return {**stats.as_dict(), "behaviour_version": None, "policy": dict(self.last_policy_counts),
                 "policy_versions": sorted({int(v) for v in sampled.tolist()})}
 
-    def publish(self, version: int) -> str:
-        """Save the actor for the engines (and both roles every save_every); return the actor dir.
+    def is_resume_point(self, version: int, final: bool) -> bool:
+        """The full checkpoint (both roles and the trainer state) is written every ``save_every``
+        steps and at the run's last step; every other publish only hands weights to the engines."""
+        return final or version % self.settings.save_every == 0
 
-        Called inside the weight-sync barrier. It also rotates the behaviour snapshots: the
+    def newest_actor_checkpoint(self) -> str | None:
+        """The newest saved actor step directory (None before the first save)."""
+        from t1ops.guards.checkpoints import list_steps, step_dir_name
+
+        steps = list_steps(self.ckpt.actor_dir)
+        return str(self.ckpt.actor_dir / step_dir_name(steps[-1])) if steps else None
+
+    def publish(self, version: int, final: bool = False) -> str | None:
+        """Keep the actor of ``version`` for the engines; at a resume point (:meth:`is_resume_point`)
+        save the full checkpoint too. Returns the newest actor checkpoint directory.
+
+        Called inside the weight-sync barrier. The weight sync sends the snapshot kept here
+        (``_published_weights``), not a checkpoint. It also rotates the behaviour snapshots: the
         weights published now are the behaviour policy of the batch the engines sample next;
         snapshots older than the previous one can no longer be needed and are dropped."""
-        path = self.ckpt.save("actor", version, weights_state_dict(self.trainer.actor))
-        if self.trainer.critic is not None and version % self.ckpt.save_every == 0:
-            self.ckpt.save("critic", version, weights_state_dict(self.trainer.critic))
-        if version % self.ckpt.save_every == 0:  # what a resume needs besides the weights
+        if self.is_resume_point(version, final):
             from t1ops.campaign.resume import save_trainer_state
 
+            self.ckpt.save("actor", version, weights_state_dict(self.trainer.actor))
+            if self.trainer.critic is not None:
+                self.ckpt.save("critic", version, weights_state_dict(self.trainer.critic))
             save_trainer_state(self.retention.base, version, self._trainer_state(version))
         self.published[version] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
                                    for k, v in self.trainer.actor_state().items()}
@@ -188,7 +202,7 @@ class TrainerHost(WeightSender):
         deleted = self.retention.apply()
         self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base), "checkpoints_deleted": len(deleted),
                             "resume_point": self.retention.resume_point()}
-        return str(path)
+        return self.newest_actor_checkpoint()
 
     def _published_weights(self, version: str):
         """What the weight sync sends for ``version`` (rl.weights.sender): the snapshot publish() kept."""

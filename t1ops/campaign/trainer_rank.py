@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict
 from datetime import timedelta
 
 import torch
@@ -59,7 +58,7 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
     from rl.megatron_cpu import teardown
     from rl.trainer.ranks import RankTrainer, full_initial_states
 
-    layout = Layout(**job["layout"])
+    layout = job["layout"]
     actor, critic = full_initial_states(job["spec"], job["settings"], job["seed"], job["unk_id"])
     join_world(rank, world, init_method, layout, guards=GuardsConfig(), seed=job["seed"])
     try:
@@ -100,7 +99,7 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
 
     ctx = mp.get_context("spawn")
     out = os.path.join(tempfile.mkdtemp(prefix="t1ops-ranks-"), "rank0.pt")
-    job = {"layout": asdict(layout), "batch": batch, "spec": spec, "settings": settings, "seed": seed,
+    job = {"layout": layout, "batch": batch, "spec": spec, "settings": settings, "seed": seed,
            "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to,
            "behaviour": behaviour}
     init_method = f"tcp://127.0.0.1:{free_port()}"

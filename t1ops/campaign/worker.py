@@ -27,7 +27,7 @@ from rl.agent.environment import require_runnable
 from rl.agent.loop import AgentSettings, run_episode
 from rl.agent.sandbox import make_sandbox
 from rl.agent.tasks import load_pool
-from rl.agent.verifier import verify_within
+from rl.agent.verifier import verifier_timeout_error, verify_within
 from rl.chat import ChatRenderer
 from rl.engines.client import EngineClient
 from rl.agent.verdict import is_solved
@@ -59,6 +59,7 @@ class WorkerSettings:
     sandbox: dict | None = None      # SandboxConfig fields (isolation, allow_internet, limits)
     harness: "HarnessSettings | None" = None  # rollout.agent = "command" (t1ops.campaign.harness)
     failed_trials: str = "drop"      # rollout.failed_trials: drop | zero | abort
+    verifier_timeout_cap_s: float | None = None  # guards.field.verifier_timeout_cap_s (slow-verifier)
 
 
 def direct_engines(router, max_concurrency: int) -> DirectEngines:
@@ -315,8 +316,11 @@ class RolloutWorker:
                 with clock.phase("sandbox_s", "sandbox.finish"):
                     trial.finish()
             with clock.phase("verify_s", "verify") as sp:
-                verdict = verify_within(trial, scale=self.settings.reward_scale)
+                verdict = verify_within(trial, scale=self.settings.reward_scale,
+                                        timeout_cap_s=self.settings.verifier_timeout_cap_s)
                 sp.set_attribute("tamper_events", len(verdict.tamper_events))
+            if verdict.reason == "verifier-timeout":   # no verdict, no reward: rollout.failed_trials decides
+                raise verifier_timeout_error(task.name, verdict)
         finally:
             trial.close()   # the trial's tmpfs and cgroup go; verifier/result.json stays
         with telemetry.span("reward", reward=verdict.reward.value, source=verdict.reward.source,
@@ -336,12 +340,10 @@ class RolloutWorker:
 def task_agent(agent: AgentSettings, task) -> AgentSettings:
     """The agent limits of one task's trials. Precedence (docs/tasks.md): ``rollout.max_turns`` is
     the ceiling; a task's ``[agent] max_turns`` lowers it for its own trials, never raises it."""
-    import dataclasses
-
     own = getattr(task, "max_turns", None)
     if own is None or own >= agent.max_turns:
         return agent
-    return dataclasses.replace(agent, max_turns=int(own))
+    return agent.model_copy(update={"max_turns": int(own)})
 
 
 def failed_row(spec: TrialSpec, family: str, err: BaseException) -> dict:

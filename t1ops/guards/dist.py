@@ -13,7 +13,9 @@ Gloo control group to 60 min. So:
 - :class:`watch_collective` reports a long wait as *slow* (event
   ``dist.collective_slow``) before the timeout, so a slow rank is not read as a
   dead one;
-- the doctor check ``dist_group_timeouts`` shows the effective values.
+- the doctor check ``dist_group_timeouts`` shows the effective values;
+- the rendezvous of :func:`init_process_group` is bounded and retried on fresh ports
+  (``t1ops.guards.rendezvous``, group-init-race): a rank that never arrives is named.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from t1ops.errors import ConfigError, DistributedTimeoutError
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
 CATCHES = {
     "gloo-default-timeout": ("guards.gloo_timeout_min", "guards.nccl_timeout_min", "guards.nccl_timeout_cp_min"),
+    "group-init-race": ("guards.field.group_init_timeout_s", "guards.field.group_init_attempts"),
 }
 
 RUNBOOK = "runbooks/gloo-default-timeout.md"
@@ -92,14 +95,31 @@ def _require_timeout(timeout: Any, where: str) -> timedelta:
     return timeout
 
 
-def init_process_group(backend: str, *, timeout: timedelta, guards: GuardsConfig | None = None, **kwargs: Any) -> None:
-    """``torch.distributed.init_process_group`` that refuses to run without ``timeout``."""
+def init_process_group(backend: str, *, timeout: timedelta, guards: GuardsConfig | None = None,
+                       init_method: str | None = None, rank: int | None = None, world_size: int | None = None,
+                       **kwargs: Any) -> None:
+    """``torch.distributed.init_process_group`` that refuses to run without ``timeout``.
+
+    A ``tcp://`` or ``t1ops-rdzv://`` ``init_method`` (with ``rank`` and ``world_size``) goes through
+    :func:`t1ops.guards.rendezvous.rendezvous`: every rank arrives within
+    ``guards.field.group_init_timeout_s`` per attempt, a failed attempt moves to a fresh port, and
+    the last failure names the ranks that never arrived (:class:`GroupInitError`). torch's own
+    TCPStore client can block past ``timeout`` (a port taken between probe and bind)."""
     import torch.distributed as dist
 
+    from t1ops.guards.rendezvous import rendezvous
+
+    g = guards or GuardsConfig()
     t = _require_timeout(timeout, "init_process_group")
     if backend == "nccl":
-        apply_nccl_env(guards or GuardsConfig())
-    dist.init_process_group(backend=backend, timeout=t, **kwargs)
+        apply_nccl_env(g)
+    if init_method is not None and rank is not None and world_size is not None \
+            and init_method.split("://")[0] in ("tcp", "t1ops-rdzv"):
+        store = rendezvous(init_method, rank, world_size, g.field)
+        dist.init_process_group(backend=backend, timeout=t, store=store, rank=rank, world_size=world_size, **kwargs)
+    else:
+        dist.init_process_group(backend=backend, timeout=t, init_method=init_method, rank=rank if rank is not None
+                                else -1, world_size=world_size if world_size is not None else -1, **kwargs)
     telemetry.event("dist.group_created", group="default", backend=backend, timeout_s=t.total_seconds())
 
 

@@ -3,7 +3,8 @@
 A mixin of :class:`t1ops.guards.engines.EnginePool` (whose docstring holds the contract).
 Report, section 03: weights are published once per step "with generation quiesced first so no
 request spans two policy versions", and "the behaviour snapshot rotates inside the same
-barrier"; section 08: dead engines are recreated "at the next weight sync".
+barrier"; section 08: dead engines are recreated "at the next weight sync". Inside the barrier
+it proves every engine loaded what the trainer sent and resumed (:mod:`t1ops.guards.engine_checks`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, InputError
+from t1ops.guards.engine_checks import BarrierChecks
 from t1ops.guards.engine_health import EngineHealth
 from t1ops.guards.engine_slots import ENGINE_FAILURES, RUNBOOK, Slot
 
@@ -31,7 +33,7 @@ class SyncReport:
     duration_s: float
 
 
-class WeightSyncBarrier(EngineHealth):
+class WeightSyncBarrier(EngineHealth, BarrierChecks):
     """:meth:`sync_weights` and the start-up publication of distributed weight sync."""
 
     cfg: EngineConfig
@@ -71,6 +73,8 @@ class WeightSyncBarrier(EngineHealth):
             for s in self._live_of(live) + waiting:
                 if s.index in failures:
                     self._declare_dead(s, f"publish failed during weight sync: {failures[s.index]}")
+            self._verify_loaded(self._live_of(live) + [s for s in waiting if s.status == "starting"],
+                                checkpoint_dir, version)  # a mismatch is re-synced before any traffic
             self._admit_waiting(waiting)
             published = self._live_of(live)
             if live and not published:
@@ -80,9 +84,10 @@ class WeightSyncBarrier(EngineHealth):
             self._history.append(version)
             if rotate_snapshot is not None:
                 rotate_snapshot(version)  # inside the barrier: the ratio's denominator = the sampling policy
-            recreated = self._recreate_dead()
             for s in published:
                 self._control(s, "resume", lambda c: c.continue_generation())
+            self._prove_resumed(published, version)  # acknowledged is not resumed: a probe must generate
+            recreated = self._recreate_dead()
             with self._cond:
                 self._gate_open, self._syncing = True, False
                 self._cond.notify_all()
@@ -129,8 +134,9 @@ class WeightSyncBarrier(EngineHealth):
             for s in waiting:
                 if s.index in failures:
                     self._declare_dead(s, f"publish failed at admission: {failures[s.index]}")
-            self._admit_waiting([s for s in waiting if s.index not in failures])
-        return tuple(s.index for s in waiting if s.index not in failures)
+            self._verify_loaded([s for s in waiting if s.status == "starting"], self.checkpoint_dir, self.version)
+            self._admit_waiting([s for s in waiting if s.status == "starting"])
+        return tuple(s.index for s in waiting if s.status == "live")
 
     def wait_until_ready(self, timeout_s: float | None = None) -> None:
         """Block until every slot is live or healthy and awaiting weights (distributed sync's start-up)."""

@@ -38,7 +38,7 @@ from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, EngineError
-from t1ops.guards.engine_slots import ENGINE_FAILURES, RUNBOOK
+from t1ops.guards.engine_slots import ENGINE_FAILURES, RUNBOOK, reports_failed
 from t1ops.guards.engines import missed_sync_reason, response_versions_ok
 
 AFFINITY_ENTRIES = 4096   # trajectories whose last engine is remembered (LRU)
@@ -183,8 +183,9 @@ class DirectEngines:
                 return f"engine {t.slot} left rotation with the request in flight"
             try:
                 resp = fut.result()
-            except ENGINE_FAILURES as e:
-                self.report(t.slot, t.url, f"{type(e).__name__}: {e}"[:300])  # an exited process: dead now
+            except ENGINE_FAILURES as e:  # an exited process or an engine that reports itself failed: dead now
+                why = f"{type(e).__name__}: {e}"[:300]
+                self.report(t.slot, t.url, why, engine_failed=True) if reports_failed(e) else self.report(t.slot, t.url, why)
                 return f"{type(e).__name__}: {e}"
             if not resp.finish_reason.is_abort and not self._versions_ok(t, resp):
                 self.refresh()  # the view may predate the sync that explains the response

@@ -6,6 +6,12 @@ background pinger sends ``/health_generate`` to every engine every ``health_inte
 as does its owned process exiting. A starting engine is admitted on its first healthy ping
 once it holds the pool's weights. A dead engine's process is killed and the callers of its
 requests in flight are woken to resubmit.
+
+Nothing here dies silently (swallowed-engine-death, rl.engines.background): an engine whose
+own background loop died answers 503 to pings (dead after ``failure_threshold`` of them) and to
+every request (dead at once, :meth:`EnginePool._run`); an exception
+in a ping future is recorded (``engine.ping_crashed``) and counts as a missed ping; the
+pinger thread itself is supervised (``engine.pinger_died``, then restarted).
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import concurrent.futures as cf
 import threading
 from typing import Callable
 
+from rl.engines.background import report_errors, supervised_thread
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.guards.engine_slots import ENGINE_FAILURES, Slot, kill_engine
@@ -23,6 +30,7 @@ from t1ops.guards.weight_sync import WeightSync
 CATCHES = {
     "dead-engine": ("engine.health_interval_s", "engine.failure_threshold", "engine.max_resubmits"),
     "engine-warmup-grace": ("engine.warmup_grace_s", "engine.failure_threshold"),
+    "swallowed-engine-death": ("engine.health_interval_s", "engine.failure_threshold", "engine.max_resubmits"),
 }
 
 
@@ -41,12 +49,20 @@ class EngineHealth:
     _ping_pool: cf.ThreadPoolExecutor
     _stop: threading.Event
 
+    _admission_mismatch: Callable[[Slot, str], list[str]]  # t1ops.guards.engine_checks.BarrierChecks
+
     def live_slots(self) -> list[int]:
         return [s.index for s in self._slots if s.status == "live"]
 
     def _ping_loop(self) -> None:
         while not self._stop.wait(self.cfg.health_interval_s):
             self.ping_round(wait=False)
+
+    def _pinger_died(self, reason: str) -> None:
+        """The pinger's loop raised: say so and start it again (a pool without pings misses every death)."""
+        telemetry.event("engine.pinger_died", severity="error", reason=reason[:300])
+        if not self._stop.is_set():
+            self._pinger = supervised_thread(self._ping_loop, name="engine-pinger", on_death=self._pinger_died)
 
     def ping_round(self, *, wait: bool = True) -> None:
         """Ping every starting/live engine that has no ping pending (the pinger calls this)."""
@@ -55,7 +71,8 @@ class EngineHealth:
             for s in self._slots:
                 if s.status != "dead" and s.handle is not None and not s.ping_pending and not self._syncing:
                     s.ping_pending = True
-                    futures.append(self._ping_pool.submit(self._ping, s))
+                    futures.append(report_errors(self._ping_pool.submit(self._ping, s),
+                                                 lambda why, s=s: self._ping_crashed(s, why), "ping"))
         if wait:
             cf.wait(futures)
 
@@ -75,6 +92,10 @@ class EngineHealth:
             self._missed_ping(s, err)
         finally:
             s.ping_pending = False
+
+    def _ping_crashed(self, s: Slot, why: str) -> None:
+        telemetry.event("engine.ping_crashed", severity="error", slot=s.index, reason=why[:300])
+        self._missed_ping(s, why)
 
     def _missed_ping(self, s: Slot, err: str) -> None:
         age_s = self.clock() - s.started_at
@@ -112,6 +133,11 @@ class EngineHealth:
                             telemetry.event("engine.awaiting_weights", slot=s.index, url=s.handle.url)
                         return
                     self.weight_sync.admit(s.handle.client, self.checkpoint_dir, self.version)
+                    bad = self._admission_mismatch(s, self.version)  # t1ops.guards.engine_checks
+                    if bad:
+                        self._declare_dead(s, f"admission: loaded weights of {self.version!r} differ from the "
+                                              f"trainer's in {len(bad)} tensor(s) (first: {bad[:3]})")
+                        return
             except ENGINE_FAILURES as e:
                 self._declare_dead(s, f"admission failed: {e}")
                 return

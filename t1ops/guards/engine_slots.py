@@ -24,6 +24,12 @@ ENGINE_FAILURES = (EngineError, ControlPlaneTimeout, httpx.TransportError)
 Status = Literal["starting", "live", "dead"]
 
 
+def reports_failed(err: BaseException) -> bool:
+    """The engine answered 503: its process lives but it cannot serve (a background loop died,
+    rl.engines.background; SGLang answers 503 when unhealthy): dead now, not in N pings."""
+    return isinstance(err, EngineError) and getattr(err, "context", {}).get("status_code") == 503
+
+
 @dataclass
 class EngineHandle:
     """A started engine: its client and, when the pool owns it, its process."""

@@ -53,12 +53,13 @@ import time
 from typing import Callable, Literal, Sequence
 
 from rl.engines import protocol as P
+from rl.engines.background import supervised_thread
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, EngineError, InputError
 from t1ops.guards.engine_barrier import WeightSyncBarrier
 from t1ops.guards.engine_slots import (ENGINE_FAILURES, RUNBOOK, EngineFactory, EngineHandle, Slot, Status, Ticket,
-                                       kill_engine)
+                                       kill_engine, reports_failed)
 from t1ops.guards.weight_sync import CheckpointDirSync, WeightSync
 
 
@@ -105,8 +106,7 @@ class EnginePool(WeightSyncBarrier):
                            for i in range(self.cfg.num_engines)]
         cf.wait([self._spawner.submit(self._spawn_into, i) for i in range(self.cfg.num_engines)])
         if pinger:
-            self._pinger = threading.Thread(target=self._ping_loop, name="engine-pinger", daemon=True)
-            self._pinger.start()
+            self._pinger = supervised_thread(self._ping_loop, name="engine-pinger", on_death=self._pinger_died)
 
     def wait_until_live(self, num_live: int | None = None, timeout_s: float | None = None) -> None:
         """Block until ``num_live`` engines (default: all) are admitted, or raise EngineDeadError."""
@@ -161,13 +161,15 @@ class EnginePool(WeightSyncBarrier):
                     "history": list(self._history), "pause_mode": self.pause_mode,  # for response_versions_ok
                     "engines": [(s.index, s.handle.url, s.status) for s in self._slots if s.handle is not None]}
 
-    def report_failure(self, index: int, url: str, reason: str, *, wrong_version: bool = False) -> None:
+    def report_failure(self, index: int, url: str, reason: str, *, wrong_version: bool = False,
+                       engine_failed: bool = False) -> None:
         """A direct caller's call on engine ``index`` at ``url`` failed: an engine that answered under a
-        version the pool never published is dead now; otherwise an exited process is (else the pinger judges)."""
+        version the pool never published, or that reported itself failed (503), is dead now; otherwise an
+        exited process is (else the pinger judges)."""
         s = self._slots[index] if 0 <= index < len(self._slots) else None
         if s is None or s.handle is None or s.handle.url != url or s.status != "live":
             return  # already handled, or a replacement now holds the slot
-        if wrong_version:
+        if wrong_version or engine_failed:
             self._declare_dead(s, reason)
         elif not self._exited(s):
             telemetry.event("engine.direct_call_failed", severity="warning", slot=index, reason=reason[:200])
@@ -258,7 +260,10 @@ class EnginePool(WeightSyncBarrier):
             try:
                 resp = fut.result()
             except ENGINE_FAILURES as e:
-                self._exited(s)  # a refused connection from a killed process: dead now, not in N pings
+                if reports_failed(e):  # alive but failed (swallowed-engine-death): dead now
+                    self._declare_dead(s, f"engine reported itself failed: {e}"[:500])
+                else:
+                    self._exited(s)  # a refused connection from a killed process: dead now, not in N pings
                 return f"{type(e).__name__}: {e}"
             if not resp.finish_reason.is_abort and not self._versions_ok(ticket, resp):
                 self._declare_dead(s, missed_sync_reason(resp, ticket.version, self.version))

@@ -216,17 +216,21 @@ class StallDetector:
     - ``dead_engines``: returns the names of engines that are down;
     - ``num_sent``: results the workers say they sent (settable later with
       :meth:`set_num_sent`); every submitted item sent but some never received
-      means deliveries were lost on the way.
+      means deliveries were lost on the way;
+    - ``busy``: lines naming what the in-flight work is inside now (the verifiers that run:
+      ``t1ops.guards.watchdog.running_verifiers``), named first.
     """
 
     def __init__(self, threshold_s: float, clock: Callable[[], float] = time.monotonic, *,
                  fd_guard: FdGuard | None = None, dead_engines: Callable[[], list[str]] | None = None,
-                 num_sent: Callable[[], int] | None = None, what: str = "results") -> None:
+                 num_sent: Callable[[], int] | None = None, what: str = "results",
+                 busy: Callable[[], list[str]] | None = None) -> None:
         if threshold_s <= 0:
             raise InputError(f"StallDetector(threshold_s={threshold_s}) must be > 0", threshold_s=threshold_s)
         self.threshold_s = threshold_s
         self._clock = clock
         self._fd_guard, self._dead_engines, self._num_sent = fd_guard, dead_engines, num_sent
+        self._busy = busy  # what the in-flight work is doing now (running verifiers: slow-verifier)
         self.what = what
         self.num_submitted = 0
         self.num_completed = 0
@@ -275,7 +279,7 @@ class StallDetector:
 
     def causes(self) -> list[str]:
         """Human-readable causes the probes can confirm; a fallback line if none."""
-        found: list[str] = []
+        found: list[str] = list(self._busy()) if self._busy is not None else []
         if self._fd_guard is not None:
             hot = self._fd_guard.near_limit()
             if hot:
@@ -293,7 +297,7 @@ class StallDetector:
                              f"arrived ({self.num_in_flight} lost between worker and collector)")
         if not found:
             checked = [n for n, p in (("fds", self._fd_guard), ("engines", self._dead_engines),
-                                      ("deliveries", self._num_sent)) if p is not None]
+                                      ("deliveries", self._num_sent), ("verifiers", self._busy)) if p is not None]
             found.append("none of the checked causes (" + (", ".join(checked) or "no probes given")
                          + ") is present: the in-flight work itself is slow or hung; inspect the oldest trial")
         return found

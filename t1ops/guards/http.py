@@ -53,7 +53,8 @@ Policy = Literal["control", "generate", "bulk"]
 NON_CONTROL: dict[str, Policy] = {P.GENERATE: "generate", P.UPDATE_WEIGHTS_FROM_DISK: "bulk",
                                   # the distributed update: the group's own timeout bounds these, and a
                                   # retried init would join the group twice (t1ops.guards.weight_sync)
-                                  PW.INIT_WEIGHTS_UPDATE_GROUP: "bulk", PW.UPDATE_WEIGHTS_FROM_DISTRIBUTED: "bulk"}
+                                  PW.INIT_WEIGHTS_UPDATE_GROUP: "bulk", PW.UPDATE_WEIGHTS_FROM_DISTRIBUTED: "bulk",
+                                  "/weights_checksum": "bulk"}  # hashes every tensor: as long as a load
 
 
 def policy_for(path: str) -> Policy:

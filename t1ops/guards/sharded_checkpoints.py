@@ -63,8 +63,6 @@ def save_sharded(base: str | Path, role: str, step: int, trainer) -> Path | None
     """Every rank of ``trainer`` (a ``RankTrainer``) writes its shard; rank 0 commits the manifest.
 
     A collective (the entries are gathered to rank 0); returns the step directory on rank 0."""
-    import dataclasses
-
     import torch.distributed as dist
 
     where, state = trainer.shard(role)
@@ -73,7 +71,7 @@ def save_sharded(base: str | Path, role: str, step: int, trainer) -> Path | None
     dist.gather_object(entry, entries, dst=0)
     if entries is None:
         return None
-    return write_manifest(base, role, step, dataclasses.asdict(trainer.layout), entries)
+    return write_manifest(base, role, step, trainer.layout.model_dump(), entries)
 
 
 def load_full(step_dir: str | Path, role: str) -> tuple[dict[str, torch.Tensor], dict]:

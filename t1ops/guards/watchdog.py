@@ -39,6 +39,7 @@ from t1ops.errors import HangError, InputError
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
 CATCHES = {
+    "slow-verifier": ("guards.field.verifier_timeout_cap_s", "guards.stall_timeout_s"),
     "jit-as-deadlock": ("guards.watchdog_safety_factor", "guards.watchdog_first_step_bound_s", "guards.watchdog_min_bound_s", "guards.watchdog_warmup_ratio", "guards.nccl_timeout_min"),
 }
 
@@ -190,6 +191,30 @@ class Watchdog:
         raise HangError("; ".join(lines) + f". Not a warm-up: its intervals were not decaying. Others: "
                         f"{others or 'none'}. See {RUNBOOK}.", ranks=[s.rank for s in hung],
                         silent_s=[s.silent_s for s in hung], bound_s=[s.bound_s for s in hung])
+
+
+VERIFIER_RUNBOOK = "runbooks/slow-verifier.md"
+
+
+def running_verifiers(trials_root: str | Path, limit: int = 3) -> list[str]:
+    """Stall causes naming the verifiers running under ``trials_root`` (oldest first; task, trial,
+    pid, time run of its budget): a step that waits on a slow reward function is not a hung trainer
+    or a dead network (slow-verifier; verl issue #6673). Event ``watchdog.verifier_running``."""
+    from rl.agent import verifying
+
+    entries = verifying.in_flight(Path(trials_root))
+    lines = []
+    for e in entries[:limit]:
+        over = "PAST its budget" if e["elapsed_s"] > e["budget_s"] else "within its budget"
+        lines.append(f"{verifying.describe(e)} ({over}): the step waits on a slow verifier (reward function), not "
+                     f"on the trainer or the network; it is killed at its budget "
+                     f"(guards.field.verifier_timeout_cap_s caps the task's). See {VERIFIER_RUNBOOK}")
+        telemetry.event("watchdog.verifier_running", "warn", task=e["task"], trial=e["trial_id"],
+                        pids=e.get("pids"), elapsed_s=e["elapsed_s"], budget_s=e["budget_s"],
+                        runbook=VERIFIER_RUNBOOK)
+    if len(entries) > limit:
+        lines.append(f"and {len(entries) - limit} more verifiers running")
+    return lines
 
 
 def install_stack_dump(path: str | Path, signum: int = signal.SIGUSR1):

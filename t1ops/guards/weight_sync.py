@@ -19,7 +19,10 @@ admitted engine to the pool's version:
   which brings it in; at start-up the router runs that barrier at once.
 
 Both modes end by checking every engine's ``weight_version`` (the health gate), so per-token
-policy versions keep their meaning.
+policy versions keep their meaning. ``expected_checksums(version)`` is the trainer's record of
+what it sent (per-tensor checksums, :mod:`rl.weights.checksums`), which the barrier compares
+with what each engine reports it loaded (``engine.verify_weights``, :mod:`t1ops.guards.engine_checks`);
+None where no trainer sends (:class:`CheckpointDirSync`).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from t1ops import telemetry
 from t1ops.errors import EngineError
 
 Targets = Sequence[tuple[int, EngineClient]]   # (slot index, client)
+_GROUP_NUMBERS = itertools.count()  # group names are unique in the process (torch refuses a name twice)
 
 
 class WeightSync(Protocol):
@@ -44,6 +48,9 @@ class WeightSync(Protocol):
 
     def admit(self, client: EngineClient, source: str | None, version: str) -> None:
         """Bring one new engine to ``version`` (only when ``admits_alone``); raise on failure."""
+
+    def expected_checksums(self, version: str) -> dict | None:
+        """The trainer's ``{"dtype", "tensors": {name: checksum}}`` of ``version``; None: no record."""
 
 
 def check_version(client: EngineClient, version: str) -> None:
@@ -84,6 +91,9 @@ class CheckpointDirSync:
         client.update_weights_from_disk(source, version)
         check_version(client, version)
 
+    def expected_checksums(self, version: str) -> dict | None:
+        return None  # a directory, no trainer: nothing to compare the engines' loads with
+
 
 class DiskSync(CheckpointDirSync):
     """The trainer's Hugging Face export of the version, loaded by ``/update_weights_from_disk``.
@@ -92,9 +102,12 @@ class DiskSync(CheckpointDirSync):
     later admissions load too.
     """
 
-    def __init__(self, export: Callable[[str], str]) -> None:
-        self.export = export
+    def __init__(self, export: Callable[[str], str], checksums: Callable[[str], dict] | None = None) -> None:
+        self.export, self.checksums = export, checksums
         self.last_export: str | None = None
+
+    def expected_checksums(self, version: str) -> dict | None:
+        return self.checksums(version) if self.checksums is not None else None
 
     def publish(self, targets: Targets, source: str, version: str) -> dict[int, str]:
         self.last_export = self.export(version)
@@ -111,6 +124,7 @@ class TrainerSender(Protocol):
     def group_address(self, backend: str) -> tuple[str, int]: ...
     def buckets(self, version: str) -> list: ...
     def send(self, version: str) -> Any: ...
+    def checksums(self, version: str) -> dict: ...
     def close_group(self) -> None: ...
     def wait(self, handle: Any) -> Any: ...
 
@@ -124,7 +138,7 @@ class DistributedSync:
         self.sender, self.backend = sender, backend
         self.members: tuple[str, ...] = ()
         self.group_name: str | None = None
-        self._names = itertools.count()
+        self._names = _GROUP_NUMBERS
 
     def publish(self, targets: Targets, source: str, version: str) -> dict[int, str]:
         failures: dict[int, str] = {}
@@ -185,6 +199,9 @@ class DistributedSync:
     def admit(self, client: EngineClient, source: str | None, version: str) -> None:
         raise EngineError("distributed weight sync admits new engines at the next barrier")
 
+    def expected_checksums(self, version: str) -> dict | None:
+        return self.sender.checksums(version)
+
 
 def _slot_of(targets: Targets, client: EngineClient) -> int:
     return next(i for i, c in targets if c is client)
@@ -209,6 +226,9 @@ class LocalTrainerSender:
 
     def send(self, version: str) -> cf.Future:
         return self._thread.submit(self.sender.weight_send, version)
+
+    def checksums(self, version: str) -> dict:
+        return self.sender.weight_checksums(version)
 
     def close_group(self) -> None:
         self.sender.weight_close_group()

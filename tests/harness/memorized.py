@@ -19,7 +19,7 @@ from rl.engines.client import EngineClient
 from rl.engines.embedded import serve
 from rl.engines.embedded_engine import EmbeddedEngine
 from rl.engines.ports import free_port
-from rl.harness.template import render
+from rl.chat.template import render
 from rl.model import ModelSpec, build_policy, load_state, policy_forward, weights_state_dict
 from rl.trainer.settings import TrainerSettings
 from rl.trainer.optim import build_optimizer

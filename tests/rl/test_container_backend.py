@@ -49,6 +49,31 @@ def test_failing_step_names_the_dockerfile_line():
     assert images.failing_step("STEP 1/2: FROM x\nSTEP 2/2: COPY a b\nError: no such file") == "STEP 2/2: COPY a b"
 
 
+def test_public_task_failures_are_named_from_their_output():
+    # lines seen running public Harbor tasks (docs/containers.md, "Public tasks")
+    from rl.agent.container import diagnose
+
+    apt = "E: List directory /var/lib/apt/lists/partial is missing. - Acquire (30: Read-only file system)"
+    assert "installs packages at verification time (E: List directory" in diagnose.verifier_reasons("", apt)[0]
+    ro = "OSError: [Errno 30] Read-only file system: './ctrf.json'"
+    assert diagnose.verifier_reasons(ro, "") == [f"test.sh writes outside /logs/verifier and the workdir ({ro})"]
+    bad = "pytest: error: unrecognized arguments: --json-ctrf /logs/verifier/ctrf.json"
+    assert diagnose.verifier_reasons("", bad) == [f"test.sh's pytest refused its command line ({bad})"]
+    uv = "curl: (6) Could not resolve host: astral.sh"
+    assert diagnose.verifier_reasons("x\n" + uv, "") == [f"needs a host it cannot reach ({uv})"]
+    assert diagnose.verifier_reasons("4 passed", "") == []
+    eperm = "E   PermissionError: [Errno 1] Operation not permitted: PosixPath('/tmp/probe')"
+    assert diagnose.verifier_reasons(eperm, "")[0].startswith(f"test.sh needs root ({eperm})")
+    failed = "FAILED ../tests/test_outputs.py::test_binary_exists - FileNotFoundError: [Errno 2] ..."
+    assert diagnose.verifier_reasons(f"x\n{failed}\n", "") == [f"first failed test: {failed}"]
+    log = ("STEP 2/4: RUN apt-get update \\\n    && curl -fsSL https://deb.nodesource.com/k | gpg\n"
+           "curl: (6) Could not resolve host: deb.nodesource.com\ngpg: no valid OpenPGP data found.\n"
+           'Error: building at STEP "RUN apt-get update     && curl -fsSL https://deb.nodesource.com/k '
+           '| gpg": while running runtime: exit status 2\n')
+    assert images.failing_step(log) == "RUN apt-get update && curl -fsSL https://deb.nodesource.com/k | gpg"
+    assert images._why(log, []) == "needs a host it cannot reach (curl: (6) Could not resolve host: deb.nodesource.com)"
+
+
 def test_owner_labels_tell_live_from_dead():
     assert runtime.owner_alive(runtime.owner_label())
     assert not runtime.owner_alive(runtime.owner_label().rsplit(":", 1)[0] + ":1")   # start ticks differ
@@ -142,4 +167,21 @@ def test_leftovers_of_a_dead_run_are_reaped(sandbox, monkeypatch, capsys):
     out = capsys.readouterr()
     assert f"container {name} (run run-dead)" in out.err, out
     assert json.loads(out.out)[0]["facts"]["dead"] == 0
+    assert name not in runtime.podman("ps", "-a", "--format", "{{.Names}}").stdout.split()
+
+
+def test_a_new_container_sandbox_removes_dead_runs_leftovers_and_records_them(sandbox, tmp_path, monkeypatch):
+    # what a SIGKILLed campaign leaves is removed by the next one's start (docs/containers.md)
+    from rl.agent.container import backend
+    from rl.agent.sandbox import Sandbox
+
+    name = f"t1ops-test-dead-{uuid.uuid4().hex[:6]}"
+    dead = runtime.owner_label().rsplit(":", 1)[0] + ":1"
+    runtime.podman("run", "-d", "--name", name, "--label", f"{runtime.LABEL_RUN}=run-killed",
+                   "--label", f"{runtime.LABEL_OWNER}={dead}", "--network", "none",
+                   "--entrypoint", "sleep", "python:3.11-slim", "infinity")
+    monkeypatch.setattr(backend, "_REAPED", __import__("threading").Event())   # a fresh process
+    box = Sandbox(tmp_path, "run-next", backend="container")
+    record = json.loads((box.run_dir / "reaped-leftovers.json").read_text())
+    assert {"kind": "container", "name": name, "run_id": "run-killed"} in record
     assert name not in runtime.podman("ps", "-a", "--format", "{{.Names}}").stdout.split()

@@ -15,7 +15,7 @@ from rl.advantages import whiten_advantages
 from rl.losses import LOG_RATIO_CLAMP, dppo_loss, ppo_clip_loss, reduce_loss, tis_weights
 from rl.model import ModelSpec
 from rl.trainer import Trainer, TrainerSettings, rollout_batch, sample_responses
-from rl.trainer.trainer import copy_state
+from rl.trainer.step import copy_state
 
 SPEC = ModelSpec(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, num_experts=8,
                  moe_router_topk=2, moe_ffn_hidden_size=32, max_seq_len=64, vocab_size=16)
@@ -199,7 +199,7 @@ def test_numerics_trainer_grpo_std_normalisation_option():
     raw, normed = grpo_token_advantages(batch, False), grpo_token_advantages(batch, True)
     assert raw[3] == pytest.approx(3.0) and normed[3] == pytest.approx(3.0 / 2.0, rel=1e-4)
     seen = []
-    import rl.trainer.trainer as tr
+    import rl.trainer.ranks as tr  # the one step (the 1-rank Trainer is its world-of-1 case)
     for on in (False, True):
         orig = tr.grpo_token_advantages
         tr.grpo_token_advantages = lambda b, n, _o=orig: seen.append(n) or _o(b, n)

@@ -76,6 +76,34 @@ def test_unknown_keys_and_free_form_metadata_are_kept_and_listed_not_refused(tmp
                     "environment.mcp_servers"]
 
 
+@pytest.mark.parametrize("env, want", [
+    ('network_mode = "public"', True), ('network_mode = "no-network"', False),
+    ('network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]', True),
+    ('network_mode = "allowlist"', False),
+    ('network_mode = "public"\nallow_internet = true', True),
+])
+def test_harbor_network_mode_is_read_as_allow_internet(tmp_path, env, want):
+    # public Harbor tasks declare network_mode, not allow_internet (seen on real pools)
+    d = _copy(tmp_path)
+    (d / "task.toml").write_text(f"[environment]\n{env}\n[verifier]\nnetwork_mode = 'no-network'\n")
+    t = load_task(d)
+    assert t.allow_internet is want
+    assert not any(i.startswith("environment.network_mode") for i in t.ignored)
+    assert any(i.startswith("verifier.network_mode (the verifier runs without") for i in t.ignored)
+
+
+@pytest.mark.parametrize("env, words", [
+    ('network_mode = "bridge"', "must be one of public, no-network, allowlist"),
+    ('network_mode = "public"\nallow_internet = false', "contradicts allow_internet = false"),
+])
+def test_bad_network_mode_is_a_named_problem(tmp_path, env, words):
+    d = _copy(tmp_path)
+    (d / "task.toml").write_text(f"[environment]\n{env}\n")
+    with pytest.raises(TaskError, match=words) as err:
+        load_task(d)
+    assert err.value.context["key"] == "environment.network_mode"
+
+
 def test_every_problem_is_reported_not_only_the_first(tmp_path):
     d = _copy(tmp_path)
     (d / "task.toml").write_text("[agent]\ntimeout_sec = 'x'\n[environment]\ncpus = -1\n"

@@ -16,7 +16,7 @@ from rl.model import ModelSpec, build_policy, record_routing
 from rl.trainer import (TrainBatch, Trainer, TrainerSettings, measure_routing_gap, rollout_batch,
                         sample_responses, score_with_routing)
 from rl.trainer.forward import actor_logprobs, critic_values
-from rl.trainer.trainer import copy_state
+from rl.trainer.step import copy_state
 
 SPEC = ModelSpec(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, num_experts=8,
                  moe_router_topk=2, moe_ffn_hidden_size=32, max_seq_len=64, vocab_size=16)
@@ -214,15 +214,16 @@ def test_trainer_warm_load_critic_only_then_warmup():
         Trainer(SPEC, TrainerSettings(mode="grpo"), seed=0).warm_load(critic_state=donor.critic_state())
 
 
-def test_trainer_settings_mirror_trainer_config():
+def test_trainer_settings_are_the_trainer_config_section():
+    """Declared once: ``[trainer]`` is the step's settings model plus the rank layout; no mirror."""
+    from pydantic import ValidationError
+
     from t1ops.config import TrainerConfig
-    names = {f.name for f in dataclasses.fields(TrainerSettings)}
-    assert names == set(TrainerConfig.model_fields) - {"parallel"}  # the layout goes to the ranks, not the step
-    dumped = TrainerConfig().model_dump(exclude={"parallel"})
-    assert TrainerSettings.from_mapping(dumped) == TrainerSettings(**dumped)
-    with pytest.raises(ConfigError, match="unknown trainer setting"):
-        TrainerSettings.from_mapping({"actor_lr": 1e-3, "kl_coef": 0.1})
-    with pytest.raises(ConfigError, match="mode"):
+    assert issubclass(TrainerConfig, TrainerSettings)
+    assert set(TrainerConfig.model_fields) - set(TrainerSettings.model_fields) == {"parallel"}
+    with pytest.raises(ValidationError, match="kl_coef"):
+        TrainerSettings(actor_lr=1e-3, kl_coef=0.1)
+    with pytest.raises(ValidationError, match="mode"):
         TrainerSettings(mode="dpo")
 
 

@@ -215,3 +215,30 @@ class WatchdogMachine(RuleBasedStateMachine):
 
 TestWatchdogMachine = WatchdogMachine.TestCase
 TestWatchdogMachine.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+
+
+def test_a_stall_names_the_running_verifier_first(tmp_path):
+    # slow-verifier: the step waits on a reward function; the stall says which one (task, trial, pid)
+    import os
+
+    from rl.agent import verifying
+    from t1ops.errors import StallError
+    from t1ops.guards.fds import StallDetector
+    from t1ops.guards.watchdog import running_verifiers
+
+    t = [0.0]
+    stall = StallDetector(1.0, clock=lambda: t[0], what="trials", busy=lambda: running_verifiers(tmp_path))
+    stall.on_submit(1)
+    (tmp_path / "run-1").mkdir()
+    with verifying.Entry(tmp_path / "run-1", "slow-reward", "slow-reward-0-ab", "run-1/slow-reward-0-ab", 600.0) as e:
+        e.doc["pids"] = [os.getpid()]
+        e._write()   # what Entry.resolve records once the verifier's processes exist
+        t[0] = 2.0
+        with pytest.raises(StallError) as err:
+            stall.check()
+    msg = str(err.value)
+    assert "Likely causes: verifier of task slow-reward, trial slow-reward-0-ab" in msg
+    assert f"(pid {os.getpid()}) running" in msg and "not on the trainer or the network" in msg
+    t[0] = 4.0
+    with pytest.raises(StallError, match=r"none of the checked causes \(verifiers\)"):
+        stall.check()   # the verifier finished: its entry is gone

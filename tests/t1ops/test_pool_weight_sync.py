@@ -8,6 +8,7 @@ from __future__ import annotations
 
 
 
+from rl.engines import protocol as P
 from t1ops.config import EngineConfig
 from t1ops.guards.engine_slots import EngineHandle
 from t1ops.guards.engines import EnginePool
@@ -30,6 +31,11 @@ class _FakeClient:
     def continue_generation(self) -> None:
         self.calls.append("resume")
 
+    def generate(self, request):  # the barrier's resume probe (t1ops.guards.engine_checks)
+        self.calls.append("probe")
+        return P.GenerateResponse(output_ids=(1,), finish_reason=P.FinishReason(type="length", length=1),
+                                  weight_version=self.version, prompt_tokens=1, completion_tokens=1, rid=request.rid)
+
 
 class _DeferredSync:
     admits_alone = False
@@ -47,6 +53,9 @@ class _DeferredSync:
 
     def admit(self, client, source, version):
         raise AssertionError("never called when admits_alone is False")
+
+    def expected_checksums(self, version):
+        return None  # no trainer record: the barrier's load check is skipped
 
 
 def _pool(versions: list[str], sync) -> tuple[EnginePool, list[_FakeClient]]:
@@ -68,7 +77,7 @@ def test_engines_at_another_version_wait_then_join_at_the_transfer():
         assert sync.published == [([1], "0")] and pool.live_slots() == [0, 1]
         report = pool.sync_weights("unused", "1")
         assert sync.published[-1] == ([0, 1], "1") and report.live_slots == (0, 1)
-        assert all(c.calls == ["pause", "resume"] for c in clients)
+        assert all(c.calls == ["pause", "resume", "probe"] for c in clients)
     finally:
         pool.close()
 

@@ -23,15 +23,16 @@ def _rank_host(rank: int, init_method: str, run_dir: str, vocab_path: str, examp
 
     torch.set_num_threads(1)
     from t1ops.campaign.rank_actors import TrainerRankHost
-    from t1ops.config import CampaignConfig
+    from rl.trainer.ranks import Layout
+    from t1ops.config import CampaignConfig, CheckpointsConfig
 
     cfg = CampaignConfig()
     spec = {**cfg.model.model_dump(), "num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
             "moe_ffn_hidden_size": 32, "max_seq_len": 1024}
-    host = TrainerRankHost(rank=rank, layout={"dp": 2, "max_tokens_per_gpu": 2048}, spec=spec,
-                           settings={**cfg.trainer.model_dump(exclude={"parallel"}), "save_every": 1},
+    host = TrainerRankHost(rank=rank, layout=Layout(dp=2, max_tokens_per_gpu=2048), spec=spec,
+                           settings=cfg.trainer.model_copy(update={"save_every": 1}),
                            vocab_path=vocab_path, ckpt_base=f"{run_dir}/checkpoints", seed=0, run_dir=run_dir,
-                           guards=cfg.guards.model_dump(), retention={"keep_last": 1})
+                           guards=cfg.guards, retention=CheckpointsConfig.model_construct(keep_last=1, keep_every=0))
     host.join(init_method)
     losses = host.warm_start(examples, 2, batch_size=4)
     paths = [host.publish(v) for v in (0, 1)]

@@ -128,7 +128,8 @@ def test_zero_variance_filter_outside_fully_async_drops_flat_groups():
 # --- config: DPPO deltas, TIS under fully_async, critic schedule ------------------------------------
 def test_dppo_delta_low_and_high_are_separate_settings():
     cfg = parse_config({"trainer": {"mode": "grpo", "dppo_delta_low": 0.1, "dppo_delta_high": 0.3}})
-    s = TrainerSettings.from_mapping(cfg.trainer.model_dump(exclude={"parallel"}))
+    s = cfg.trainer  # the [trainer] section is the trainer's settings model (rl.trainer.settings)
+    assert isinstance(s, TrainerSettings)
     assert s.dppo_deltas == (0.1, 0.3) and TrainerSettings(dppo_delta=0.2).dppo_deltas == (0.2, 0.2)
 
 

@@ -129,16 +129,16 @@ def test_trainer_host_publish_saves_resume_state_retains_and_resumes(tmp_path):
     from rl.trainer.trainer import copy_state
     from rl.vocab import CompactVocab
     from t1ops.campaign.trainer_host import TrainerHost
-    from t1ops.config import CampaignConfig
+    from t1ops.config import CampaignConfig, CheckpointsConfig
 
     cfg = CampaignConfig()
     vocab = CompactVocab(range(300), 248_320, has_unk=True)
     vocab.save(tmp_path / "vocab.json")
     spec = {**cfg.model.model_dump(), "hidden_size": 32, "ffn_hidden_size": 64, "moe_ffn_hidden_size": 32,
             "max_seq_len": 128}
-    settings = {**cfg.trainer.model_dump(exclude={"parallel"}), "save_every": 2}
+    settings = cfg.trainer.model_copy(update={"save_every": 2})
     kw = dict(spec=spec, settings=settings, vocab_path=str(tmp_path / "vocab.json"), ckpt_base=str(tmp_path / "ck"),
-              seed=0, retention={"keep_last": 2, "keep_every": 0})
+              seed=0, retention=CheckpointsConfig(keep_last=2, keep_every=0))
     host = TrainerHost(**kw)
     for v in range(0, 6):
         host.publish(v)
@@ -150,18 +150,21 @@ def test_trainer_host_publish_saves_resume_state_retains_and_resumes(tmp_path):
     report = host.checkpoint_report()
     assert report["resume_point"] == 4 and report["checkpoint_bytes"] > 0
     base = tmp_path / "ck"
-    assert list_steps(base / "actor") == [4, 5] and list_steps(base / "critic") == [2, 4]
-    assert list_steps(base / "trainer_state") == [2, 4]
+    # the full checkpoint is written at save_every only (steps 0, 2, 4; keep_last = 2), not on every publish
+    assert list_steps(base / "actor") == list_steps(base / "critic") == list_steps(base / "trainer_state") == [2, 4]
+    assert host.published.keys() == {4, 5}  # ... while every publish keeps the engines' weights
+    assert host.publish(6, final=True).endswith("step_00000006")  # the run's last step is a resume point
+    assert list_steps(base / "actor") == list_steps(base / "trainer_state") == [4, 6]
     point = plan_resume(base, needs_critic=True)
-    assert point.step == 4 and "actor 5, critic 4" in point.message
+    assert point.step == 6 and "roles disagree" not in point.message
     other = TrainerHost(**{**kw, "seed": 9})
     loaded = other.resume(point.step)
-    assert loaded["next_step"] == 5 and set(other.published) == {4}
-    want = load_trainer_state(base, 4)["ranks"][0]["actor_optimizer"]["state"]  # one rank: one entry
+    assert loaded["next_step"] == 7 and set(other.published) == {6}
+    want = load_trainer_state(base, 6)["ranks"][0]["actor_optimizer"]["state"]  # one rank: one entry
     got = other.trainer.actor_optimizer.state_dict()["state"]
     assert want.keys() == got.keys() and all(torch.equal(want[k]["exp_avg"], got[k]["exp_avg"]) for k in want)
     from rl.model import weights_state_dict
-    saved = host.ckpt.load("actor", 4)
+    saved = host.ckpt.load("actor", 6)
     assert all(torch.equal(v, saved[k]) for k, v in weights_state_dict(other.trainer.actor).items())
 
 

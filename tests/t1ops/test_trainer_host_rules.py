@@ -12,7 +12,7 @@ from rl.model import ModelSpec, build_policy, token_logprobs
 from rl.tito import Trajectory
 from rl.vocab import CompactVocab
 from t1ops.campaign.trainer_host import TrainerHost
-from t1ops.config import CampaignConfig, parse_config
+from t1ops.config import CampaignConfig, CheckpointsConfig, parse_config
 
 
 @pytest.fixture(autouse=True)
@@ -29,9 +29,9 @@ def _host(tmp_path, name: str, **trainer) -> TrainerHost:
     vocab.save(tmp_path / "vocab.json")
     spec = {**cfg.model.model_dump(), "hidden_size": 32, "ffn_hidden_size": 64, "moe_ffn_hidden_size": 32,
             "max_seq_len": 128}
-    return TrainerHost(spec=spec, settings=cfg.trainer.model_dump(exclude={"parallel"}),
-                       vocab_path=str(tmp_path / "vocab.json"), ckpt_base=str(tmp_path / name), seed=0,
-                       retention={"keep_last": None, "keep_every": 0})
+    return TrainerHost(spec=spec, settings=cfg.trainer, vocab_path=str(tmp_path / "vocab.json"),
+                       ckpt_base=str(tmp_path / name), seed=0,
+                       retention=CheckpointsConfig(keep_last=None, keep_every=0))
 
 
 def _chunk(sample: str, seed: int) -> Trajectory:

@@ -12,6 +12,7 @@ backend of a process removes the containers and networks of dead runs (runtime.r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -30,6 +31,7 @@ from rl.agent.task_toml import workdir_problem
 from rl.agent.tasks import Budget, Task
 from rl.errors import SandboxError
 
+_log = logging.getLogger(__name__)
 MAX_CONCURRENT_STARTS = int(os.environ.get("T1OPS_MAX_CONTAINER_STARTS", "8"))
 _STARTS = threading.BoundedSemaphore(MAX_CONCURRENT_STARTS)
 _REAPED = threading.Event()
@@ -40,7 +42,11 @@ def reap_dead_once() -> list[runtime.Leftover]:
     if _REAPED.is_set():
         return []
     _REAPED.set()
-    return runtime.reap(only_dead=True)
+    gone = runtime.reap(only_dead=True)
+    if gone:
+        _log.warning("removed %d leftover(s) of dead runs: %s", len(gone),
+                     ", ".join(f"{x.kind} {x.name} (run {x.run_id})" for x in gone))
+    return gone
 
 
 class ContainerEnvironment:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rl.agent import dockerfile
 from rl.agent.container import runtime
+from rl.agent.container.diagnose import build_reason, one_line
 from rl.agent.tasks import Task
 from rl.errors import SandboxError
 
@@ -158,8 +159,8 @@ def failing_step(log: str) -> str:
     m = re.search(r'building at STEP "([^"]*)"', log)
     steps = [s for s in log.splitlines() if _STEP.match(s.strip())]
     if m:
-        return m.group(1)[:300]
-    return steps[-1].strip()[:300] if steps else ""
+        return one_line(m.group(1))
+    return one_line(steps[-1]) if steps else ""
 
 
 def build(task: Task, *, build_args: dict[str, str] | None = None,
@@ -216,12 +217,13 @@ def _build_now(task: Task, key: str, tag: str, build_args: dict[str, str], timeo
 
 
 def _why(log: str, missing: list[FromName]) -> str:
-    tail = [s for s in log.strip().splitlines() if s.strip()][-3:]
+    tail = [s for s in log.strip().splitlines()
+            if s.strip() and not s.startswith("Error: building at STEP")][-3:]
     if missing and any("pull" in s or "registry" in s or "resolve" in s for s in tail):
         names = ", ".join(f.resolved for f in missing)
         return (f"base image {names} is not on this host and no registry was reachable; run "
                 f"`t1ops images seed {' '.join(f.resolved for f in missing)}`")
-    return " | ".join(tail)[-400:]
+    return build_reason(log) or one_line(" | ".join(tail), 400)
 
 
 def _described(img: Image) -> Image:

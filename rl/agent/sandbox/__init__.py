@@ -8,6 +8,7 @@ to start below the level it is asked for. Threat model and fallbacks: docs/sandb
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import weakref
@@ -62,9 +63,10 @@ class Sandbox:
             raise InputError(f"environment backend {backend!r}: use 'local' or 'container'",
                              argument="backend")
         self.backend = backend
+        reaped = []
         if backend == "container":   # what SIGKILLed runs left goes first (docs/containers.md)
             from rl.agent.container.backend import reap_dead_once
-            reap_dead_once()
+            reaped = reap_dead_once()
         self.isolation = probe_isolation()
         require(self.isolation, isolation)
         if self.isolation.level == "none":
@@ -74,6 +76,9 @@ class Sandbox:
         self.run_dir = self.root / run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o711)   # traversable, not listable
+        if reaped:   # the record of what this run removed (a worker's log does not reach the driver)
+            (self.run_dir / "reaped-leftovers.json").write_text(json.dumps(
+                [{"kind": x.kind, "name": x.name, "run_id": x.run_id} for x in reaped]))
         self.override_s, self.allow_lower = agent_timeout_override_s, allow_lower_timeout
         self.environ = os.environ if environ is None else environ
         self.allow_internet = allow_internet or not isolate_network

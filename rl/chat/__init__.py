@@ -19,6 +19,10 @@ therefore constant in history length. The base is cut *before* its
 turn already ended with ``<|im_end|>`` that duplicate is dropped, and the
 ``\\n`` after it is always kept (a dropped ``\\n`` at the assistant-to-tool
 boundary is a known bug elsewhere).
+
+Submodules: :mod:`rl.chat.template` (Qwen3's own Jinja chat template, tools
+included) and :mod:`rl.chat.toolcalls` (``<tool_call>`` output -> OpenAI
+``tool_calls``), used by the agent loop and the harness alike.
 """
 from __future__ import annotations
 
