@@ -193,8 +193,11 @@ class PipelinedSource:
     def row_fields(self, step: int, batch: StepBatch) -> dict:
         from t1ops.campaign.async_buffer import version_lag_histogram
 
+        from t1ops.campaign.group_ledger import trained_group_ids
+
         lags = version_lag_histogram(batch.results, step - 1)
-        return {"ledger": batch.books, "version_lag_tokens": {str(k): v for k, v in lags.items()}}
+        return {"ledger": batch.books, "version_lag_tokens": {str(k): v for k, v in lags.items()},
+                "group_ids": trained_group_ids(batch.results)}  # the exactly-once audit across resumes
 
     def before_row(self, summary) -> None:
         """No run-level books beyond the step rows."""
