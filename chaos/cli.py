@@ -26,6 +26,11 @@ guardrail catches it. Runbooks: runbooks/<id>.md.
   t1ops chaos soak [ID...] --repeat 5 --load 1 [--json-out FILE]
                                    the suite N times under K busy background cores:
                                    pass rate and detection-time spread per scenario
+  t1ops chaos verify-recovery [--faults engine-kill,coordinator-kill,trainer-kill] [--combined]
+                                   the tiny campaign (deterministic configuration, 4 steps)
+                                   clean and with each fault plus recovery: per-step rewards,
+                                   losses and the final actor checksum must be identical
+                                   (docs/determinism.md); exit 1 on any difference
 """
 
 
@@ -53,6 +58,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sk.add_argument("--repeat", type=int, default=5, help="rounds over the scenarios (default 5)")
     sk.add_argument("--load", type=int, default=1, help="busy background processes, one core each (default 1)")
     sk.add_argument("--json-out", type=Path, help="also write per-scenario results as JSON here")
+    vr = sub.add_parser("verify-recovery",
+                        help="a run with a fault plus recovery must equal the clean run, bit for bit")
+    vr.add_argument("--faults", default="engine-kill,coordinator-kill,trainer-kill",
+                    help="comma-separated faults (default: all three)")
+    vr.add_argument("--out", type=Path, default=None, help="keep the run directories here (default: a temp dir)")
+    vr.add_argument("--combined", action="store_true",
+                    help="all faults in one run (engine-kill at step 2, coordinator-kill at 3, trainer-kill at 4)")
+    vr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                    help="one more override of the deterministic configuration (e.g. rollout.seed_requests=false)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         return _schedule(args)
     if args.action == "soak":
         return _soak(args, scenarios)
+    if args.action == "verify-recovery":
+        return _verify_recovery(args)
     ids = list(scenarios) if args.all else args.ids
     if not ids:
         print("name scenario ids or pass --all (see `t1ops chaos list`)", file=sys.stderr)
@@ -166,3 +182,26 @@ def _soak(args: argparse.Namespace, scenarios: dict) -> int:
     if args.json_out:
         args.json_out.write_text(json.dumps([b.to_dict() for b in books], indent=2))
     return 0 if all(b.pass_rate == 1.0 for b in books) else 1
+
+
+def _verify_recovery(args: argparse.Namespace) -> int:
+    import tempfile
+    import time
+
+    from chaos.recovery import DETERMINISTIC, FAULTS, verify
+
+    faults = tuple(f for f in args.faults.split(",") if f)
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        print(f"unknown fault(s): {', '.join(unknown)}; known: {', '.join(FAULTS)}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="t1ops-recovery-") as tmp:
+        out = args.out or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        ok, _, text = verify(out, faults, DETERMINISTIC + list(args.overrides), combined=args.combined)
+    print(text)
+    verdict = "all runs identical to the clean run" if ok else \
+        "FAILED: a run differs from the clean run or a fault did not fire"
+    print(f"verify-recovery: {verdict} ({time.monotonic() - t0:.0f} s)")
+    return 0 if ok else 1

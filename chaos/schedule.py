@@ -19,7 +19,7 @@ inside the weight-sync barrier -- with real mechanisms:
   few of its sampling periods (the guard's own sampling thread must report ``fd.near_limit``).
 
 After the run the invariants are checked: every finished step has its full batch, no sample id
-appears twice, both roles' checkpoints load with valid checksums, every fault fired on work in
+appears twice, the run's exactly-once group audit holds (``summary.json["group_audit"]``), both roles' checkpoints load with valid checksums, every fault fired on work in
 flight, and every must-catch fault has evidence that names its target and falls in its window.
 """
 from __future__ import annotations
@@ -123,7 +123,9 @@ def check_invariants(run_dir: Path, injector: Injector, batch_size: int, stopped
     from t1ops.audit import read_trajectory
     from t1ops.guards.checkpoints import list_steps, load_checkpoint, step_dir_name
 
-    steps = json.loads((run_dir / "summary.json").read_text())["steps"] if (run_dir / "summary.json").exists() else []
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    steps = summary.get("steps", [])
+    audit = summary.get("group_audit")  # written when the step loop finished (t1ops.campaign.group_ledger)
     ids = [read_trajectory(p).meta["sample_id"] for p in sorted((run_dir / "dumps").glob("*.c0.npz"))]
     dup = [i for i, n in Counter(ids).items() if n > 1]
     per_step = Counter(i.split("-g")[0] for i in ids)
@@ -145,6 +147,7 @@ def check_invariants(run_dir: Path, injector: Injector, batch_size: int, stopped
     return {"no_trajectory_duplicated": not dup,
             "no_trajectory_lost": all(per_step[f"st{s['step']}"] == batch_size for s in steps)
             and all(s["ledger"]["missing"] == 0 for s in steps),
+            "every_group_trained_exactly_once": audit["ok"] if audit is not None else bool(stopped_by),
             "checkpoints_intact": ckpt_ok,
             "every_fault_fired_on_work_in_flight": len(injector.fired) == len(injector.schedule)
             and all(f["in_flight"] for f in injector.fired) and not injector.error,

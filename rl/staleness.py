@@ -19,6 +19,14 @@ never silently dropped.
 The bounds are checked after every change (:meth:`StalenessManager.check_bounds`),
 in production too: a broken bound raises :class:`CapacityError` instead of
 letting generation run further ahead than the budget allows.
+
+After a recovery the counters are re-derived from the rule, never restored
+(:meth:`StalenessManager.resumed`): a run resumed at version ``V`` has trained
+``V`` batches, so ``current_step = V + 1`` and ``accepted = V * batch_size``
+(nothing runs in a fresh process; groups that were in flight start again through
+:meth:`try_start`). Restoring the version but not ``accepted`` inflates the
+headroom by ``V * batch_size`` groups and lets generation run further ahead than
+``max_staleness`` allows (AReaL #1345); :meth:`check_budget` names that.
 """
 from __future__ import annotations
 
@@ -75,6 +83,48 @@ class StalenessManager:
         _positive_int("batch_size", self.batch_size, 1)
         _positive_int("max_concurrency", self.max_concurrency, 1)
         _positive_int("current_step", self.current_step, 1)
+
+    @classmethod
+    def resumed(cls, *, max_staleness: int, batch_size: int, max_concurrency: int, version: int,
+                lock: Any = None) -> "StalenessManager":
+        """The manager of a run resumed at policy ``version`` (``version`` steps trained): the counters
+        are re-derived from the rule, so the headroom is the first step's, ``(max_staleness + 1) x
+        batch_size``, whatever the crashed run's counters were."""
+        _positive_int("version", version + 1, 1)
+        kw = {} if lock is None else {"lock": lock}
+        m = cls(max_staleness=max_staleness, batch_size=batch_size, max_concurrency=max_concurrency,
+                current_step=version + 1, **kw)
+        m.accepted = version * batch_size  # the groups the trained steps consumed
+        m.check_budget()
+        return m
+
+    def budget_excess(self) -> int:
+        """Groups by which the budget exceeds the rule's (> 0: inflated). The trainer takes
+        ``batch_size`` accepted groups per step, so once step ``current_step - 1`` has advanced,
+        ``accepted >= (current_step - 1) x batch_size``; less means the rule grants that many extra
+        groups (a version counter restored without ``accepted``)."""
+        with self.lock:
+            return (self.current_step - 1) * self.batch_size - self.accepted
+
+    def headroom(self) -> int:
+        """The consumer side of the rule, ``(max_staleness + current_step) x batch_size - (accepted +
+        running)``: at most ``(max_staleness + 1) x batch_size`` in a consistent manager."""
+        with self.lock:
+            return (self.max_staleness + self.current_step) * self.batch_size - (self.accepted + self.running)
+
+    def check_budget(self) -> None:
+        """Raise CapacityError when the budget exceeds the rule's (an inflated staleness budget,
+        e.g. counters restored inconsistently after a recovery); call it after :meth:`advance`."""
+        excess = self.budget_excess()
+        if excess > 0:
+            raise CapacityError(
+                f"staleness budget inflated by {excess} groups: at step {self.current_step} accepted is "
+                f"{self.accepted} but the {self.current_step - 1} trained steps consumed "
+                f"{(self.current_step - 1) * self.batch_size} ({self.batch_size} groups each), so generation may run "
+                f"{-(-excess // self.batch_size)} step(s) further ahead than max_staleness {self.max_staleness}. The "
+                "counters were restored inconsistently (the version but not accepted); a resumed run must build "
+                "its manager with StalenessManager.resumed(version=...)",
+                accepted=self.accepted, current_step=self.current_step, excess=excess)
 
     def capacity(self) -> int:
         """Groups that may start now (never negative)."""

@@ -68,6 +68,7 @@ class EngineConfig(Section, EngineChecks):  # + the barrier's proofs (t1ops.conf
     weight_sync_bucket_mb: float = Field(512.0, gt=0, description="Bytes per /update_weights_from_distributed request (MiB), never splitting a tensor's conversion unit.")
     weight_sync_timeout_s: float = Field(600.0, gt=0, description="Timeout of the weight-update group (forming it, each broadcast).")
     batching: bool = Field(True, description="Embedded engine: K/V cache, continuous batching and prefix reuse (docs/engine.md); false recomputes the whole sequence per token, one request at a time (the old path, for benchmarks).")
+    batch_invariant: bool = Field(False, description="Embedded engine: each forward carries one request and no prefix is reused, so a request's tokens depend on its prompt, seed and the weights only, never on what it was batched with (batched inference is not bit-stable across batch compositions). Part of the deterministic configuration (docs/determinism.md); costs the batching's throughput.")
 
 
 class ParallelConfig(Layout, Section):
@@ -102,6 +103,7 @@ class RolloutConfig(AgentLimits, Section):
     context_overflow_clear_mask: bool = Field(False, description="A trial that ran out of context (end_reason 'context_exhausted') trains with its whole loss mask cleared (walkthrough, section 5); its reward still counts in its GRPO group.")
     zero_variance_filter: bool = Field(False, description="sync / one_step pipelines: drop groups whose trained rewards are all equal (no GRPO signal), counted per step (fully_async uses fully_async.zero_variance_filter). Needs n_samples_per_prompt > 1.")
     debug_dump: bool = Field(False, description="Write each trajectory's TITO transitions (tito_transitions.json: every turn's relation, span and repair) and its stream with special tokens (tito_debug.txt) under RUN/debug/<sample_id>/ (the walkthrough's debug dump, section 5).")
+    seed_requests: bool = Field(True, description="Seed each generation request from (run.seed, step, trial, call index) (SamplingParams.sampling_seed), so a trial samples the same tokens whichever engine serves it and whenever; false: the engine's own generator, in arrival order (docs/determinism.md).")
     agent: Literal["builtin", "command"] = Field("builtin", description="'builtin': t1ops's token-in agent loop; 'command': the [harness] program runs as the agent in the sandbox against the OpenAI endpoint (docs/harness.md).")
 
 

@@ -18,10 +18,11 @@ newest step at which actor and trainer state both verify is step 2, the last
 save point; the weights and every rank's optimizer state load; step 3's
 partial outputs move to ``superseded/``; steps 3-4 run once
 more, so summary.json holds steps 1..4, each exactly once, rows 1-2 unchanged.
-The async group books balance on both sides of the crash (groups generating
-or queued at the crash are counted as lost, never trained), no group is
-trained twice, the group order continues after the resume point, and the
-resumed run's staleness headroom is the capacity rule's value.
+The async group books balance on both sides of the crash, the groups queued
+or generating at the resume point are run again (none lost, none trained
+twice; the exactly-once audit of ``t1ops.campaign.group_ledger`` holds), the
+group order continues after the resume point, and the resumed run's staleness
+headroom is the capacity rule's value.
 """
 from __future__ import annotations
 
@@ -200,18 +201,23 @@ def _async_books(after: dict) -> dict:
     at_crash = resumed.get("books_at_resume_point", {})
     final = after.get("async_books", {})
     trained_ids = [g for r in rows for g in r.get("group_lags", {})]
-    index = [int(g.split("-", 1)[0][2:]) for r in rows if r["step"] > SAVE_EVERY for g in r.get("group_lags", {})]
+    run_again = set(resumed.get("run_again", []))
+    index = [int(g.split("-", 1)[0][2:]) for r in rows if r["step"] > SAVE_EVERY for g in r.get("group_lags", {})
+             if g not in run_again]  # new groups: the order continues
     settled = ("accepted", "zero_variance", "failed", "cancelled")
     figures = {"at_resume_point": at_crash, "lost_in_crash": resumed.get("lost_in_crash"), "final": final,
-               "trained": len(trained_ids), "headroom": resumed.get("headroom"),
+               "trained": len(trained_ids), "run_again": sorted(run_again), "audit": after.get("group_audit"),
+               "headroom": resumed.get("headroom"),
                "headroom_rule": resumed.get("headroom_rule")}
     invariants = {
         "books_balance_before_and_after_the_crash": bool(at_crash) and bool(final)
         and at_crash["submitted"] == sum(at_crash[k] for k in settled) + at_crash["running"]
         and final["submitted"] == sum(final[k] for k in settled) + final["running"] and final["balanced"],
-        "accepted_equals_trained_plus_queued_or_lost": bool(at_crash)
-        and at_crash["accepted"] == at_crash["trained"] + at_crash["dropped_from_batch"] + at_crash["queued"]
-        and resumed.get("lost_in_crash") == at_crash["running"] + at_crash["queued"],
+        "accepted_equals_trained_plus_queued": bool(at_crash)
+        and at_crash["accepted"] == at_crash["trained"] + at_crash["dropped_from_batch"] + at_crash["queued"],
+        "queued_and_generating_groups_run_again_none_lost": resumed.get("lost_in_crash") == 0
+        and len(run_again) == at_crash.get("running", -1) + at_crash.get("queued", -1)
+        and (after.get("group_audit") or {}).get("ok") is True,
         "every_step_trained_its_groups_once": len(trained_ids) == len(set(trained_ids)) == STEPS * GROUPS_PER_STEP,
         "resumed_group_order_continues": bool(index) and bool(at_crash) and min(index) >= at_crash["planner_next"],
         "staleness_headroom_after_resume_is_the_rule": resumed.get("headroom") is not None

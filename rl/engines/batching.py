@@ -16,6 +16,12 @@ iteration, under the engine's model lock:
    (up to ``max_batch``): a request that arrived meanwhile joins at the next
    iteration.
 
+Batch-invariant mode (``batch_invariant=True``, ``engine.batch_invariant``, docs/determinism.md):
+every forward carries one request only and no prefix is reused or shared, so a request's tokens
+depend on its prompt, its seed and the weights alone, never on what else the engine was serving
+(batched GEMMs and padded prefills are not bit-stable across batch compositions). Throughput is
+that of one request at a time; the K/V cache still saves the per-token recompute.
+
 Routing rows are recorded per fed position exactly as the recompute path does:
 a position's row comes from the forward that first fed it, prompt rows from
 the prefill, each sampled token's row from the forward that feeds it; the last
@@ -69,8 +75,8 @@ class Sequence:
 class SlotPool:
     """Cache slots: running, free, or retained (a finished request's tokens, LRU) for prefix reuse."""
 
-    def __init__(self, cache: KVCache, num_layers: int, topk: int) -> None:
-        self.cache = cache
+    def __init__(self, cache: KVCache, num_layers: int, topk: int, *, reuse: bool = True) -> None:
+        self.cache, self.reuse = cache, reuse  # reuse False: every request prefills its whole prompt
         self.free = list(range(cache.num_slots))[::-1]
         self.retained: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self.rows = [np.zeros((cache.max_seq_len, num_layers, topk), dtype=np.int32) for _ in range(cache.num_slots)]
@@ -81,7 +87,7 @@ class SlotPool:
         """A slot for ``tokens`` and how many leading positions it already caches; None when full."""
         prompt = np.asarray(tokens)
         best, match = None, 0
-        for slot, cached in self.retained.items():
+        for slot, cached in (self.retained.items() if self.reuse else ()):
             n = _common_prefix(cached, prompt, limit=len(tokens) - 1)  # the last token must be fed
             if n > match:
                 best, match = slot, n
@@ -137,8 +143,11 @@ class BatchScheduler:
 
     def __init__(self, engine, forward: CachedForward, pool: SlotPool, *, max_batch: int = 64,
                  prefill_tokens: int = 4096, supervised: bool = True,
-                 chaos_fail_after: int | None = None) -> None:
+                 chaos_fail_after: int | None = None, batch_invariant: bool = False) -> None:
         self.engine, self.forward, self.pool = engine, forward, pool
+        self.batch_invariant = batch_invariant
+        if batch_invariant:  # one request per forward, every prompt prefilled whole (module docstring)
+            max_batch, prefill_tokens, pool.reuse = 1, 0, False
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
         self._cond = threading.Condition()
         self._waiting: collections.deque[Sequence] = collections.deque()

@@ -58,6 +58,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads (CPU is shared).")
     parser.add_argument("--recompute", action="store_true",
                         help="Recompute the whole sequence per token, one request at a time (no K/V cache).")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="Each forward carries one request, no prefix reuse: a request's tokens do not depend "
+                             "on what it was batched with (docs/determinism.md).")
     parser.add_argument("--chaos", action="store_true",
                         help="Chaos mode: allow the --chaos-* fault switches (never in a campaign).")
     parser.add_argument("--chaos-omit-routing-for", default=None, metavar="RID_REGEX",
@@ -123,7 +126,8 @@ def _build_engine(args: argparse.Namespace, spec: ModelSpec | None) -> EmbeddedE
         spec = spec_from_config(read_config(args.model_path))
         torch.set_num_threads(max(1, args.num_threads))
         engine = EmbeddedEngine(spec, CompactVocab.identity(spec.vocab_size), DTYPES[args.dtype], args.seed,
-                                checkpoint=args.model_path, batching=not args.recompute, kv_slots=max(1, args.kv_slots))
+                                checkpoint=args.model_path, batching=not args.recompute, kv_slots=max(1, args.kv_slots),
+                                batch_invariant=getattr(args, "batch_invariant", False))
         engine.weight_version = "default"  # as SGLang started with --model-path (its --weight-version default)
         return engine
     if spec is None:
@@ -134,7 +138,8 @@ def _build_engine(args: argparse.Namespace, spec: ModelSpec | None) -> EmbeddedE
     vocab = CompactVocab.load(args.vocab) if args.vocab else CompactVocab.identity(spec.vocab_size)
     torch.set_num_threads(max(1, args.num_threads))
     return EmbeddedEngine(spec, vocab, DTYPES[args.dtype], args.seed, checkpoint=args.checkpoint,
-                          batching=not args.recompute, kv_slots=max(1, args.kv_slots), **_scheduler_chaos(args))
+                          batching=not args.recompute, kv_slots=max(1, args.kv_slots),
+                          batch_invariant=getattr(args, "batch_invariant", False), **_scheduler_chaos(args))
 
 
 def _scheduler_chaos(args: argparse.Namespace) -> dict:
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def spawn(port: int, spec: ModelSpec, *, checkpoint: str | Path | None = None, vocab_path: str | Path | None = None,
           dtype: str = "bf16", seed: int = 0, host: str = "127.0.0.1", startup_timeout_s: float = 180.0,
-          log_path: str | Path | None = None, batching: bool = True,
+          log_path: str | Path | None = None, batching: bool = True, batch_invariant: bool = False,
           extra_args: list[str] | None = None, emission_dir: str | Path | None = None) -> subprocess.Popen:
     """Start an engine process and return it once ``GET /health`` answers 200.
 
@@ -191,6 +196,8 @@ def spawn(port: int, spec: ModelSpec, *, checkpoint: str | Path | None = None, v
         command += ["--vocab", str(vocab_path)]
     if not batching:
         command.append("--recompute")
+    if batch_invariant:
+        command.append("--batch-invariant")
     if emission_dir is not None:  # the engine's own record of emitted ids, one file per engine process
         command += ["--emission-log", str(Path(emission_dir) / f"engine-{port}-{os.getpid()}-{time.time_ns()}.jsonl")]
     command += list(extra_args or [])

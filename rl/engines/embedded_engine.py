@@ -16,6 +16,10 @@ Semantics (the parts a caller relies on):
   request at a time) for benchmarks. Routing rows follow SGLang on both:
   prompt rows from the first forward, then each sampled token's row from the
   forward that feeds it; the last token has none.
+- ``batch_invariant=True`` (``--batch-invariant``, ``engine.batch_invariant``): each request's
+  forwards carry that request alone, with no prefix reuse, so its output is a function of its
+  prompt, ``sampling_seed`` and the weights only (docs/determinism.md). The recompute path is
+  batch-invariant already.
 - ``output_token_logprobs`` are exact log-probs of the engine's own model:
   log-softmax of the logits divided by the temperature (1 when greedy), over
   the real compact ids (UNK excluded), before top-k/top-p truncation.
@@ -101,6 +105,20 @@ def check_actor_checkpoint(model_path: str | Path) -> dict:
     return manifest
 
 
+def round_to_served(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Round every weight to the engine's precision, in place. Megatron keeps some parameters above
+    it (norm weights stay fp32 in a bf16 model); a weight sync sends every tensor in the served
+    dtype (``rl.weights.sender``), so an engine started from a checkpoint (a resume, a recreated
+    engine) must hold the same values as one that received the version through a sync, bit for
+    bit (docs/determinism.md)."""
+    from rl.model import weights_state_dict
+
+    with torch.no_grad():
+        for tensor in weights_state_dict(model).values():
+            if tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor.copy_(tensor.to(dtype))
+
+
 # --- request state -------------------------------------------------------------
 @dataclass
 class _Running:
@@ -117,7 +135,7 @@ class EmbeddedEngine:
     def __init__(self, spec: ModelSpec, vocab: CompactVocab, dtype: torch.dtype, seed: int,
                  checkpoint: str | None = None, weight_version: str = "default", *, batching: bool = True,
                  kv_slots: int = 128, max_batch: int = 64, supervised: bool = True,
-                 chaos_fail_after: int | None = None) -> None:
+                 chaos_fail_after: int | None = None, batch_invariant: bool = False) -> None:
         if vocab.size != spec.vocab_size:
             raise InputError(f"vocab has {vocab.size} compact ids but spec.vocab_size is {spec.vocab_size}",
                              vocab_size=vocab.size, spec_vocab_size=spec.vocab_size)
@@ -149,7 +167,8 @@ class EmbeddedEngine:
             cache = KVCache(self.model, num_slots, spec.max_seq_len)
             self.scheduler = BatchScheduler(self, CachedForward(self.model, cache),
                                             SlotPool(cache, spec.num_layers, spec.moe_router_topk), max_batch=max_batch,
-                                            supervised=supervised, chaos_fail_after=chaos_fail_after)
+                                            supervised=supervised, chaos_fail_after=chaos_fail_after,
+                                            batch_invariant=batch_invariant)
         if checkpoint is not None:
             self.update_weights(PC.UpdateWeightsFromDiskRequest(model_path=checkpoint, weight_version=None))
 
@@ -197,6 +216,7 @@ class EmbeddedEngine:
             self.abort("", abort_all=True)
         with self._model_lock:
             load_weights(self.model, request.model_path)
+            round_to_served(self.model, self.dtype)
             self.weights_generation += 1
             self.weight_version = request.weight_version or str(manifest.get("step", self.weight_version))
             self.model_path = str(request.model_path)

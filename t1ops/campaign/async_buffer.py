@@ -19,6 +19,13 @@ Pure Python (no Ray), so its bounds are property-tested. The walkthrough's loop
 The queue holds at most ``(max_staleness + 1) * groups_per_step`` groups: the
 capacity rule guarantees it (accepted + running <= (S + step) * B and B groups
 are consumed per step); a full queue is a :class:`rl.staleness.CapacityError`.
+
+Steps are counted as the run counts them (a resumed run too): a buffer built for
+``first_step`` > 1 derives its counters from the rule at that version
+(:meth:`rl.staleness.StalenessManager.resumed`), never from a counter the crashed
+run left, and :meth:`GroupBuffer.check_budget` after every weight sync names an
+inflated budget (docs/async.md, "Resume"; runbooks/staleness-after-recovery.md).
+:meth:`GroupBuffer.pending_ids` are the groups a resume must run again.
 """
 from __future__ import annotations
 
@@ -32,6 +39,12 @@ import numpy as np
 from rl.errors import ConfigError
 from rl.staleness import CapacityError, StalenessManager, StalenessViolation
 from t1ops.campaign.dataplane import versions_of
+
+# The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
+# that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
+CATCHES = {
+    "staleness-after-recovery": ("fully_async.max_staleness_steps", "fully_async.num_parallel_generation_workers"),
+}
 
 OUTCOMES = ("accepted", "zero_variance", "failed", "cancelled")
 
@@ -63,6 +76,7 @@ class StepBooks:
     outcomes: Counter = field(default_factory=Counter)   # settled this step, by outcome
     trained: int = 0
     dropped_from_batch: int = 0                          # zero variance, sample_full_batch off
+    dropped_ids: list[str] = field(default_factory=list)  # groups settled without being trained
     violations: list[StalenessViolation] = field(default_factory=list)
 
 
@@ -73,9 +87,9 @@ class GroupBuffer:
         self.groups_per_step, self.group_size = groups_per_step, group_size
         self.zero_variance_filter, self.sample_full_batch = zero_variance_filter, sample_full_batch
         self.max_draws = max_draws_factor * groups_per_step
-        self.manager = StalenessManager(max_staleness=max_staleness, batch_size=groups_per_step,
-                                        max_concurrency=num_workers)
-        self.step_offset = first_step - 1  # the manager counts this run's steps from 1 (a resumed run too)
+        # a resumed run's counters come from the rule at its version, never from the crashed run's
+        self.manager = StalenessManager.resumed(max_staleness=max_staleness, batch_size=groups_per_step,
+                                                max_concurrency=num_workers, version=first_step - 1)
         self.queue_size = (max_staleness + 1) * groups_per_step
         self.queue: queue.Queue[Group] = queue.Queue(maxsize=self.queue_size)
         self.totals: Counter = Counter()   # submitted, accepted, zero_variance, failed, cancelled, trained, ...
@@ -94,8 +108,10 @@ class GroupBuffer:
     def running(self) -> int:
         return self.manager.running
 
-    def on_done(self, data: dict | None, started_step: int, *, cancelled: bool = False) -> str:
-        """Settle one finished group (``data`` None: it failed as a whole). Returns its outcome."""
+    def on_done(self, data: dict | None, started_step: int, *, cancelled: bool = False,
+                group_id: str | None = None) -> str:
+        """Settle one finished group (``data`` None: it failed as a whole; ``group_id`` names it then).
+        Returns its outcome."""
         results = [] if data is None else data["results"]
         if cancelled:
             outcome = "cancelled"
@@ -108,6 +124,9 @@ class GroupBuffer:
         if outcome != "accepted" and not (outcome == "zero_variance" and not self.sample_full_batch):
             self.manager.on_released()
             self._count(outcome)
+            gid = data["group_id"] if data is not None else group_id
+            if gid is not None:
+                self.book.dropped_ids.append(gid)
             return outcome
         group = Group(data, started_step, zero_variance=outcome == "zero_variance")
         group.violation = self.manager.on_accepted(started_step)
@@ -144,6 +163,7 @@ class GroupBuffer:
         taken = [self.queue.get_nowait() for _ in range(self.groups_per_step)]
         kept = [g for g in taken if not g.zero_variance]
         self.book.dropped_from_batch += len(taken) - len(kept)
+        self.book.dropped_ids += [g.group_id for g in taken if g.zero_variance]
         self.book.trained += len(kept)
         self.totals["trained"] += len(kept)
         self.totals["dropped_from_batch"] += len(taken) - len(kept)
@@ -153,6 +173,18 @@ class GroupBuffer:
         """After the weight sync: the next step's slots open."""
         return self.manager.advance()
 
+    def check_budget(self) -> None:
+        """CapacityError naming an inflated staleness budget (``StalenessManager.check_budget``)."""
+        self.manager.check_budget()
+
+    def queued_ids(self) -> list[str]:
+        return [g.group_id for g in list(self.queue.queue)]
+
+    def pending_ids(self, in_flight: list[str]) -> list[str]:
+        """Groups generated or generating but not trained: the queue (oldest first), then ``in_flight``.
+        A resume runs them again, before any new group (t1ops.campaign.group_ledger)."""
+        return self.queued_ids() + [g for g in in_flight if g not in set(self.queued_ids())]
+
     def close_step(self) -> dict:
         """This step's group accounting for the step row; starts the next step's books."""
         b, self.book = self.book, StepBooks()
@@ -160,7 +192,7 @@ class GroupBuffer:
         return {"groups_started": b.started, "groups_trained": b.trained,
                 "groups_accepted": b.outcomes["accepted"], "groups_dropped_zero_variance":  # at settle or at batch
                 b.outcomes["zero_variance"] if self.sample_full_batch else b.dropped_from_batch,
-                "groups_failed": b.outcomes["failed"],
+                "groups_failed": b.outcomes["failed"], "groups_dropped_ids": b.dropped_ids,
                 "groups_in_flight": self.running, "groups_queued": self.queue.qsize(),
                 "staleness_violations": len(b.violations),
                 "violation_lags": sorted(v.staleness for v in b.violations),

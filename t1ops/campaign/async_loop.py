@@ -19,6 +19,12 @@ and, per step:
 At the end, running groups are stopped at their next turn and booked as
 cancelled; ``summary.json`` gets the run's group books (every submitted group
 settled exactly once).
+
+A resumed run (``t1ops run --resume``) runs the groups that were queued or generating
+at the resume point's row again, first and under their own ids, then continues the
+group order (``t1ops.campaign.group_ledger``); its staleness counters are re-derived
+from the rule at the resumed version, and every weight sync checks that the budget
+is not inflated (``GroupBuffer.check_budget``).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from t1ops import telemetry
 from t1ops.campaign.async_buffer import GroupBuffer, version_lag_histogram, spans_versions
+from t1ops.campaign.group_ledger import async_index, replay_plan
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import StepBatch
 from t1ops.campaign.summary import Summary
@@ -51,11 +58,16 @@ END_GRACE_S = 60.0  # how long running groups may take to stop at the end of the
 class GroupPlanner:
     """An endless seeded order over the training tasks: every task once per epoch."""
 
-    def __init__(self, task_names: list[str], group_size: int, seed: int, start: int = 0) -> None:
+    def __init__(self, task_names: list[str], group_size: int, seed: int, start: int = 0,
+                 replay: list[str] | None = None) -> None:
         self.names, self.group_size, self.seed = sorted(task_names), group_size, seed
-        self.next_index = start  # a resumed run continues the order: no group id is ever reused
+        self.next_index = start  # a resumed run continues the order after the resume point's row
+        self.replay = list(replay or [])  # ... after running again the groups it had pending
 
     def next_group(self) -> list[TrialSpec]:
+        if self.replay:  # a group the crashed run generated but never trained: same id, same task
+            gid = self.replay.pop(0)
+            return [TrialSpec(async_index(gid)[1], gid, s) for s in range(self.group_size)]
         k = self.next_index
         self.next_index += 1
         epoch = k - k % len(self.names)
@@ -68,7 +80,8 @@ class GroupPlanner:
 class AsyncDriver:
     """The coordinator side: submit groups within capacity, collect them, settle them."""
 
-    def __init__(self, c: "Campaign", first_step: int = 1, planner_start: int = 0) -> None:
+    def __init__(self, c: "Campaign", first_step: int = 1, planner_start: int = 0,
+                 replay: list[str] | None = None) -> None:
         cfg, fa, r = c.cfg, c.cfg.fully_async, c.cfg.rollout
         self.c = c
         self.buffer = GroupBuffer(groups_per_step=r.batch_size // r.n_samples_per_prompt,
@@ -77,7 +90,8 @@ class AsyncDriver:
                                   zero_variance_filter=fa.zero_variance_filter,
                                   sample_full_batch=fa.sample_full_batch, max_draws_factor=fa.max_draws_factor,
                                   first_step=first_step)
-        self.planner = GroupPlanner(c.rollouts.task_names, r.n_samples_per_prompt, cfg.run.seed, planner_start)
+        self.planner = GroupPlanner(c.rollouts.task_names, r.n_samples_per_prompt, cfg.run.seed, planner_start,
+                                    replay)
         self.in_flight: dict = {}  # ray ref -> (started_step, group_id)
         self._sizes: dict = {}  # ray ref -> trials in the group (stall accounting at arrival)
         self._next_worker = itertools.count()
@@ -136,7 +150,7 @@ class AsyncDriver:
         if data is not None and data.get("failed"):  # the reason a group came back short, named
             telemetry.event("rollout.group_trials_failed", severity="warn", group=group_id,
                             failed=len(data["failed"]), sample=str(next(iter(data["failed"].values())))[:300])
-        outcome = self.buffer.on_done(data, started, cancelled=cancelled)
+        outcome = self.buffer.on_done(data, started, cancelled=cancelled, group_id=group_id)
         telemetry.count("rollout.group_settled", outcome=outcome)
 
     def stop(self) -> dict:
@@ -151,11 +165,12 @@ class AsyncDriver:
                 self._settle(ref, cancelled=True)
         for ref in list(self.in_flight):  # still running after the grace: abandoned, booked as cancelled
             ray.cancel(ref, force=False)
-            self.in_flight.pop(ref)
+            _, gid = self.in_flight.pop(ref)
             stall = self.c.guards.stall
             stall.on_complete(min(self._sizes.pop(ref), stall.num_in_flight))
-            self.buffer.on_done(None, 1, cancelled=True)
-        return self.buffer.books()
+            self.buffer.on_done(None, 1, cancelled=True, group_id=gid)
+        return end_books(self.buffer, self.planner)
+
 
 
 class AsyncSource:
@@ -172,15 +187,18 @@ class AsyncSource:
         return len(self.driver.in_flight)
 
     def start(self, first: int, summary: Summary) -> None:
-        """A resumed run continues the group order after the resume row's and records the books
-        it carries across the crash and the capacity it starts with (the rule's value)."""
+        """A resumed run first runs again the groups queued or generating at the resume row, then
+        continues the group order; it records the books it carries across the crash and the
+        capacity it starts with (the rule's value at the resumed version)."""
         kept = resumed_books(summary, first - 1) if first > 1 else None
-        self.driver = AsyncDriver(self.c, first, planner_start=kept["planner_next"] if kept else 0)
+        start, replay = replay_plan(summary.steps, first - 1) if kept is not None else (0, [])
+        self.driver = AsyncDriver(self.c, first, planner_start=start, replay=replay)
         if kept is not None:
             m, fa = self.driver.buffer.manager, self.c.cfg.fully_async
             summary.extra.setdefault("async_resumes", []).append({
                 "from_step": first - 1, "books_at_resume_point": kept,
-                "lost_in_crash": kept["running"] + kept["queued"],  # generated, never trained: the rows after it run again
+                "run_again": replay,  # generated (queued or generating), never trained by a kept step
+                "lost_in_crash": kept["running"] + kept["queued"] - len(replay),
                 "headroom": (m.max_staleness + m.current_step) * m.batch_size - (m.accepted + m.running),
                 "headroom_rule": (fa.max_staleness_steps + 1) * m.batch_size, "capacity": m.capacity()})
         self.driver.fill()
@@ -203,11 +221,13 @@ class AsyncSource:
 
     def after_sync(self) -> None:
         self.driver.buffer.advance()  # the staleness manager opens the next step's slots
+        self.driver.buffer.check_budget()  # never more headroom than the rule gives (a recovery's counters)
 
     def row_fields(self, step: int, batch: StepBatch) -> dict:
-        out = _accounting(self.driver.buffer, batch.groups, batch.results, step,
+        out = step_accounting(self.driver.buffer, batch.groups, batch.results, step,
                           self.c.cfg.fully_async.staleness_alarm_share)
-        out["async_books"] = {**self.driver.buffer.books(), "planner_next": self.driver.planner.next_index}
+        d = self.driver
+        out["async_books"] = row_books(d.buffer, d.planner, [gid for _, gid in d.in_flight.values()])
         return out
 
     def before_row(self, summary: Summary) -> None:
@@ -226,13 +246,13 @@ class AsyncSource:
             telemetry.event("rollout.books_unbalanced", severity="error", **books)
 
 
-def _accounting(buffer: GroupBuffer, groups, results: list[dict], step: int, alarm_share: float) -> dict:
+def step_accounting(buffer: GroupBuffer, groups, results: list[dict], step: int, alarm_share: float) -> dict:
     """The step row's async fields: group books, token lag histogram, violations, long trials."""
     out = buffer.close_step()
     trainer_version = step - 1  # the weights the trainer held when step ``step`` began
     out["version_lag_tokens"] = {str(k): v for k, v in version_lag_histogram(results, trainer_version).items()}
     out["trajectories_spanning_versions"] = sum(len(spans_versions(r)) > 1 for r in results)
-    out["group_lags"] = {g.group_id: step - buffer.step_offset - g.started_step for g in groups}
+    out["group_lags"] = {g.group_id: step - g.started_step for g in groups}
     out["staleness_alarm"] = out["violation_share"] > alarm_share
     if out["staleness_alarm"]:
         telemetry.event("rollout.staleness_alarm", severity="error", step=step, share=out["violation_share"],
@@ -242,6 +262,21 @@ def _accounting(buffer: GroupBuffer, groups, results: list[dict], step: int, ala
             telemetry.event("rollout.staleness_violation", severity="warn", step=step, group=g.group_id,
                             staleness=g.violation.staleness, max_staleness=g.violation.max_staleness)
     return out
+
+
+def row_books(buffer: GroupBuffer, planner: GroupPlanner, in_flight: list[str]) -> dict:
+    """A step row's ``async_books``: the run's group totals, where the group order stands, and the
+    groups a resume at this row runs again (queued, generating, or still to be run again)."""
+    return {**buffer.books(), "planner_next": planner.next_index,
+            "pending": buffer.pending_ids(in_flight) + list(planner.replay)}
+
+
+def end_books(buffer: GroupBuffer, planner: GroupPlanner) -> dict:
+    """The run's group books once every running group is settled, with the leftovers by id: queued
+    (never trained), dropped since the last row (cancelled at the stop included) and groups a
+    resume was still to run again (``t1ops.campaign.group_ledger.audit_groups`` reads them)."""
+    left = buffer.queued_ids() + buffer.book.dropped_ids + list(planner.replay)
+    return {**buffer.books(), "left_ids": left, "planner_next": planner.next_index}
 
 
 def resumed_books(summary: Summary, step: int) -> dict:

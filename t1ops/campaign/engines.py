@@ -100,10 +100,14 @@ class EngineRouter:
             from rl.engines.embedded import spawn
             from rl.model import ModelSpec
 
-            launch = partial(spawn, spec=ModelSpec(**spec), checkpoint=checkpoint_dir, vocab_path=vocab_path,
+            launch = partial(spawn, spec=ModelSpec(**spec), vocab_path=vocab_path,
                              dtype=self.cfg.dtype, log_path=log_path, batching=self.cfg.batching,
+                             batch_invariant=self.cfg.batch_invariant,
                              emission_dir=None if run_dir is None else str(Path(run_dir) / "emissions"))
-            factory = spawn_factory(launch, self.http, **client_kw)
+            # a recreated engine starts from the newest published weights: the first checkpoint
+            # may be gone by then (checkpoint retention), and the engine would exit at startup
+            factory = spawn_factory(lambda port: launch(port, checkpoint=self._spawn_checkpoint(checkpoint_dir)),
+                                    self.http, **client_kw)
         else:  # external SGLang servers: the pool re-admits a URL once its operator restarts it
             factory = url_factory(self.cfg.urls, self.http, **client_kw)
         self.pool = EnginePool(factory, self.cfg, version=version, checkpoint_dir=checkpoint_dir,
@@ -132,6 +136,11 @@ class EngineRouter:
     def client_config(self) -> dict:
         """The engine config and routing shape a worker's direct clients need."""
         return {"engine_cfg": self.cfg.model_dump(), "client_kw": dict(self.client_kw)}
+
+    def _spawn_checkpoint(self, first: str) -> str:
+        pool = getattr(self, "pool", None)  # None while the pool starts its first engines
+        latest = getattr(pool, "checkpoint_dir", None)
+        return latest if latest and Path(latest).exists() else first
 
     def sync_weights(self, checkpoint_dir: str, version: str) -> dict:
         report = self.pool.sync_weights(checkpoint_dir, version)

@@ -264,7 +264,8 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
                           timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
                           sandbox={**cfg.sandbox.model_dump(), "backend": cfg.environment.backend},
                           harness=harness_settings(cfg), failed_trials=r.failed_trials,
-                          verifier_timeout_cap_s=cfg.guards.field.verifier_timeout_cap_s)
+                          verifier_timeout_cap_s=cfg.guards.field.verifier_timeout_cap_s,
+                          seed=cfg.run.seed if r.seed_requests else None)
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,

@@ -25,6 +25,7 @@ class Pending:
     num_trials: int
     submitted_at: float = field(default_factory=time.monotonic)
     done_at: float | None = None
+    order: dict = field(default_factory=dict)  # group id -> its index in the step's plan
 
 
 class Rollouts:
@@ -65,7 +66,7 @@ class Rollouts:
         self.stall.on_submit(n)
         self.in_flight += n
         telemetry.gauge("rollout.in_flight", self.in_flight)
-        return Pending(step, refs, n)
+        return Pending(step, refs, n, order={g[0].group_id: i for i, g in enumerate(groups)})
 
     def _pulse(self, check: bool = True) -> None:
         """Tell the stall detector about the workers' progress (trials they finished and sent), then
@@ -123,7 +124,14 @@ class Rollouts:
                 books[k] += out["ledger"][k]
         self._pulse(check=False)
         self.in_flight -= pending.num_trials
+        results.sort(key=lambda r: plan_position(r, pending.order))  # the plan's order, not the arrival's
         return results, (pending.done_at or time.monotonic()) - pending.submitted_at, books
+
+
+def plan_position(result: dict, order: dict) -> tuple[int, int]:
+    """Where a trial's result sits in its step's plan: (group index, sample index). A step's batch is
+    assembled in this order whatever worker or engine finished first (docs/determinism.md)."""
+    return order.get(result["group_id"], len(order)), int(result["sample_id"].rsplit("-s", 1)[1])
 
 
 def _split(total: int, sizes: list[int]) -> list[int]:
@@ -185,8 +193,11 @@ class PipelinedSource:
     def row_fields(self, step: int, batch: StepBatch) -> dict:
         from t1ops.campaign.async_buffer import version_lag_histogram
 
+        from t1ops.campaign.group_ledger import trained_group_ids
+
         lags = version_lag_histogram(batch.results, step - 1)
-        return {"ledger": batch.books, "version_lag_tokens": {str(k): v for k, v in lags.items()}}
+        return {"ledger": batch.books, "version_lag_tokens": {str(k): v for k, v in lags.items()},
+                "group_ids": trained_group_ids(batch.results)}  # the exactly-once audit across resumes
 
     def before_row(self, summary) -> None:
         """No run-level books beyond the step rows."""

@@ -27,6 +27,7 @@ import numpy as np
 from t1ops import telemetry
 from t1ops.campaign.async_loop import AsyncSource
 from t1ops.campaign.dataplane import write_dumps
+from t1ops.campaign.group_ledger import audit_groups
 from t1ops.campaign.guarding import CampaignGuards
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import PipelinedSource, Rollouts
@@ -68,6 +69,7 @@ def _metrics_row(step: int, results: list[dict], stats: dict, rollout_s: float, 
             "no_verdict": sum(r["reward_source"] == "no-verdict" for r in results),
             "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
             "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
+            "policy_loss": stats.get("policy_loss", math.nan), "value_loss": stats.get("value_loss", math.nan),
             "reward_sources": _count(r["reward_source"] for r in results),
             # every non-CTRF reward named by its source and why CTRF was not used (T1 report, section 06)
             "reward_fallbacks": _count(f"{r['reward_source']} ({r.get('reward_fallback') or 'no CTRF tag'})"
@@ -107,8 +109,21 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
             take_step(c, source, summary, progress, step)
     finally:
         source.stop(summary)
+    audit_run_groups(c, summary)
     if ev is not None and ev.collect() is not None:  # the last step's weights
         progress.log(progress.eval_text(ev.latest))
+
+
+def audit_run_groups(c: Campaign, summary: Summary) -> dict:
+    """Every group trained exactly once across any resume (``t1ops.campaign.group_ledger``); an
+    error event names what was lost or trained twice (runbooks/resume-drops-buffered.md)."""
+    audit = audit_groups({"steps": summary.steps, "async_books": summary.extra.get("async_books")},
+                         c.cfg.pipeline_mode)
+    summary.extra["group_audit"] = audit
+    summary.save()
+    if not audit["ok"]:
+        telemetry.event("campaign.groups_lost_or_repeated", severity="error", problems="; ".join(audit["problems"]))
+    return audit
 
 
 def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: int) -> dict:

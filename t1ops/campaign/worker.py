@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import math
 import threading
 import time
@@ -35,7 +36,7 @@ from rl.errors import RoutingError
 from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
 from t1ops.campaign.dataplane import stage, write_dump_items
-from t1ops.campaign.trials import TrialSpec
+from t1ops.campaign.trials import TrialSpec, request_seed, seeded
 from t1ops.campaign.trialtrace import TrialClock
 from t1ops.config import EngineConfig
 from t1ops.engines.direct import DirectEngines
@@ -60,6 +61,8 @@ class WorkerSettings:
     harness: "HarnessSettings | None" = None  # rollout.agent = "command" (t1ops.campaign.harness)
     failed_trials: str = "drop"      # rollout.failed_trials: drop | zero | abort
     verifier_timeout_cap_s: float | None = None  # guards.field.verifier_timeout_cap_s (slow-verifier)
+    seed: int | None = None          # run.seed when rollout.seed_requests: each request's sampling seed
+    #                                  derives from it (t1ops.campaign.trials.request_seed); None: unseeded
 
 
 def direct_engines(router, max_concurrency: int) -> DirectEngines:
@@ -192,8 +195,8 @@ class RolloutWorker:
             accepted += sorted(done, key=group_futs.index)
         cancel.set()  # the tail stops at its next turn boundary
         tail = await asyncio.gather(*pending) if pending else []
-        results = []
-        for fut in accepted[:accept_groups]:
+        results = []  # in plan order (group, then sample), never arrival order: docs/determinism.md
+        for fut in sorted(accepted[:accept_groups], key=group_futs.index):
             results += self._book(fut.result(), groups[group_futs.index(fut)], ledger, skim, accepted=True)
         for fut in accepted[accept_groups:]:
             self._book(fut.result(), groups[group_futs.index(fut)], ledger, skim, accepted=False)
@@ -268,7 +271,7 @@ class RolloutWorker:
             trial_span.set_attribute("trial_id", trial.trial_id)
             telemetry.event("trial.started", trial=sample_id)  # progress events (chaos schedules fire on them)
             try:
-                out = self._run_trial(task, trial, spec, sample_id, cancel, clock, agent)
+                out = self._run_trial(task, trial, spec, sample_id, cancel, clock, agent, step)
             finally:
                 telemetry.event("trial.finished", trial=sample_id)
             trial_span.set_attribute("num_turns", out["num_turns"])
@@ -276,11 +279,14 @@ class RolloutWorker:
         return {**out, **clock.row()}
 
     def _run_trial(self, task, trial, spec: TrialSpec, sample_id: str, cancel: threading.Event,
-                   clock: TrialClock, agent: AgentSettings) -> dict:
+                   clock: TrialClock, agent: AgentSettings, step: int = 0) -> dict:
+        calls = itertools.count()  # the trial's generation requests, in the order the agent makes them
 
         def generate(req):
             if cancel.is_set():
                 raise Cancelled(sample_id)
+            if self.settings.seed is not None:  # per-request seed (docs/determinism.md)
+                req = seeded(req, request_seed(self.settings.seed, step, spec, next(calls)))
             with clock.phase("generate_s", "generate", prompt_tokens=len(req.input_ids),
                              max_new_tokens=req.sampling_params.max_new_tokens) as sp:
                 resp = self.engines.generate(req)

@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="recompute the whole sequence per token, one request at a time (no K/V cache)")
     s.add_argument("--kv-slots", type=int, default=128,
                    help="K/V cache slots: running requests plus finished ones kept for prefix reuse")
+    s.add_argument("--batch-invariant", action="store_true",
+                   help="one request per forward, no prefix reuse: a request's tokens do not depend on what it "
+                        "is batched with (docs/determinism.md)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,6 +24,8 @@ def test_two_step_campaign_on_two_nodes(tiny_campaign):
                     "rollout_s", "train_s", "step_s"):
             assert key in row
         assert row["num_trajectories"] == 4 and row["ledger"]["missing"] == 0
+        assert row["group_ids"] and all(g.startswith(f"st{row['step']}-") for g in row["group_ids"])
+    assert summary["group_audit"]["ok"] and summary["group_audit"]["steps"] == 2  # each group trained once
     assert [e["step"] for e in summary["eval"]] == [0, 1, 2]  # warm start, every step, last
     for e in summary["eval"]:  # both workers' eval loops booked every trial
         assert e["eval_expected"] == 4 and e["eval_num_trials"] + e["eval_failed"] == 4

@@ -35,6 +35,10 @@ def test_fully_async_campaign_accounts_every_group(tmp_path):
             assert key in row
     books = summary["async_books"]
     assert books["balanced"] and books["trained"] == 6 and books["submitted"] >= 6
+    # every group handed out is trained, dropped or left at the end, none twice (docs/async.md, "Resume")
+    audit = summary["group_audit"]
+    assert audit["ok"] and audit["trained"] == 6 and audit["handed_out"] == books["submitted"], audit
+    assert all(len(r["async_books"]["pending"]) == r["groups_in_flight"] + r["groups_queued"] for r in summary["steps"])
     assert (run_dir / "report.png").stat().st_size > 1000
     report = audit_dump(run_dir / "dumps")
     assert report.samples >= 24 and report.drift_in_loss == 0
