@@ -137,7 +137,7 @@ class EngineRouter:
         """The engine config and routing shape a worker's direct clients need."""
         return {"engine_cfg": self.cfg.model_dump(), "client_kw": dict(self.client_kw)}
 
-    def _spawn_checkpoint(self, first: str) -> str:
+    def _spawn_checkpoint(self, first: str | None) -> str | None:
         pool = getattr(self, "pool", None)  # None while the pool starts its first engines
         latest = getattr(pool, "checkpoint_dir", None)
         return latest if latest and Path(latest).exists() else first
