@@ -161,6 +161,25 @@ class Barrier:
             telemetry.event("engine.sync_requests_held", severity="info", num_requests=num_waiting,
                             waited_s=limit_s)
 
+    def recreate_if_none_left(self) -> tuple[int, ...]:
+        """Every slot dead, outside a barrier: start replacements now, not at the next sync.
+
+        The next sync waits for the rollout in flight, and that rollout waits for a live engine: with
+        the whole fleet dead, "recreate at the next sync" (report, section 08) never comes
+        (docs/engine.md). A barrier in progress recreates them itself, so this one never waits for it.
+        """
+        if not self.table.sync_lock.acquire(blocking=False):
+            return ()
+        try:
+            with self.table.cond:
+                if self.table.syncing or any(s.status != "dead" for s in self.table.slots):
+                    return ()
+            telemetry.event("engine.none_left", severity="error", num_engines=len(self.table.slots),
+                            version=self.table.version)
+            return self._recreate_dead()
+        finally:
+            self.table.sync_lock.release()
+
     def _recreate_dead(self) -> tuple[int, ...]:
         """Start a replacement for every dead slot (in the background; admitted by the pinger)."""
         recreated = []

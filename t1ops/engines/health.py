@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
+from typing import Callable
 
 from rl.engines.background import report_errors, supervised_thread
 from t1ops import telemetry
@@ -38,8 +39,9 @@ class Health:
     """Pinging, admission and death of the engines of one :class:`SlotTable`."""
 
     def __init__(self, table: SlotTable, cfg: EngineConfig, *, weight_sync: WeightSync, checks: BarrierChecks,
-                 num_engines: int) -> None:
+                 num_engines: int, none_left: Callable[[], object] = lambda: None) -> None:
         self.table, self.cfg, self.clock, self.weight_sync, self.checks = table, cfg, table.clock, weight_sync, checks
+        self.none_left = none_left  # called after a ping round that finds every slot dead (Barrier.recreate_if_none_left)
         self.ping_pool = cf.ThreadPoolExecutor(max(4, num_engines), thread_name_prefix="engine-ping")
         self.stop = threading.Event()
         self.pinger: threading.Thread | None = None
@@ -60,6 +62,8 @@ class Health:
     def _ping_loop(self) -> None:
         while not self.stop.wait(self.cfg.health_interval_s):
             self.ping_round(wait=False)
+            if all(s.status == "dead" for s in self.table.slots):
+                self.none_left()
 
     def _pinger_died(self, reason: str) -> None:
         """The pinger's loop raised: say so and start it again (a pool without pings misses every death)."""

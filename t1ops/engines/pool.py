@@ -89,7 +89,7 @@ class EnginePool:
         self.table = SlotTable(version=version, checkpoint_dir=checkpoint_dir, clock=clock)
         self.checks = BarrierChecks(self.table, cfg, self.weight_sync)
         self.health = Health(self.table, cfg, weight_sync=self.weight_sync, checks=self.checks,
-                             num_engines=cfg.num_engines)
+                             num_engines=cfg.num_engines, none_left=lambda: self.barrier.recreate_if_none_left())
         self._spawner = cf.ThreadPoolExecutor(max(2, cfg.num_engines), thread_name_prefix="engine-spawn")
         self.barrier = Barrier(self.table, cfg, weight_sync=self.weight_sync, checks=self.checks,
                                respawn=lambda i: self._spawner.submit(self._spawn_into, i), pause_mode=pause_mode)
