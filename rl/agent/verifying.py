@@ -20,7 +20,8 @@ from pathlib import Path
 import psutil
 
 REGISTRY = ".verifying"
-RESOLVE_AFTER_S = 0.5   # the verifier's processes exist by then (a jail starts in milliseconds)
+RESOLVE_EVERY_S = 0.5   # look for the verifier's processes this often until they are seen (a jail starts in
+                        # milliseconds on an idle host, seconds on a loaded one)
 
 
 def verifier_pids(tag: str) -> list[int]:
@@ -42,8 +43,8 @@ class Entry:
         self.path = Path(trials_dir) / REGISTRY / f"{trial_id}.json"
         self.doc = {"task": task, "trial_id": trial_id, "run_tag": tag, "worker_pid": os.getpid(),
                     "started": time.time(), "budget_s": budget_s, "pids": []}
-        self._timer = threading.Timer(RESOLVE_AFTER_S, self.resolve)
-        self._timer.daemon = True
+        self._done = threading.Event()
+        self._resolver = threading.Thread(target=self._resolve_until_seen, daemon=True, name="verifier-pids")
 
     def resolve(self) -> list[int]:
         """Look the verifier's processes up now and record them."""
@@ -53,6 +54,14 @@ class Entry:
             self._write()
         return self.doc["pids"]
 
+    def _resolve_until_seen(self) -> None:
+        while not self._done.wait(RESOLVE_EVERY_S):
+            try:
+                if self.resolve():
+                    return
+            except OSError:   # the registry dir went with the trial: nothing left to name
+                return
+
     def _write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.doc))
@@ -61,11 +70,12 @@ class Entry:
     def __enter__(self) -> "Entry":
         self.path.parent.mkdir(mode=0o755, exist_ok=True)
         self._write()
-        self._timer.start()
+        self._resolver.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._timer.cancel()
+        self._done.set()
+        self._resolver.join(timeout=5)
         self.path.unlink(missing_ok=True)
 
 

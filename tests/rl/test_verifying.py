@@ -12,7 +12,7 @@ from rl.rewards import RewardResult
 
 
 def test_an_entry_lives_while_its_verifier_runs_and_names_its_pids(tmp_path, monkeypatch):
-    monkeypatch.setattr(verifying, "RESOLVE_AFTER_S", 0.0)
+    monkeypatch.setattr(verifying, "RESOLVE_EVERY_S", 0.01)
     tag = f"run-x/trial-{os.getpid()}-{time.monotonic_ns()}"
     child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
                              env={**os.environ, "T1_RUN_TAG": tag}, stdout=subprocess.PIPE, text=True)
@@ -30,6 +30,30 @@ def test_an_entry_lives_while_its_verifier_runs_and_names_its_pids(tmp_path, mon
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_verifier_that_starts_late_is_still_named(tmp_path, monkeypatch):
+    """On a loaded host the jail takes seconds to start: the entry keeps looking until it sees the pids
+    (a single look at 0.5 s left the stall report saying "pid not yet seen" for good)."""
+    monkeypatch.setattr(verifying, "RESOLVE_EVERY_S", 0.05)
+    tag = f"run-y/trial-{os.getpid()}-{time.monotonic_ns()}"
+    run_dir = tmp_path / "run-y"
+    run_dir.mkdir()
+    with verifying.Entry(run_dir, "slow-reward", "trial-2", tag, 2.0):
+        time.sleep(0.3)   # six looks, nothing to see yet
+        assert verifying.in_flight(tmp_path)[0]["pids"] == []
+        child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                                 env={**os.environ, "T1_RUN_TAG": tag}, stdout=subprocess.PIPE, text=True)
+        try:
+            child.stdout.readline()
+            deadline = time.monotonic() + 20
+            while verifying.in_flight(tmp_path)[0]["pids"] != [child.pid]:
+                assert time.monotonic() < deadline, verifying.in_flight(tmp_path)
+                time.sleep(0.05)
+        finally:
+            child.kill()
+            child.wait()
+    assert verifying.in_flight(tmp_path) == []
 
 
 def test_a_timed_out_verdict_becomes_an_error_naming_task_trial_pid_and_budget():
