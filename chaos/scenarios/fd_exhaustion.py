@@ -122,7 +122,8 @@ class NodeWorker:
                 i, r = deliveries.get(timeout=0.2)
             except queue.Empty:
                 continue
-            results.append({**json.loads(os.read(r, 4096)), "group_id": specs[i].group_id})
+            results.append({**json.loads(os.read(r, 4096)), "group_id": specs[i].group_id,
+                            "sample_id": f"{specs[i].group_id}-s{specs[i].sample_idx}"})
             os.close(r)
             acks[i].set()
         books = {"expected": n, "completed": len(results), "failed": 0, "cancelled": 0, "missing": n - len(results)}

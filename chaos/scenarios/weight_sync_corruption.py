@@ -96,8 +96,11 @@ def _pool(proc, sync, version: str, verify: bool, owned: bool) -> EnginePool:
 
 @register("weight-sync-corruption", "a multi-chunk weight update silently corrupts the engine's weights")
 def run(tmp: Path) -> Outcome:
+    import torch.distributed as dist
+
     from rl.engines.embedded import spawn
 
+    had_world = dist.is_initialized()
     trainer = _trainer(tmp)
     num_buckets = len(trainer.weight_buckets("1"))
     corrupt = [2, num_buckets + 2]  # the second bucket of each of the two updates below
@@ -129,6 +132,8 @@ def run(tmp: Path) -> Outcome:
     finally:
         trainer.weight_close_group()  # the group's name is free again for the next run in this process (soak)
         kill_all([proc])
+        if not had_world and dist.is_initialized():  # leave no world of 1 behind: a scenario that forks
+            dist.destroy_process_group()             # ranks next (group-init-race) would hand it to them
     log = (tmp / "engine.log").read_text(errors="replace")
     swaps = [line for line in log.splitlines() if line.startswith("chaos: bucket")]
     detect_s = mismatch[0].get("detect_s") if mismatch else None
