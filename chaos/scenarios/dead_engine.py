@@ -10,7 +10,7 @@ SGLang's API) receives SIGKILL while requests are generating on it.
 - Unguarded: the rollout talks to its engine through a plain client, no pool.
   Observed: the requests in flight and every later one fail, so the rollout
   collects fewer samples than it launched (or hangs, under an outer watchdog).
-- Guarded: :class:`t1ops.guards.engines.EnginePool` with two engines. The
+- Guarded: :class:`t1ops.engines.pool.EnginePool` with two engines. The
   killed engine is detected (its process exited; pings every ``PING_S``), taken
   out of rotation, its requests resubmitted; every sample comes back. At the
   next weight sync a replacement starts and joins at the new version.
@@ -34,8 +34,8 @@ from rl.engines.client import EngineClient
 from rl.engines.ports import free_port
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.guards.engine_slots import EngineHandle
-from t1ops.guards.engines import EnginePool
+from t1ops.engines.slots import EngineHandle
+from t1ops.engines.pool import EnginePool
 from t1ops.guards.http import BoundedHttp
 
 PING_S = 0.5          # health interval, scaled down from production seconds

@@ -29,7 +29,7 @@ from chaos.scenarios.dead_engine import kill_all, prestarted_factory, spawn_engi
 from rl.engines import protocol as P
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.guards.engines import EnginePool
+from t1ops.engines.pool import EnginePool
 from t1ops.guards.http import BoundedHttp
 
 PING_S = 0.3

@@ -61,9 +61,9 @@ def _start(tmp: Path):
     from rl.model import ModelSpec
     from t1ops.campaign.launch import build_vocab
     from t1ops.config import EngineConfig
-    from t1ops.guards.engine_direct import DirectEngines
-    from t1ops.guards.engine_slots import spawn_factory
-    from t1ops.guards.engines import EnginePool
+    from t1ops.engines.direct import DirectEngines
+    from t1ops.engines.slots import spawn_factory
+    from t1ops.engines.pool import EnginePool
     from t1ops.guards.http import BoundedHttp
 
     vocab = build_vocab(load_pool(REPO / "examples" / "tasks"), ChatRenderer.default(), 248_320)

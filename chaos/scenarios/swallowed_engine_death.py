@@ -29,8 +29,8 @@ from rl.engines import protocol as P
 from rl.engines.ports import free_port
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.guards.engine_slots import EngineHandle
-from t1ops.guards.engines import EnginePool
+from t1ops.engines.slots import EngineHandle
+from t1ops.engines.pool import EnginePool
 from t1ops.guards.http import BoundedHttp
 
 FAIL_AFTER = 3        # forwards before the loop raises: requests are mid-generation

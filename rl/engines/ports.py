@@ -11,5 +11,5 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 # the exit status of an engine process whose port was taken before it could bind (free_port's race);
-# its launcher starts it again on a fresh port (t1ops.guards.engine_slots.spawn_factory)
+# its launcher starts it again on a fresh port (t1ops.engines.slots.spawn_factory)
 PORT_TAKEN_EXIT = 98

@@ -1,10 +1,10 @@
 """The engine router: the engine pool as one Ray actor.
 
-The pool (:class:`~t1ops.guards.engines.EnginePool`: health pings, warm-up
+The pool (:class:`~t1ops.engines.pool.EnginePool`: health pings, warm-up
 grace, recreation, the weight-sync barrier) lives here, in its own actor, not
 in the coordinator. Rollout workers do not send their requests through it:
 they read its ``view`` (engine addresses, health, version, gate) and call the
-engines directly (:class:`t1ops.guards.engine_direct.DirectEngines`), reporting
+engines directly (:class:`t1ops.engines.direct.DirectEngines`), reporting
 failed calls back with ``report_failure``; ``generate`` remains for callers
 without a worker.
 The engine processes are this actor's children (the embedded CPU engine by
@@ -18,10 +18,15 @@ from pathlib import Path
 
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.guards.engine_slots import spawn_factory, url_factory
-from t1ops.guards.engines import EnginePool
+from t1ops.engines.slots import spawn_factory, url_factory
+from t1ops.engines.pool import EnginePool
 from t1ops.guards.http import BoundedHttp
 from t1ops.guards.weight_sync import CheckpointDirSync, DiskSync, DistributedSync
+
+
+#: The version engines serve when started from the model's own initial weights (SGLang's default name):
+#: the campaign starts them so, concurrently with the trainer's warm start, and syncs version 0 after it.
+INITIAL_VERSION = "default"
 
 
 class RayTrainerSender:
@@ -62,8 +67,10 @@ class RayTrainerSender:
         return ray.get(handle)
 
 
-def build_weight_sync(cfg: EngineConfig, trainer, version: str):
-    """The pool's weight sync for ``engine.weight_sync`` (docs/weights.md); no trainer: the checkpoint dir."""
+def build_weight_sync(cfg: EngineConfig, trainer, version: str, checkpoint_dir: str | None = None):
+    """The pool's weight sync for ``engine.weight_sync`` (docs/weights.md); no trainer: the checkpoint dir.
+    Engines that start from a checkpoint get its export for admission; ones that start from initial
+    weights (``checkpoint_dir`` None) get the trainer's weights at the first barrier."""
     import ray
 
     if trainer is None:
@@ -71,14 +78,15 @@ def build_weight_sync(cfg: EngineConfig, trainer, version: str):
     if cfg.weight_sync == "disk":
         sync = DiskSync(lambda v: ray.get(trainer.weight_export.remote(v)),
                         checksums=lambda v: ray.get(trainer.weight_checksums.remote(v)))
-        sync.last_export = sync.export(version)  # what an engine at another version loads on admission
+        if checkpoint_dir is not None:
+            sync.last_export = sync.export(version)  # what an engine at another version loads on admission
         return sync
     backend = cfg.weight_sync_backend or ("gloo" if cfg.kind == "embedded" else "nccl")
     return DistributedSync(RayTrainerSender(trainer), backend)
 
 
 class EngineRouter:
-    def __init__(self, *, engine_cfg: dict, spec: dict, vocab_path: str, checkpoint_dir: str, version: str,
+    def __init__(self, *, engine_cfg: dict, spec: dict, vocab_path: str, checkpoint_dir: str | None, version: str,
                  num_moe_layers: int, topk: int, num_experts: int, log_path: str | None = None,
                  run_dir: str | None = None, telemetry_cfg: dict | None = None, pause_mode: str = "abort",
                  trainer=None) -> None:
@@ -104,7 +112,7 @@ class EngineRouter:
             factory = url_factory(self.cfg.urls, self.http, **client_kw)
         self.pool = EnginePool(factory, self.cfg, version=version, checkpoint_dir=checkpoint_dir,
                                pause_mode=pause_mode,  # in_place: fully async, requests span syncs
-                               weight_sync=build_weight_sync(self.cfg, trainer, version))
+                               weight_sync=build_weight_sync(self.cfg, trainer, version, checkpoint_dir))
         self.pool.start()
 
     def wait_until_live(self) -> str:
@@ -129,7 +137,7 @@ class EngineRouter:
         """The engine config and routing shape a worker's direct clients need."""
         return {"engine_cfg": self.cfg.model_dump(), "client_kw": dict(self.client_kw)}
 
-    def _spawn_checkpoint(self, first: str) -> str:
+    def _spawn_checkpoint(self, first: str | None) -> str | None:
         pool = getattr(self, "pool", None)  # None while the pool starts its first engines
         latest = getattr(pool, "checkpoint_dir", None)
         return latest if latest and Path(latest).exists() else first

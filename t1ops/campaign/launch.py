@@ -21,7 +21,7 @@ from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.dataplane import TrajectoryStore
-from t1ops.campaign.engines import EngineRouter
+from t1ops.campaign.engines import INITIAL_VERSION, EngineRouter
 from t1ops.campaign.evaluation import Evaluator, eval_task_names
 from t1ops.campaign.resume import open_for_resume, resumed_summary
 from t1ops.campaign.guarding import CampaignGuards
@@ -129,15 +129,35 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
             telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
             temperature=cfg.rollout.temperature, retention=cfg.checkpoints,
             reward_policy=RewardPolicy.from_config(cfg))
+    # The engines start now, from the model's seeded weights (as SGLang starts from the base model),
+    # while the trainer warm-starts or loads the resumed checkpoint; version 0 (or the resumed step)
+    # reaches them through the normal weight sync below. Calls on the trainer actor run in order. (The
+    # workers start after the warm start: on a 2-core host their imports slowed it more than they saved.)
+    sender, sender_ready = _configure_weight_sender(cfg, c.trainer, run)
     if c.resume_from is None:
         examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
-        c.warm_start_loss = ray.get(c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps))
+        warm = c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps)
+        first = c.trainer.publish.remote(0)
+    else:
+        first = c.trainer.resume.remote(c.resume_from)
+    # named: a rollout worker (restartable) looks the router up by name rather than taking its handle
+    # as a constructor argument, which Ray reports as an error at creation (ray-project/ray#53727)
+    c.router = ray.remote(EngineRouter).options(name=f"t1ops-router-{run.run_id}", num_cpus=0,
+                                                max_concurrency=256).remote(
+        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=None, trainer=sender,
+        num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
+        num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
+        version=INITIAL_VERSION,
+        telemetry_cfg=_telemetry_kw(cfg), pause_mode="in_place" if cfg.pipeline_mode == "fully_async" else "abort")
+    ray.get(sender_ready)
+    if c.resume_from is None:
+        c.warm_start_loss = ray.get(warm)
         if c.warm_start_loss:
             progress.log(f"warm start: {len(c.warm_start_loss)} supervised steps, loss "
                          f"{c.warm_start_loss[0]:.2f} -> {c.warm_start_loss[-1]:.2f}")
-        ckpt0 = ray.get(c.trainer.publish.remote(0))
+        ckpt0 = ray.get(first)
     else:
-        loaded = ray.get(c.trainer.resume.remote(c.resume_from))
+        loaded = ray.get(first)
         ckpt0 = loaded["actor"]
         critic = f" and critic {loaded['critic']}" if loaded["critic"] else ""
         ranks = cfg.trainer.parallel.world_size
@@ -145,17 +165,21 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
                      f"optimizer state and RNG of {ranks} rank{'s' if ranks > 1 else ''} and trainer step "
                      f"{loaded['trainer_step']} restored; next step {loaded['next_step']}")
         telemetry.event("campaign.resumed", **loaded)
-    sender = _configure_weight_sender(cfg, c.trainer, run)
-    # named: a rollout worker (restartable) looks the router up by name rather than taking its handle
-    # as a constructor argument, which Ray reports as an error at creation (ray-project/ray#53727)
-    c.router = ray.remote(EngineRouter).options(name=f"t1ops-router-{run.run_id}", num_cpus=0,
-                                                max_concurrency=256).remote(
-        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=ckpt0, trainer=sender,
-        num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
-        num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
-        version=str(c.resume_from or 0),
-        telemetry_cfg=_telemetry_kw(cfg), pause_mode="in_place" if cfg.pipeline_mode == "fully_async" else "abort")
+    settings = _worker_settings(cfg)
+    store = None  # the trajectories' owner: outlives any worker (t1ops.campaign.dataplane)
+    if cfg.rollout.data_plane == "object_store":  # named, as the router: workers look it up (ray#53727)
+        store = f"t1ops-trajectories-{run.run_id}"
+        c.store = ray.remote(TrajectoryStore).options(name=store, num_cpus=0).remote()
+    for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
+        c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
+            num_cpus=0, max_restarts=2, max_task_retries=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+            run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
+            settings=settings, router=f"t1ops-router-{run.run_id}", node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
+            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg), store=store))
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
+    first_sync = ray.get(c.router.sync_weights.remote(ckpt0, str(c.resume_from or 0)))
+    progress.log(f"weights of step {c.resume_from or 0} synced to engines {first_sync['live']} "
+                 f"in {first_sync['duration_s']:.2f} s")
     c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()),
                               pids=lambda: [os.getpid(), *ray.get(c.router.engine_pids.remote()),
                                             *(c.rollouts.pids if c.rollouts else [])],
@@ -168,17 +192,6 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     else:
         pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
         c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
-    settings = _worker_settings(cfg)
-    store = None  # the trajectories' owner: outlives any worker (t1ops.campaign.dataplane)
-    if cfg.rollout.data_plane == "object_store":  # named, as the router: workers look it up (ray#53727)
-        store = f"t1ops-trajectories-{run.run_id}"
-        c.store = ray.remote(TrajectoryStore).options(name=store, num_cpus=0).remote()
-    for index, node in enumerate([n for n in ray.nodes() if n["Alive"]][: cfg.rollout.num_workers]):
-        c.workers.append(ray.remote(RolloutWorker).options(  # a killed worker restarts; its rollout reruns
-            num_cpus=0, max_restarts=2, max_task_retries=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
-            run_id=run.run_id, trials_root=str(run.trials_root), tasks_dir=str(Path(cfg.rollout.tasks_dir).resolve()),
-            settings=settings, router=f"t1ops-router-{run.run_id}", node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
-            run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg), store=store))
     ray.get([w.ping.remote() for w in c.workers])
     c.rollouts = Rollouts(cfg, c.workers, train_task_names(tasks, cfg), c.guards.stall)
     if c.eval_tasks:
@@ -196,16 +209,15 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
 
 
 def _configure_weight_sender(cfg: CampaignConfig, trainer, run: RunDir):
-    """The trainer's side of the weight sync (t1ops.guards.weight_sync): the 1-rank trainer, or rank 0."""
-    import ray
-
+    """The trainer's side of the weight sync (t1ops.guards.weight_sync): the 1-rank trainer, or rank 0;
+    and the call that configures it (submitted, not awaited)."""
     e = cfg.engine
     if cfg.trainer.parallel.world_size > 1:  # rank 0 holds the full actor it gathers at publish: the sender
         trainer = trainer.actors[0]
-    ray.get(trainer.configure_weight_sender.remote(
+    ready = trainer.configure_weight_sender.remote(
         dtype=e.dtype, bucket_bytes=int(e.weight_sync_bucket_mb * (1 << 20)), master_address=e.weight_sync_master_address,
-        timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports")))
-    return trainer
+        timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports"))
+    return trainer, ready
 
 
 def warm_start_examples(tasks, noise: float, seed: int) -> list[tuple[str, str]]:

@@ -8,7 +8,7 @@ is booked in a :class:`TrialLedger` (completed, failed with its error, or
 cancelled with a reason: nothing vanishes), and skim over-sampling accepts the
 first groups to finish and cancels the tail, counted per family.
 
-Generation goes straight to the engines (``t1ops.guards.engine_direct``), with
+Generation goes straight to the engines (``t1ops.engines.direct``), with
 membership and health from the engine router (``t1ops.campaign.engines``): a
 request whose engine died is resubmitted to a live engine, never lost; when
 the pool runs out of engines the trial fails loudly and the ledger names it.
@@ -39,7 +39,7 @@ from t1ops.campaign.dataplane import stage, write_dump_items
 from t1ops.campaign.trials import TrialSpec, request_seed, seeded
 from t1ops.campaign.trialtrace import TrialClock
 from t1ops.config import EngineConfig
-from t1ops.guards.engine_direct import DirectEngines
+from t1ops.engines.direct import DirectEngines
 from t1ops.guards.http import BoundedHttp
 from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
 

@@ -1,6 +1,6 @@
 """How the weight-sync barrier moves weights into the engines: SGLang's own endpoints.
 
-:class:`~t1ops.guards.engines.EnginePool` runs the barrier (pause, publish, check versions,
+:class:`~t1ops.engines.pool.EnginePool` runs the barrier (pause, publish, check versions,
 rotate, resume) and asks a ``WeightSync`` for the "publish" part and for bringing a newly
 admitted engine to the pool's version:
 
@@ -21,7 +21,7 @@ admitted engine to the pool's version:
 Both modes end by checking every engine's ``weight_version`` (the health gate), so per-token
 policy versions keep their meaning. ``expected_checksums(version)`` is the trainer's record of
 what it sent (per-tensor checksums, :mod:`rl.weights.checksums`), which the barrier compares
-with what each engine reports it loaded (``engine.verify_weights``, :mod:`t1ops.guards.engine_checks`);
+with what each engine reports it loaded (``engine.verify_weights``, :mod:`t1ops.engines.checks`);
 None where no trainer sends (:class:`CheckpointDirSync`).
 """
 from __future__ import annotations

@@ -52,11 +52,6 @@ def test_evidence_must_name_the_target_and_fall_in_the_window():
 
 @pytest.mark.chaos
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "open finding (stop 35 closing note): this seed kills engine 0 in step 1 and stalls engine 1 "
-    "in step 2 past its grace; with no live engine the rollout waits for the sync that would "
-    "recreate them, and only the 300 s stall detector ends it. Seen on every run since the phase-3 "
-    "merges; to be fixed in the engine pool (recreate when no engine is live), then made strict again"))
 def test_seeded_schedule_of_five_faults_against_a_campaign(tmp_path):
     cfg = load_toml(REPO / "examples" / "tiny" / "campaign.toml")
     # the pool this seed's schedule was validated on (soak, docs/failures.md): the 28 bundled tasks,

@@ -14,8 +14,8 @@ from rl.agent.response import policy_version as _version
 from rl.engines import protocol as P
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError
-from t1ops.guards.engine_slots import spawn_factory
-from t1ops.guards.engines import EnginePool
+from t1ops.engines.slots import spawn_factory
+from t1ops.engines.pool import EnginePool
 from t1ops.guards.http import BoundedHttp
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from rl.engines import protocol as P
-from t1ops.guards.engines import response_versions_ok
+from t1ops.engines.requests import response_versions_ok
 
 
 def resp(*spans: tuple[str, int, int]) -> P.GenerateResponse:
@@ -32,7 +32,7 @@ def test_in_place_takes_versions_published_since_admission_in_order():
 
 
 def test_direct_callers_apply_the_pools_rule_from_its_view():
-    from t1ops.guards.engine_direct import _versions_ok_in
+    from t1ops.engines.direct import _versions_ok_in
 
     spanning = resp(("1", 0, 2), ("2", 2, 4))
     in_place = {"version": "2", "history": ["0", "1", "2"], "pause_mode": "in_place"}

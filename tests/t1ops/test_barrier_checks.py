@@ -1,6 +1,6 @@
 """The barrier's proofs with fake engines (no processes): loaded weights and resumption.
 
-What is checked is the pool's handling (t1ops.guards.engine_checks): a checksum mismatch keeps
+What is checked is the pool's handling (t1ops.engines.checks): a checksum mismatch keeps
 the engine out of traffic and re-syncs it, a persistent one kills it; an engine whose continue
 was lost fails the probe and is declared dead before the gate opens; an engine that answers
 503 to a request is dead at once. The real engines are in the chaos scenarios.
@@ -14,8 +14,8 @@ from rl.engines import protocol as P
 from rl.errors import EngineError
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.guards.engine_slots import EngineHandle
-from t1ops.guards.engines import EnginePool
+from t1ops.engines.slots import EngineHandle
+from t1ops.engines.pool import EnginePool
 
 GOOD = {"w1": "aa", "w2": "bb"}
 

@@ -16,9 +16,9 @@ import pytest
 
 from rl.engines.client import EngineClient
 from t1ops import telemetry
-from t1ops.guards.engine_direct import DirectEngines
-from t1ops.guards.engine_slots import spawn_factory
-from t1ops.guards.engines import EnginePool
+from t1ops.engines.direct import DirectEngines
+from t1ops.engines.slots import spawn_factory
+from t1ops.engines.pool import EnginePool
 from t1ops.guards.http import BoundedHttp
 
 from tests.t1ops.test_engine_pool import _cfg, _req, _wait_for, checkpoint, spec  # noqa: F401 (fixtures)

@@ -6,7 +6,7 @@ import pytest
 from rl.engines import protocol as P
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineError
-from t1ops.guards.engine_direct import DirectEngines
+from t1ops.engines.direct import DirectEngines
 
 
 class FakeClient:

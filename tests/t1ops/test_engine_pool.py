@@ -19,8 +19,8 @@ from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, EngineError, InputError
-from t1ops.guards.engine_slots import EngineHandle, spawn_factory, url_factory
-from t1ops.guards.engines import EnginePool
+from t1ops.engines.slots import EngineHandle, spawn_factory, url_factory
+from t1ops.engines.pool import EnginePool
 from t1ops.guards.http import BoundedHttp
 
 pytestmark = pytest.mark.slow
@@ -238,7 +238,7 @@ def test_an_engine_whose_port_was_taken_starts_again_on_a_fresh_port():
 
     from rl.engines.ports import PORT_TAKEN_EXIT
     from t1ops.errors import EngineError
-    from t1ops.guards.engine_slots import spawn_factory
+    from t1ops.engines.slots import spawn_factory
 
     ports = []
 

@@ -16,12 +16,12 @@ def test_every_catalogue_id_has_a_declaring_guard_and_the_table_agrees():
 
 def test_the_check_fails_on_an_undeclared_id_a_stray_declaration_and_a_bad_key():
     cat = {"new-failure": Entry("new-failure", "x", "y", "t1ops/guards/new.py"),
-           "dead-engine": Entry("dead-engine", "x", "y", "t1ops/guards/engine_health.py")}
+           "dead-engine": Entry("dead-engine", "x", "y", "t1ops/engines/health.py")}
     decls = {"t1ops/guards/other.py": {"dead-engine": ("engine.no_such_key",), "not-catalogued": ()}}
     errors = "\n".join(consistency_errors(cat, decls))
     assert "'new-failure' has no guard that declares it" in errors
     assert "declares 'not-catalogued'" in errors and "'engine.no_such_key', which does not exist" in errors
-    assert "names t1ops/guards/engine_health.py, declared by ['t1ops/guards/other.py']" in errors
+    assert "names t1ops/engines/health.py, declared by ['t1ops/guards/other.py']" in errors
 
 
 def test_explain_prints_guard_scenario_runbook_and_config_for_every_id(capsys):

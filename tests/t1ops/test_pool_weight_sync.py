@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from rl.engines import protocol as P
 from t1ops.config import EngineConfig
-from t1ops.guards.engine_slots import EngineHandle
-from t1ops.guards.engines import EnginePool
+from t1ops.engines.slots import EngineHandle
+from t1ops.engines.pool import EnginePool
 
 
 class _FakeClient:
@@ -31,7 +31,7 @@ class _FakeClient:
     def continue_generation(self) -> None:
         self.calls.append("resume")
 
-    def generate(self, request):  # the barrier's resume probe (t1ops.guards.engine_checks)
+    def generate(self, request):  # the barrier's resume probe (t1ops.engines.checks)
         self.calls.append("probe")
         return P.GenerateResponse(output_ids=(1,), finish_reason=P.FinishReason(type="length", length=1),
                                   weight_version=self.version, prompt_tokens=1, completion_tokens=1, rid=request.rid)

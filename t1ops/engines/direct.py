@@ -8,7 +8,7 @@ the number of barriers begun) from the router every ``refresh_s`` (one small
 control-plane call per worker, never per request) and sends each request
 straight to an engine over the guarded HTTP client (:class:`BoundedHttp`).
 
-The guard contract is :class:`~t1ops.guards.engines.EnginePool`'s, unchanged
+The guard contract is :class:`~t1ops.engines.pool.EnginePool`'s, unchanged
 (docs/engine.md): requests wait while the gate is closed or no engine is live
 (up to ``generate_timeout_s``); the least-loaded live engine takes a request;
 a request whose engine the view shows dead (pings, exited process) is
@@ -30,30 +30,19 @@ import concurrent.futures as cf
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rl.engines import protocol as P
 from rl.engines.client import EngineClient
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.errors import EngineDeadError, EngineError
-from t1ops.guards.engine_slots import ENGINE_FAILURES, RUNBOOK, reports_failed
-from t1ops.guards.engines import missed_sync_reason, response_versions_ok
+from t1ops.engines import requests
+from t1ops.engines.slots import Ticket
 
 AFFINITY_ENTRIES = 4096   # trajectories whose last engine is remembered (LRU)
 AFFINITY_SLACK = 2        # a trajectory stays on its engine while it has at most this many more requests
 ViewFn = Callable[[], dict]                  # EnginePool.view() through the router
 ReportFn = Callable[..., Any]               # EnginePool.report_failure(index, url, reason, wrong_version=)
-
-
-@dataclass
-class _Ticket:
-    slot: int
-    url: str
-    version: str
-    num_syncs: int
-    wake: threading.Event = field(default_factory=threading.Event)
 
 
 class DirectEngines:
@@ -67,7 +56,7 @@ class DirectEngines:
         self._clients: dict[str, EngineClient] = {}
         self._cond = threading.Condition()
         self._view = fetch_view()
-        self._tickets: dict[int, _Ticket] = {}
+        self._tickets: dict[int, Ticket] = {}
         self._affinity: collections.OrderedDict[str, tuple[int, str]] = collections.OrderedDict()
         self._ids = itertools.count()
         self._pool = cf.ThreadPoolExecutor(max_concurrency, thread_name_prefix="direct-gen")
@@ -106,58 +95,21 @@ class DirectEngines:
             self._clients[url] = self.make_client(url)
         return self._clients[url]
 
-    # --- generation -------------------------------------------------------------------
+    # --- generation (the one request loop: t1ops.engines.requests) ---------------------------
     def generate(self, request: P.GenerateRequest) -> P.GenerateResponse:
-        num_failures, avoid = 0, set()
-        key = _trajectory_key(request.rid)
-        while True:
-            ticket_id, t = self._admit(avoid, self._affinity.get(key))
-            outcome = self._run(ticket_id, t, request)
-            if isinstance(outcome, P.GenerateResponse):
-                if not outcome.finish_reason.is_abort:
-                    self._remember(key, (t.slot, t.url))
-                    return outcome
-                self.refresh()
-                if self._view["num_syncs"] == t.num_syncs:  # no barrier explains it: the engine refused it
-                    telemetry.count("engine.request_failed", reason="aborted_by_engine")
-                    raise EngineError(f"engine {t.slot} aborted request {request.rid!r} outside a weight sync: "
-                                      f"{outcome.finish_reason.message} (status {outcome.finish_reason.status_code})"
-                                      "; not resubmitted", rid=request.rid, slot=t.slot)
-                telemetry.count("engine.request_resubmitted", reason="aborted_by_pause")
-                continue
-            num_failures += 1
-            avoid = {t.slot}
-            if num_failures > self.cfg.max_resubmits:
-                telemetry.count("engine.request_failed")
-                raise EngineDeadError(f"request {request.rid!r} failed on {num_failures} engines (max_resubmits "
-                                      f"{self.cfg.max_resubmits}); last: engine {t.slot}: {outcome}; engines: "
-                                      f"{self._view['engines']}. See {RUNBOOK}", rid=request.rid,
-                                      num_failures=num_failures)
-            telemetry.count("engine.request_resubmitted", reason="engine_failed")
-            telemetry.event("engine.request_resubmitted", severity="warning", slot=t.slot, rid=request.rid,
-                            reason=str(outcome)[:200], attempt=num_failures)
+        return requests.generate(self, self.cfg, self._pool, request)
 
-    def _remember(self, key: str | None, engine: tuple[int, str]) -> None:
-        if key is None:
-            return
-        with self._cond:
-            self._affinity[key] = engine
-            self._affinity.move_to_end(key)
-            while len(self._affinity) > AFFINITY_ENTRIES:
-                self._affinity.popitem(last=False)
-
-    def _admit(self, avoid: set[int], previous: tuple[int, str] | None = None) -> tuple[int, _Ticket]:
+    def admit(self, avoid: set[int], rid: str | None = None) -> tuple[int, Ticket]:
         """Wait for an open gate and a live engine; pick the least loaded (from this worker's view),
         or the engine of the trajectory's previous turn (its K/V prefix) while it is not much busier."""
+        previous = self._affinity.get(_trajectory_key(rid))
         deadline = time.monotonic() + self.cfg.generate_timeout_s
         with self._cond:
             while not (self._view["gate_open"] and self._live()):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise EngineDeadError(f"no live engine for {self.cfg.generate_timeout_s:g} s (gate "
-                                          f"{'open' if self._view['gate_open'] else 'closed'}): "
-                                          f"{self._view['engines']}; dead engines are recreated at the next "
-                                          f"weight sync. See {RUNBOOK}")
+                    raise requests.wait_for_engine_error(self.cfg.generate_timeout_s, self._view["gate_open"],
+                                                         self.describe())
                 self._cond.wait(timeout=min(left, self.refresh_s))
             live = self._live()
             preferred = [e for e in live if e[0] not in avoid] or live
@@ -166,37 +118,55 @@ class DirectEngines:
             if previous in load and load[previous] <= load[(slot, url)] + AFFINITY_SLACK:
                 slot, url = previous
             ticket_id = next(self._ids)
-            t = _Ticket(slot, url, self._view["version"], self._view["num_syncs"])
+            t = Ticket(version=self._view["version"], num_syncs=self._view["num_syncs"], slot=slot, url=url,
+                       client=self._client(url))
             self._tickets[ticket_id] = t
             return ticket_id, t
 
-    def _versions_ok(self, t: _Ticket, resp: P.GenerateResponse) -> bool:
-        return _versions_ok_in(self._view, t.version, resp)
+    def call(self, t: Ticket, request: P.GenerateRequest) -> P.GenerateResponse:
+        return t.client.generate(request)
 
-    def _run(self, ticket_id: int, t: _Ticket, request: P.GenerateRequest) -> P.GenerateResponse | str:
-        client = self._client(t.url)
-        fut = self._pool.submit(client.generate, request)
-        fut.add_done_callback(lambda _f: t.wake.set())
-        try:
-            t.wake.wait()
-            if not fut.done():
-                return f"engine {t.slot} left rotation with the request in flight"
-            try:
-                resp = fut.result()
-            except ENGINE_FAILURES as e:  # an exited process or an engine that reports itself failed: dead now
-                why = f"{type(e).__name__}: {e}"[:300]
-                self.report(t.slot, t.url, why, engine_failed=True) if reports_failed(e) else self.report(t.slot, t.url, why)
-                return f"{type(e).__name__}: {e}"
-            if not resp.finish_reason.is_abort and not self._versions_ok(t, resp):
-                self.refresh()  # the view may predate the sync that explains the response
-                if not self._versions_ok(t, resp):
-                    self.report(t.slot, t.url, missed_sync_reason(resp, t.version, self._view["version"]),
-                                wrong_version=True)
-                    return f"version mismatch on engine {t.slot}"
-            return resp
-        finally:
-            with self._cond:
-                self._tickets.pop(ticket_id, None)
+    def release(self, ticket_id: int, t: Ticket) -> None:
+        with self._cond:
+            self._tickets.pop(ticket_id, None)
+
+    def left_rotation(self, t: Ticket) -> str:
+        return "the pool's view shows it out of rotation"
+
+    def engine_failed(self, t: Ticket, err: Exception, engine_reports_failed: bool) -> None:
+        """The pool owns the process: it declares an exited or self-reported failed engine dead."""
+        why = f"{type(err).__name__}: {err}"[:300]
+        if engine_reports_failed:
+            self.report(t.slot, t.url, why, engine_failed=True)
+        else:
+            self.report(t.slot, t.url, why)
+
+    def check_versions(self, t: Ticket, resp: P.GenerateResponse) -> str | None:
+        if _versions_ok_in(self._view, t.version, resp):
+            return None
+        self.refresh()  # the view may predate the sync that explains the response
+        if _versions_ok_in(self._view, t.version, resp):
+            return None
+        why = requests.missed_sync_reason(resp, t.version, self._view["version"])
+        self.report(t.slot, t.url, why, wrong_version=True)
+        return why
+
+    def syncs_since(self, t: Ticket) -> int:
+        self.refresh()  # an abort: the barrier that explains it may be newer than the view
+        return self._view["num_syncs"] - t.num_syncs
+
+    def served(self, t: Ticket, rid: str | None) -> None:
+        key = _trajectory_key(rid)
+        if key is None:
+            return
+        with self._cond:
+            self._affinity[key] = (t.slot, t.url)
+            self._affinity.move_to_end(key)
+            while len(self._affinity) > AFFINITY_ENTRIES:
+                self._affinity.popitem(last=False)
+
+    def describe(self) -> str:
+        return str(self._view["engines"])
 
 
 def _versions_ok_in(view: dict, admitted: str, resp: P.GenerateResponse) -> bool:
@@ -205,7 +175,7 @@ def _versions_ok_in(view: dict, admitted: str, resp: P.GenerateResponse) -> bool
     history = list(view.get("history") or [])
     if not history or history[-1] != view["version"]:  # a view taken between the two assignments
         history.append(view["version"])
-    return response_versions_ok(resp, admitted, history, view.get("pause_mode", "abort"))
+    return requests.response_versions_ok(resp, admitted, history, view.get("pause_mode", "abort"))
 
 
 def _trajectory_key(rid: str | None) -> str | None:

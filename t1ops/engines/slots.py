@@ -2,12 +2,13 @@
 
 Also how engines start (:func:`spawn_factory` for processes the pool owns, :func:`url_factory`
 for external SGLang servers) and how an owned one is killed (:func:`kill_engine`). The pool
-and its contract: :class:`t1ops.guards.engines.EnginePool`.
+and its contract: :class:`t1ops.engines.pool.EnginePool`.
 """
 from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
@@ -48,6 +49,10 @@ class Ticket:
 
     version: str
     num_syncs: int  # barriers begun before admission: a later one explains an abort
+    slot: int = -1  # the engine it runs on (index, url, client)
+    url: str = ""
+    client: Any = None
+    owner: Any = None  # the pool's Slot object (a recreated engine's slot is a new one)
     wake: threading.Event = field(default_factory=threading.Event)
 
 
@@ -69,6 +74,53 @@ class Slot:
 
 
 PORT_ATTEMPTS = 3
+
+
+@dataclass
+class SlotTable:
+    """The pool's engines and weight state: the one table the pool, its Health and its Barrier share.
+
+    ``cond`` guards every field and is notified on every change that a waiter may want;
+    ``sync_lock`` serialises barriers and admissions (no admission interleaves with a barrier).
+    """
+
+    version: str  # the weight version every live engine serves
+    checkpoint_dir: str | None  # where that version's weights are (loaded into a starting engine)
+    slots: list[Slot] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)  # every version published, oldest first
+    gate_open: bool = True  # False while a barrier holds new requests back
+    syncing: bool = False
+    num_syncs: int = 0  # barriers begun: one begun since a request's admission explains its abort
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    sync_lock: threading.Lock = field(default_factory=threading.Lock)
+    clock: Callable[[], float] = time.monotonic  # injectable for tests (monotonic seconds)
+
+    def __post_init__(self) -> None:
+        self.history = self.history or [self.version]
+
+    def live_slots(self) -> list[int]:
+        return [s.index for s in self.slots if s.status == "live"]
+
+    def describe(self) -> str:
+        return ", ".join(f"engine {s.index} {s.status}" + (f" ({s.dead_reason})" if s.dead_reason else "")
+                         for s in self.slots)
+
+    def declare_dead(self, s: Slot, reason: str) -> None:
+        """Take ``s`` out of rotation, kill its process, wake its requests in flight (they resubmit)."""
+        with self.cond:
+            if s.status == "dead":
+                return
+            s.status, s.dead_reason = "dead", reason
+            tickets = list(s.in_flight.values())
+            self.cond.notify_all()
+        for t in tickets:
+            t.wake.set()  # callers abandon the call and resubmit
+        kill_engine(s.handle.process if s.handle else None)
+        telemetry.count("engine.dead", slot=s.index)
+        telemetry.gauge("engine.live", len(self.live_slots()))
+        telemetry.event("engine.dead", severity="error", slot=s.index, url=s.handle.url if s.handle else None,
+                        reason=reason,
+                        num_in_flight=len(tickets), age_s=round(self.clock() - s.started_at, 3))
 
 
 def spawn_factory(spawn: Callable[[int], subprocess.Popen], http: Any, *, host: str = "127.0.0.1",

@@ -1,7 +1,7 @@
 """The weight-sync barrier's proofs: every engine loaded what was sent, and every engine resumed.
 
-A mixin of :class:`t1ops.guards.engine_barrier.WeightSyncBarrier` (the pool's contract is
-:class:`t1ops.guards.engines.EnginePool`'s docstring; docs/engine.md, "Barrier proofs").
+Owned by the pool and used by :class:`t1ops.engines.barrier.Barrier` and :class:`t1ops.engines.health.Health` (the pool's contract is
+:class:`t1ops.engines.pool.EnginePool`'s docstring; docs/engine.md, "Barrier proofs").
 
 - **Loaded weights** (``engine.verify_weights``; SkyRL issue #1680, fixed in SkyRL PR #1737: a
   multi-chunk weight update turned a MoE model's output to gibberish with no error). After the
@@ -23,13 +23,13 @@ import concurrent.futures as cf
 import itertools
 import threading
 import time
-from typing import Callable
+
 
 from rl.engines import protocol as P
 from rl.weights.checksums import mismatched
 from t1ops import telemetry
 from t1ops.config import EngineConfig
-from t1ops.guards.engine_slots import ENGINE_FAILURES, Slot
+from t1ops.engines.slots import ENGINE_FAILURES, Slot, SlotTable
 from t1ops.guards.weight_sync import WeightSync
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
@@ -44,16 +44,15 @@ _probe_numbers = itertools.count()
 
 
 class BarrierChecks:
-    """The two proofs (module docstring); state lives on :class:`~t1ops.guards.engines.EnginePool`."""
+    """The two proofs (module docstring) over the engines of one :class:`SlotTable`."""
 
-    cfg: EngineConfig
-    weight_sync: WeightSync
-    _declare_dead: Callable[[Slot, str], None]
-    _unverified_warned: bool = False
-    _last_expected: tuple[str, dict] | None = None  # (version, the trainer's checksums): admissions check too
+    def __init__(self, table: SlotTable, cfg: EngineConfig, weight_sync: WeightSync) -> None:
+        self.table, self.cfg, self.weight_sync = table, cfg, weight_sync
+        self._unverified_warned = False
+        self._last_expected: tuple[str, dict] | None = None  # (version, the trainer's checksums): admissions check too
 
     # --- loaded weights ------------------------------------------------------------------
-    def _verify_loaded(self, slots: list[Slot], source: str | None, version: str) -> None:
+    def verify_loaded(self, slots: list[Slot], source: str | None, version: str) -> None:
         """Re-sync (then declare dead) every engine whose loaded tensors differ from the trainer's."""
         if not self.cfg.verify_weights or not slots:
             return
@@ -76,7 +75,7 @@ class BarrierChecks:
             if attempt == self.cfg.weight_resyncs:
                 for s in targets:
                     if s.index in bad:
-                        self._declare_dead(s, f"loaded weights of version {version!r} differ from the trainer's in "
+                        self.table.declare_dead(s, f"loaded weights of version {version!r} differ from the trainer's in "
                                               f"{len(bad[s.index])} tensor(s) (first: {bad[s.index][:3]}) after "
                                               f"{attempt} re-sync(s); see runbooks/weight-sync-corruption.md")
                 return
@@ -84,12 +83,12 @@ class BarrierChecks:
             failures = self.weight_sync.publish([(s.index, s.handle.client) for s in again], source, version)
             for s in again:
                 if s.index in failures:
-                    self._declare_dead(s, f"re-sync after a checksum mismatch failed: {failures[s.index]}")
+                    self.table.declare_dead(s, f"re-sync after a checksum mismatch failed: {failures[s.index]}")
             telemetry.event("engine.weights_resynced", severity="warning", slots=str(sorted(bad)), version=version,
                             attempt=attempt + 1)
             targets = [s for s in targets if s.index in bad and s.status != "dead"]
 
-    def _admission_mismatch(self, s: Slot, version: str) -> list[str]:
+    def admission_mismatch(self, s: Slot, version: str) -> list[str]:
         """An engine admitted alone (disk sync) loaded ``version``: its tensors against the barrier's record."""
         if not self.cfg.verify_weights or self._last_expected is None or self._last_expected[0] != version:
             return []
@@ -106,14 +105,14 @@ class BarrierChecks:
                     telemetry.event("engine.weights_unverified", severity="warning", url=s.handle.url,
                                     reason="no /weights_checksum endpoint: loaded weights are not verified")
                 return []
-            self._declare_dead(s, f"weights_checksum failed after the publish: {e}")
+            self.table.declare_dead(s, f"weights_checksum failed after the publish: {e}")
             return []
         if loaded.get("weight_version") != version:
             return [f"<weight_version {loaded.get('weight_version')!r}>"]
         return mismatched(expected["tensors"], loaded.get("tensors") or {})
 
     # --- resumed ---------------------------------------------------------------------------
-    def _prove_resumed(self, slots: list[Slot], version: str) -> None:
+    def prove_resumed(self, slots: list[Slot], version: str) -> None:
         """Every slot generates a probe token at ``version`` within the deadline, else it is declared dead."""
         live = [s for s in slots if s.status == "live"]
         if not self.cfg.resume_probe or not live:
@@ -159,7 +158,7 @@ class BarrierChecks:
         took = round(time.monotonic() - t0, 3)
         telemetry.event("engine.not_resumed", severity="error", slot=s.index, url=s.handle.url, version=version,
                         reason=why[:300], detect_s=took)
-        self._declare_dead(s, f"not resumed after the weight sync to {version!r} within "
+        self.table.declare_dead(s, f"not resumed after the weight sync to {version!r} within "
                               f"{self.cfg.resume_deadline_s:g} s: {why}; see runbooks/engine-left-paused.md")
 
 
