@@ -46,8 +46,8 @@ def _helpers():
     return result, Putter
 
 
-@pytest.fixture(scope="module")
-def ray_local():  # one local cluster for the module's tests (start-up is most of their time)
+@pytest.fixture
+def ray_local():
     ray = pytest.importorskip("ray")
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
