@@ -12,7 +12,8 @@ trainer actor that fetches them (``dataplane.fetch``) and reads every byte. Per 
 length it prints: the bytes the coordinator received (Ray's serialized size of what
 ``collect`` returned; it sends the same again to the trainer) per byte of trajectory, the
 coordinator's peak RSS growth during collect + hand-off, and the seconds from submission
-to the trainer holding the batch.
+to the trainer holding the batch, and the largest share of the batch one of 2 data-parallel
+trainer ranks fetches (``dataplane.fetch_shard``: ~0.5; the old path: every rank gets it all).
 
 Sized for a small shared host: the default is 16 trajectories per step (the report's step
 is 512, the issue's example 64: ``--trajectories 64`` needs ~7 GiB of object store at 33k).
@@ -86,6 +87,18 @@ class SinkTrainer:
                 total += int(c.routing[:, :, 0].sum() % 7) + c.routing.nbytes + c.tokens.nbytes
         return total
 
+    def rank_bytes(self, results: list[dict], dp: int) -> list[int]:
+        """Bytes each of ``dp`` data-parallel ranks fetches (``dataplane.fetch_shard``; the old path:
+        the whole batch, which every rank receives)."""
+        from t1ops.campaign.dataplane import fetch_shard, shard_trials
+        from t1ops.campaign.reward_policy import RewardPolicy
+
+        out = []
+        for rank in range(dp):
+            _, info = fetch_shard(results, lambda light: shard_trials(light, RewardPolicy(), dp, rank))
+            out.append(info["fetched_bytes"] + info["light_bytes"])
+        return out
+
 
 class PeakRss:
     def __init__(self) -> None:
@@ -133,12 +146,13 @@ def one_step(ray, path: str, length: int, args, cfg) -> dict:
         received = serialized_bytes(results)
         touched = ray.get(trainer.train.remote(results))
         t_step = time.perf_counter() - t0
+    per_rank = ray.get(trainer.rank_bytes.remote(results, 2)) if path == "new" else [received, received]
     assert books["completed"] == args.trajectories and touched >= traj_bytes * 0.9
     del results
     for a in [*workers, trainer, *([store] if store is not None else [])]:
         ray.kill(a)
     return {"received": received, "traj_bytes": traj_bytes, "rss_growth": rss.peak - rss.base, "rss_peak": rss.peak,
-            "collect_s": t_collect, "step_s": t_step}
+            "collect_s": t_collect, "step_s": t_step, "rank_bytes": max(per_rank)}
 
 
 def main() -> None:
@@ -166,14 +180,15 @@ def main() -> None:
     print(f"{args.trajectories} synthetic trajectories per step, routing {LAYERS} layers x top-{TOPK} int32 "
           f"({LAYERS * TOPK * 4} B/token), {args.workers} workers; load average {os.getloadavg()[0]:.1f}")
     print(f"{'path':5s} {'tokens':>7s} {'MiB/step':>9s} {'coord bytes/traj byte':>22s} {'coord RSS +MiB':>15s} "
-          f"{'coord peak MiB':>15s} {'collect s':>10s} {'to trainer s':>13s}")
+          f"{'coord peak MiB':>15s} {'collect s':>10s} {'to trainer s':>13s} {'dp=2 rank/batch':>16s}")
     rows = {}
     try:
         for path in ("new", "old"):  # new first: the old path's allocations stay in this process
             for length in args.lengths:
                 r = rows[(path, length)] = one_step(ray, path, length, args, cfg)
                 print(f"{path:5s} {length:7d} {r['traj_bytes'] / 2**20:9.0f} {r['received'] / r['traj_bytes']:22.5f} "
-                      f"{r['rss_growth'] / 2**20:15.1f} {r['rss_peak'] / 2**20:15.1f} {r['collect_s']:10.2f} {r['step_s']:13.2f}", flush=True)
+                      f"{r['rss_growth'] / 2**20:15.1f} {r['rss_peak'] / 2**20:15.1f} {r['collect_s']:10.2f} {r['step_s']:13.2f} "
+                      f"{r['rank_bytes'] / r['traj_bytes']:16.3f}", flush=True)
     finally:
         ray.shutdown()
     for path in ("new", "old"):

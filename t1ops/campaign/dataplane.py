@@ -10,7 +10,10 @@ through the coordinator (docs/scale.md):
 - the objects are owned by the :class:`TrajectoryStore` actor, not by the worker (the worker
   hands each trial's chunks to the store, which puts them: Ray 2.56 removed ``ray.put``'s
   ``_owner``), so a worker that dies after returning loses nothing the coordinator acknowledged;
-- the trainer (every rank) fetches the chunks itself (:func:`fetch`), straight from the store;
+- the trainer fetches the chunks itself, straight from the store: a 1-rank trainer all of them
+  (:func:`fetch`); a data-parallel rank only its own shard's (:func:`fetch_shard`: the light
+  per-token arrays of every trial, which batch-wide statistics need, and the full chunks, routing
+  rows included, of the trials its rows come from; tp/ep peers of a dp rank fetch the same);
 - the dumps are written by the worker that holds the trial (:meth:`RolloutWorker.write_dumps`,
   fed refs and metadata by :func:`write_dumps`).
 
@@ -20,8 +23,8 @@ everywhere: every function here accepts both.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import numpy as np
 
@@ -37,16 +40,19 @@ class Payload:
     num_tokens: int
     nbytes: int
     worker: int        # index of the rollout worker that put it (it writes the dumps)
+    light_ref: Any = None  # ray.ObjectRef to the same chunks without routing rows (:func:`light`)
 
 
 class TrajectoryStore:
     """Owns the trajectories' objects (a named Ray actor, ``num_cpus=0``, one per run): it puts
-    what a worker hands it and returns the reference, so the object outlives that worker."""
+    what a worker hands it and returns the references, so the objects outlive that worker: the
+    chunks, and their light copy (no routing rows) that every trainer rank reads."""
 
     def hold(self, chunks) -> list:
         import ray
 
-        return [ray.put(chunks)]  # a ref inside a list: the caller borrows it, this actor owns it
+        # refs inside a list: the caller borrows them, this actor owns them
+        return [ray.put(chunks), ray.put([light(c) for c in chunks])]
 
     def ping(self) -> bool:
         return True
@@ -77,11 +83,12 @@ def stage(results: list[dict], store, worker: int) -> list[dict]:
 
     held = ray.get([store.hold.remote(r["chunks"]) for r in results])
     out = []
-    for r, (ref,) in zip(results, held):
+    for r, (ref, light_ref) in zip(results, held):
         chunks = r["chunks"]
         slim = {k: v for k, v in r.items() if k != "chunks"}
         slim["loss_versions"] = loss_versions(chunks)
-        slim["payload"] = Payload(ref, len(chunks), sum(len(c.tokens) for c in chunks), chunk_bytes(chunks), worker)
+        slim["payload"] = Payload(ref, len(chunks), sum(len(c.tokens) for c in chunks), chunk_bytes(chunks), worker,
+                                  light_ref)
         out.append(slim)
     return out
 
@@ -105,6 +112,71 @@ def fetch(results: list[dict]) -> list[dict]:
     for i, c in zip(staged, chunks):
         out[i] = {**results[i], "chunks": c}
     return out
+
+
+ROUTING_ROWS = "routing_rows"  # a light chunk's meta: (shape of one token's rows, dtype) of the routing it lacks
+
+
+def light(chunk):
+    """The chunk without its routing rows (1,536 B/token at the report's scale; the rest is ~26 B)."""
+    if chunk.routing is None:
+        return chunk
+    return replace(chunk, routing=None,
+                   meta={**chunk.meta, ROUTING_ROWS: (tuple(chunk.routing.shape[1:]), str(chunk.routing.dtype))})
+
+
+def _placeholder(chunk):
+    """A light chunk as a batch row that this rank never runs: zero routing rows of the right shape
+    (a read-only view, no copy), so the batch's layout and every batch-wide statistic are unchanged."""
+    if ROUTING_ROWS not in chunk.meta:
+        return chunk
+    tail, dtype = chunk.meta[ROUTING_ROWS]
+    zeros = np.broadcast_to(np.zeros((1, *tail), dtype=dtype), (len(chunk.tokens), *tail))
+    return replace(chunk, routing=zeros, meta={k: v for k, v in chunk.meta.items() if k != ROUTING_ROWS})
+
+
+def batch_rows(results: list[dict], policy) -> list[tuple[int, int]]:
+    """(trial index, tokens) of every row of the batch the trainer builds from ``results``, in its
+    order (``TrainerHost.build_batch``: the chunks of the trainable trials, t1ops.campaign.reward_policy)."""
+    from t1ops.campaign.reward_policy import prepare
+
+    prep = prepare(results, policy)
+    return [(i, len(c.tokens)) for i, (r, t) in enumerate(zip(prep.results, prep.trainable)) if t
+            for c in r["chunks"]]
+
+
+def shard_trials(results: list[dict], policy, dp: int, dp_rank: int) -> set[int]:
+    """Trials whose rows data-parallel rank ``dp_rank`` of ``dp`` trains: the split of
+    ``rl.trainer.ranks.RankTrainer.plan`` (``pack_to_ranks`` over the rows' token counts)."""
+    from rl.trainer.packing import pack_to_ranks
+
+    rows = batch_rows(results, policy)
+    if len(rows) < dp:  # the trainer refuses this batch with its own error: fetch everything
+        return set(range(len(results)))
+    return {rows[j][0] for j in pack_to_ranks([n for _, n in rows], dp)[dp_rank]}
+
+
+def fetch_shard(results: list[dict], owned: Callable[[list[dict]], set[int]]) -> tuple[list[dict], dict]:
+    """Trainer-rank side: every staged result's light chunks (routing rows: zero placeholders), then
+    the full chunks of the trials ``owned(light results)`` names. Returns the results and what was
+    fetched: ``staged`` (count), ``fetched`` (indices of the trials fetched in full),
+    ``fetched_bytes`` (their chunk bytes), ``light_bytes``. Results that carry their chunks (the
+    old path) or were staged without a light copy are used or fetched whole."""
+    staged = [i for i, r in enumerate(results) if "chunks" not in r]
+    if not staged or any(results[i]["payload"].light_ref is None for i in staged):
+        return fetch(results), {"staged": len(staged), "fetched": staged, "light_bytes": 0,
+                                "fetched_bytes": sum(results[i]["payload"].nbytes for i in staged)}
+    import ray
+
+    lights = ray.get([results[i]["payload"].light_ref for i in staged])
+    out = list(results)
+    for i, cs in zip(staged, lights):
+        out[i] = {**results[i], "chunks": [_placeholder(c) for c in cs]}
+    mine = sorted(set(owned(out)) & set(staged))
+    for i, cs in zip(mine, ray.get([results[i]["payload"].ref for i in mine])):
+        out[i] = {**results[i], "chunks": cs}
+    return out, {"staged": len(staged), "fetched": mine, "light_bytes": sum(chunk_bytes(cs) for cs in lights),
+                 "fetched_bytes": sum(results[i]["payload"].nbytes for i in mine)}
 
 
 def write_dumps(workers: list, run, step: int, results: list[dict], debug: bool = False) -> int:

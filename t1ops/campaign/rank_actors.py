@@ -27,10 +27,12 @@ from pathlib import Path
 
 import torch
 
+from rl.errors import DataContractError
 from rl.model import ModelSpec
 from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from rl.vocab import CompactVocab
 from t1ops import telemetry
+from t1ops.campaign.dataplane import batch_rows, fetch_shard, shard_trials
 from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trainer_host import TrainerHost, load_rank_state, rank_state, resumed
 from t1ops.campaign.trainer_rank import join_world
@@ -69,6 +71,7 @@ class TrainerRankHost(TrainerHost):
         self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.settings.mode == "ppo",
                                    **(retention or CheckpointsConfig(keep_last=None)).model_dump())
         self.last_report: dict = {}
+        self._fetched: set[int] | None = None  # trials this rank fetched in full this step (fetch_shard)
 
     def address(self) -> str:
         """Rank 0: the rendezvous on its own node, one fresh port per attempt (group-init-race:
@@ -95,14 +98,36 @@ class TrainerRankHost(TrainerHost):
         return os.getpid()
 
     def train(self, results: list[dict], behaviour: str = "snapshot") -> dict:
+        """This rank fetches only its data-parallel shard's trajectories (``dataplane.fetch_shard``:
+        the light arrays of all, the full chunks of the trials its rows come from), then steps."""
         t0, mbs0 = time.perf_counter(), self.trainer.micro_batches_done
+        dp, dp_rank = self.layout.dp, self.trainer.dp_rank
+        results, fetched = fetch_shard(results, lambda light: shard_trials(light, self.reward_policy, dp, dp_rank))
+        self._fetched = set(fetched["fetched"]) if fetched["staged"] else None
         stats = super().train(results, behaviour)
-        info = {"rank": self.rank, "train_s": round(time.perf_counter() - t0, 3),
-                "micro_batches": self.trainer.micro_batches_done - mbs0}
+        info = {"rank": self.rank, "dp_rank": dp_rank, "train_s": round(time.perf_counter() - t0, 3),
+                "micro_batches": self.trainer.micro_batches_done - mbs0, **fetched}
+        telemetry.gauge("trainer.rank_fetched_bytes", fetched["fetched_bytes"], rank=self.rank)
         telemetry.gauge("trainer.rank_train_s", info["train_s"], rank=self.rank)
         telemetry.gauge("trainer.rank_micro_batches", info["micro_batches"], rank=self.rank)
         telemetry.event("trainer.rank_step", step=stats.get("step"), **info)
         return {**stats, "rank_info": info}
+
+    def build_batch(self, results: list[dict]):
+        """The batch as every rank builds it; a row this rank trains must come from a trial it
+        fetched in full (else its forward would read placeholder routing rows): a named error."""
+        batch = super().build_batch(results)
+        if self._fetched is not None:
+            from rl.trainer.packing import FILLER
+
+            trial_of = [i for i, _ in batch_rows(results, self.reward_policy)]
+            rows = {r for mb in self.trainer.plan(batch) for r in mb.rows if r != FILLER}
+            stray = sorted({trial_of[r] for r in rows} - self._fetched)
+            if stray:
+                raise DataContractError(f"trainer rank {self.rank} (dp rank {self.trainer.dp_rank}) trains rows of "
+                                        f"trials {stray[:8]} it did not fetch; dataplane.shard_trials must split "
+                                        "as RankTrainer.plan does", rank=self.rank)
+        return batch
 
     def _prune_shards(self) -> list[str]:
         """The retention policy (``[checkpoints]``) applied to the sharded steps too (rank 0)."""

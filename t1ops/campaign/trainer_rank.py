@@ -52,6 +52,22 @@ def join_world(rank: int, world_size: int, init_method: str, layout: Layout, *, 
     return timeout
 
 
+def own_shard_only(batch, dp: int, dp_rank: int):
+    """The batch as data-parallel rank ``dp_rank`` holds it in a campaign (``dataplane.fetch_shard``):
+    the routing rows of the rows other ranks train are zero placeholders, never fetched."""
+    import dataclasses
+
+    from rl.trainer.packing import pack_to_ranks
+
+    if batch.routing_BTLK is None:
+        return batch
+    others = torch.ones(batch.num_samples, dtype=torch.bool)
+    others[pack_to_ranks(batch.num_tokens_B.tolist(), dp)[dp_rank]] = False
+    routing = batch.routing_BTLK.clone()
+    routing[others] = 0
+    return dataclasses.replace(batch, routing_BTLK=routing)
+
+
 def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
     """A spawned rank: full initial weights in a world of 1, join the world, logprobs + one step."""
     torch.set_num_threads(1)
@@ -64,6 +80,8 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
     try:
         rt = RankTrainer(job["spec"], job["settings"], layout, full_actor=actor, full_critic=critic,
                          unk_id=job["unk_id"], seed=job["seed"], temperature=job["temperature"])
+        if job.get("own_shard"):
+            job["batch"] = own_shard_only(job["batch"], layout.dp, rt.dp_rank)
         logprobs = rt.logprobs(job["batch"])
         times = []
         for _ in range(job["steps"]):
@@ -84,13 +102,14 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
 
 def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk_id: int | None = None,
                     steps: int = 1, temperature: float = 1.0, timeout_s: float = 600.0,
-                    shards_to: str | None = None, behaviour: str = "snapshot") -> dict:
+                    shards_to: str | None = None, behaviour: str = "snapshot", own_shard: bool = False) -> dict:
     """Spawn ``layout.world_size`` local ranks, take ``steps`` steps on ``batch``; rank 0's results.
 
     Returns ``logprobs`` (full ``[B, T]`` before the step), ``stats`` (StepStats of the last step),
     ``step_s`` (seconds per step) and ``actor`` (the full actor state after the steps). With
     ``shards_to`` the ranks also save the actor sharded there (step = ``steps``). ``behaviour``:
-    as ``RankTrainer.train_step``'s ("rollout": the fully async behaviour policy)."""
+    as ``RankTrainer.train_step``'s ("rollout": the fully async behaviour policy). ``own_shard``:
+    each rank's batch carries routing rows only for its own data-parallel rows (:func:`own_shard_only`)."""
     import tempfile
 
     import torch.multiprocessing as mp
@@ -101,7 +120,7 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
     out = os.path.join(tempfile.mkdtemp(prefix="t1ops-ranks-"), "rank0.pt")
     job = {"layout": layout, "batch": batch, "spec": spec, "settings": settings, "seed": seed,
            "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to,
-           "behaviour": behaviour}
+           "behaviour": behaviour, "own_shard": own_shard}
     init_method = f"tcp://127.0.0.1:{free_port()}"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     procs = [ctx.Process(target=_one_step, args=(r, layout.world_size, init_method, job, out), daemon=True)

@@ -28,6 +28,10 @@ def test_two_rank_campaign_runs_with_per_rank_telemetry(tmp_path):
     for s in steps:  # every rank trained every step and says how long it took
         assert sorted(r["rank"] for r in s["ranks"]) == [0, 1]
         assert all(r["micro_batches"] >= 1 for r in s["ranks"])
+        # each dp rank fetched only its shard's trajectories (t1ops.campaign.dataplane.fetch_shard)
+        a, b = (set(r["fetched"]) for r in sorted(s["ranks"], key=lambda r: r["dp_rank"]))
+        assert a and b and a.isdisjoint(b) and a | b <= set(range(s["ranks"][0]["staged"]))
+        assert all(0 < r["fetched_bytes"] for r in s["ranks"])
     for rank in (0, 1):
         events = (run_dir / "telemetry" / f"trainer-rank{rank}").rglob("*.jsonl")
         text = "".join(p.read_text() for p in events)

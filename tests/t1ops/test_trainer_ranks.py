@@ -47,7 +47,9 @@ def reference():
                          ids=["tp2-sp", "ep2", "dp2", "tp2-sp-ep2"])
 def test_layout_matches_one_rank(reference, layout, tmp_path):
     batch, ref_lp, ref, ref_actor = reference
-    got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE, shards_to=str(tmp_path))
+    # dp > 1: each rank holds routing rows for its own rows only, as in a campaign (dataplane.fetch_shard)
+    got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE, shards_to=str(tmp_path),
+                          own_shard=layout.dp > 1)
     assert got["micro_batches"] >= 2  # gradient accumulation is exercised
     mask = batch.loss_mask_BT
     assert float((got["logprobs"] - ref_lp)[mask].abs().max()) <= 1e-5
@@ -99,6 +101,6 @@ def test_dp2_fully_async_behaviour_matches_one_rank():
     ref = t.train_step(batch, behaviour="rollout")
     assert ref.policy_loss != pytest.approx(snapshot.policy_loss, rel=1e-6)  # the denominator really differs
     got = run_local_ranks(Layout(dp=2, max_tokens_per_gpu=CAP), batch, SPEC, SETTINGS, seed=0,
-                          temperature=TEMPERATURE, behaviour="rollout")
+                          temperature=TEMPERATURE, behaviour="rollout", own_shard=True)
     for key in ("policy_loss", "value_loss", "actor_grad_norm", "ratio_mean", "logprob_gap"):
         assert got["stats"][key] == pytest.approx(getattr(ref, key), rel=1e-5, abs=1e-7), key
