@@ -77,13 +77,15 @@ def _rank_process(cfg: dict) -> None:
 
 
 def _spawn(out: Path, cfg: dict, ranks: list[int]):
-    """The rank processes of one job, forked from this one (torch is imported once, here)."""
+    """The rank processes of one job, forked from a fork server (torch is imported once, there)."""
     import multiprocessing
 
-    import torch.distributed  # noqa: F401  (before the fork: each rank starts in milliseconds)
-
     out.mkdir(parents=True)
-    ctx = multiprocessing.get_context("fork")
+    # forked from a fresh fork server that imported torch once (each rank starts in milliseconds), not
+    # from this process: a test or scenario run earlier in it may hold a default process group, and a
+    # forked rank would inherit it ("trying to initialize the default process group twice")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch.distributed", "chaos.scenarios.group_init_race"])
     procs = [ctx.Process(target=_rank_process, args=({**cfg, "rank": r, "started": ranks, "out": str(out)},),
                          daemon=True) for r in ranks]
     for p in procs:
