@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chaos.procs import start_campaign
+
 REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "examples" / "tiny" / "campaign.toml"
 MODES = ("sync", "one_step", "fully_async")
@@ -82,11 +84,6 @@ def covers_all_pairs(cells: list[Cell]) -> bool:
     return True
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "t1ops.cli", "run", *args, "--no-progress"], cwd=REPO, env=env,
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run_cell(cell: Cell, tmp: Path) -> Result:
@@ -95,7 +92,7 @@ def run_cell(cell: Cell, tmp: Path) -> Result:
 
     args = [str(BASE), *[a for o in cell.overrides() for a in ("--set", o)]]
     t0, out = time.monotonic(), tmp / "runs"
-    proc = _start([*args, "--out", str(out)], tmp / "crash.log")
+    proc = start_campaign([*args, "--out", str(out)], tmp / "crash.log")
     run_dir, killed = None, False
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -117,7 +114,7 @@ def run_cell(cell: Cell, tmp: Path) -> Result:
         physics = next((p for p in PHYSICS if p in text), None)
         return Result(cell, physics is not None, f"refused (physics: {physics})" if physics else
                       f"no kill mid-step 2 (rc {proc.returncode}): {text[-300:]}", seconds=time.monotonic() - t0)
-    resume = _start([*args, "--resume", str(run_dir)], tmp / "resume.log")
+    resume = start_campaign([*args, "--resume", str(run_dir)], tmp / "resume.log")
     try:
         rc = resume.wait(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:

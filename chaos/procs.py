@@ -1,9 +1,25 @@
 """Small process helpers the scenarios share."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_campaign(args: list[str], log: Path, *, append: bool = False) -> subprocess.Popen:
+    """``t1ops run ARGS --no-progress`` as a process of its own session (a SIGKILL of the session
+    takes Ray and the engines with it), output to ``log``; this checkout first on the path."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "t1ops.cli", "run", *args, "--no-progress"], cwd=REPO, env=env,
+                            stdout=open(log, "a" if append else "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def wait_stopped(pid: int, limit_s: float = 10.0) -> bool:

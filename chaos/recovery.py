@@ -21,12 +21,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from chaos.procs import start_campaign
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "tiny" / "campaign.toml"
@@ -87,11 +88,6 @@ def differences(clean: Record, other: Record) -> list[str]:
 
 
 # --- processes -----------------------------------------------------------------------------
-def _start(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "t1ops.cli", "run", *args, "--no-progress"], cwd=REPO, env=env,
-                            stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _session(proc: subprocess.Popen) -> list[psutil.Process]:
@@ -218,7 +214,7 @@ def run_one(name: str, tmp: Path, overrides: list[str], plan: list[tuple[str, in
     args = [str(CONFIG), *[a for o in overrides for a in ("--set", o)]]
     out, log, t0 = tmp / name, tmp / f"{name}.log", time.monotonic()
     rec, fired = Record(name), []
-    proc = _start([*args, "--out", str(out)], log)
+    proc = start_campaign([*args, "--out", str(out)], log, append=True)
     try:
         for fault, step in plan:
             what = _inject(proc, out, fault, step)
@@ -228,7 +224,7 @@ def run_one(name: str, tmp: Path, overrides: list[str], plan: list[tuple[str, in
             if fault != "engine-kill":  # the run died: recover by resuming it
                 rec.rcs.append(proc.poll())
                 _end_session(proc)
-                proc = _start([*args, "--resume", str(_run_dir(out))], log)
+                proc = start_campaign([*args, "--resume", str(_run_dir(out))], log, append=True)
         rec.rcs.append(_wait(proc))
     finally:
         _end_session(proc)

@@ -30,13 +30,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
 from chaos.harness import Guarded, Outcome, register
+from chaos.procs import start_campaign
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, KILL_AT_STEP, SAVE_EVERY = 4, 4, 2
@@ -57,11 +57,6 @@ def _args(*extra: str) -> list[str]:
     return [str(RECIPE), *[a for o in OVERRIDES for a in ("--set", o)], *extra]
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "t1ops.cli", "run", *args, "--no-progress"], cwd=REPO,
-                            env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _end_session(proc: subprocess.Popen) -> int:
@@ -78,7 +73,7 @@ def _end_session(proc: subprocess.Popen) -> int:
 
 
 def _run_to_end(args: list[str], log: Path) -> int:
-    proc = _start(args, log)
+    proc = start_campaign(args, log)
     try:
         return proc.wait(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -112,7 +107,7 @@ def _submitted(run_dir: Path, step: int) -> bool:
 
 def _crash_mid_step(out: Path, log: Path) -> tuple[Path | None, int | None, dict]:
     """Start the campaign; SIGKILL its coordinator once step KILL_AT_STEP is training."""
-    proc = _start(_args("--out", str(out)), log)
+    proc = start_campaign(_args("--out", str(out)), log)
     run_dir, deadline = None, time.monotonic() + RUN_TIMEOUT_S
     try:
         while time.monotonic() < deadline and proc.poll() is None:
