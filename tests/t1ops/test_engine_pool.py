@@ -257,3 +257,42 @@ def test_an_engine_whose_port_was_taken_starts_again_on_a_fresh_port():
 
     with pytest.raises(EngineError):
         spawn_factory(broken, http=None)(0)
+
+
+def _fleet_pool(made: list[int]) -> EnginePool:
+    def factory(slot: int) -> EngineHandle:
+        made.append(slot)
+        return _fake_engine(f"http://e{slot}-{len(made)}", [])  # healthy; /generate is never called
+    cfg = EngineConfig(num_engines=2, health_interval_s=0.02, failure_threshold=2, warmup_grace_s=30.0)
+    pool = EnginePool(factory, cfg)
+    pool.start()
+    pool.wait_until_live(timeout_s=30)
+    return pool
+
+
+def _until_true(pred, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_fleet_with_every_engine_dead_is_recreated_without_waiting_for_a_sync():
+    """The next sync waits for the rollout in flight, which waits for a live engine: with the whole
+    fleet dead, "recreate at the next sync" would stall the run until the stall guard fires (seen in
+    the seeded five-fault schedule, tests/chaos/test_schedule.py). Fake engines: no process needed."""
+    made: list[int] = []
+    pool = _fleet_pool(made)
+    try:
+        assert sorted(made) == [0, 1]
+        pool.table.declare_dead(pool.table.slots[0], "killed (test)")
+        time.sleep(0.2)  # ten ping rounds: one live engine left, so recreation waits for the sync
+        assert sorted(made) == [0, 1] and pool.live_slots() == [1]
+        pool.table.declare_dead(pool.table.slots[1], "stalled (test)")
+        assert _until_true(lambda: pool.live_slots() == [0, 1]), pool.describe()
+        assert sorted(made) == [0, 0, 1, 1]
+        assert [e for e in telemetry.recent_events() if e["name"] == "engine.none_left"]
+    finally:
+        pool.close()
