@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.procs import start_campaign
+from chaos.procs import end_session, start_campaign
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "examples" / "tiny" / "campaign.toml"
@@ -88,7 +88,7 @@ def covers_all_pairs(cells: list[Cell]) -> bool:
 
 def run_cell(cell: Cell, tmp: Path) -> Result:
     """Crash the cell's campaign during step 2, resume it, check the rows and the evaluations."""
-    from chaos.scenarios.coordinator_crash import _end_session, _submitted, _summary
+    from chaos.scenarios.coordinator_crash import _submitted, _summary
 
     args = [str(BASE), *[a for o in cell.overrides() for a in ("--set", o)]]
     t0, out = time.monotonic(), tmp / "runs"
@@ -108,7 +108,7 @@ def run_cell(cell: Cell, tmp: Path) -> Result:
     finally:
         if proc.poll() is None:
             proc.kill()
-        _end_session(proc)
+        end_session(proc)
     if not killed or run_dir is None:
         text = (tmp / "crash.log").read_text()[-600:]
         physics = next((p for p in PHYSICS if p in text), None)
@@ -121,7 +121,7 @@ def run_cell(cell: Cell, tmp: Path) -> Result:
         resume.kill()
         rc = -999
     finally:
-        _end_session(resume)
+        end_session(resume)
     s = _summary(run_dir)
     steps, evals = [r["step"] for r in s["steps"]], sorted({e["step"] for e in s.get("eval", [])})
     ok = rc == 0 and steps == [1, 2] and evals == [0, 1, 2] and bool(s.get("resumes"))

@@ -32,3 +32,29 @@ def wait_stopped(pid: int, limit_s: float = 10.0) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def session_processes(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The live processes of the session ``proc`` leads (Ray, workers, engines), by pid."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and os.getsid(p.pid) == proc.pid:
+                out.append(p)
+        except (ProcessLookupError, psutil.Error, PermissionError):
+            continue
+    return out
+
+
+def end_session(proc: subprocess.Popen) -> int:
+    """Kill ``proc`` and what is left of the session it leads (Ray, engines), by pid; how many were left."""
+    if proc.poll() is None:
+        proc.kill()
+    killed = 0
+    for p in session_processes(proc):
+        try:
+            p.kill()
+            killed += 1
+        except psutil.Error:
+            continue
+    return killed

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from chaos.procs import start_campaign
+from chaos.procs import end_session, session_processes, start_campaign
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "tiny" / "campaign.toml"
@@ -90,28 +89,6 @@ def differences(clean: Record, other: Record) -> list[str]:
 # --- processes -----------------------------------------------------------------------------
 
 
-def _session(proc: subprocess.Popen) -> list[psutil.Process]:
-    """The live processes of the session ``proc`` leads (Ray, workers, engines), by pid."""
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != os.getpid() and os.getsid(p.pid) == proc.pid:
-                out.append(p)
-        except (ProcessLookupError, psutil.Error, PermissionError):
-            continue
-    return out
-
-
-def _end_session(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    for p in _session(proc):
-        try:
-            p.kill()
-        except psutil.Error:
-            continue
-
-
 def _cmdline_has(p: psutil.Process, text: str) -> bool:
     try:
         return text in " ".join(p.cmdline())
@@ -159,7 +136,7 @@ def _wait(proc: subprocess.Popen) -> int | None:
     except subprocess.TimeoutExpired:
         return None
     finally:
-        _end_session(proc)
+        end_session(proc)
 
 
 def _inject(proc: subprocess.Popen, out: Path, fault: str, step: int) -> str:
@@ -177,7 +154,7 @@ def _inject(proc: subprocess.Popen, out: Path, fault: str, step: int) -> str:
 
 
 def _kill_engine(proc: subprocess.Popen, step: int) -> str:
-    engines = sorted((p for p in _session(proc) if _cmdline_has(p, "rl.engines.embedded")), key=lambda p: p.pid)
+    engines = sorted((p for p in session_processes(proc) if _cmdline_has(p, "rl.engines.embedded")), key=lambda p: p.pid)
     if not engines:
         return ""
     engines[0].send_signal(signal.SIGKILL)
@@ -192,7 +169,7 @@ def _kill_coordinator(proc: subprocess.Popen, step: int) -> str:
 
 def _kill_trainer(proc: subprocess.Popen, step: int) -> str:
     # the 1-rank trainer's actor, or (trainer.parallel world size > 1) the last of the rank actors
-    ranks = sorted((p for p in _session(proc) if _cmdline_has(p, "TrainerHost") or _cmdline_has(p, "TrainerRankHost")),
+    ranks = sorted((p for p in session_processes(proc) if _cmdline_has(p, "TrainerHost") or _cmdline_has(p, "TrainerRankHost")),
                    key=lambda p: p.pid)
     if not ranks:
         return ""
@@ -223,11 +200,11 @@ def run_one(name: str, tmp: Path, overrides: list[str], plan: list[tuple[str, in
                 break
             if fault != "engine-kill":  # the run died: recover by resuming it
                 rec.rcs.append(proc.poll())
-                _end_session(proc)
+                end_session(proc)
                 proc = start_campaign([*args, "--resume", str(_run_dir(out))], log, append=True)
         rec.rcs.append(_wait(proc))
     finally:
-        _end_session(proc)
+        end_session(proc)
     missed = [f for f in fired if f.endswith("did not fire")] or (["too few"] if len(fired) < len(plan) else [])
     rec.fired = "" if missed else "; ".join(fired)  # "" fails the run: its fault was not injected
     run_dir = _run_dir(out)

@@ -33,10 +33,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import psutil
-
 from chaos.harness import Guarded, Outcome, register
-from chaos.procs import start_campaign
+from chaos.procs import end_session, start_campaign
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, KILL_AT_STEP, SAVE_EVERY = 4, 4, 2
@@ -59,19 +57,6 @@ def _args(*extra: str) -> list[str]:
 
 
 
-def _end_session(proc: subprocess.Popen) -> int:
-    """Kill what is left of the process session this scenario started (Ray, engines), by pid."""
-    killed = 0
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != os.getpid() and os.getsid(p.pid) == proc.pid:
-                p.kill()
-                killed += 1
-        except (ProcessLookupError, psutil.Error, PermissionError):
-            continue
-    return killed
-
-
 def _run_to_end(args: list[str], log: Path) -> int:
     proc = start_campaign(args, log)
     try:
@@ -80,7 +65,7 @@ def _run_to_end(args: list[str], log: Path) -> int:
         proc.kill()
         return -999
     finally:
-        _end_session(proc)
+        end_session(proc)
 
 
 def _summary(run_dir: Path) -> dict:
@@ -124,7 +109,7 @@ def _crash_mid_step(out: Path, log: Path) -> tuple[Path | None, int | None, dict
     finally:
         if proc.poll() is None:
             proc.kill()
-        _end_session(proc)
+        end_session(proc)
 
 
 @register("coordinator-crash", "the coordinator is SIGKILLed mid-step; resume continues the same run")
