@@ -30,12 +30,14 @@ from rl.engines import protocol as P
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.engines.pool import EnginePool
+from t1ops.errors import EngineDeadError
 from t1ops.guards.http import BoundedHttp
 
 PING_S = 0.3
 THRESHOLD = 2
 FREEZE_S = 8 * PING_S   # several ping intervals: more misses than the threshold
 GRACE_S = 30.0
+KILL_WAIT_S = 30.0  # the unguarded pool kills within ~THRESHOLD pings; this bounds a loaded host
 
 
 def _phase(proc, tmp: Path, grace_s: float) -> dict:
@@ -47,17 +49,27 @@ def _phase(proc, tmp: Path, grace_s: float) -> dict:
         os.kill(proc.pid, signal.SIGSTOP)  # frozen as in a first compile, before the pool's first ping
         frozen = wait_stopped(proc.pid)
         pool.start()
-        time.sleep(FREEZE_S)
-        status_frozen = pool.slot_state(0)[0]
+        # the guarded pool is looked at after FREEZE_S; the unguarded one until it kills (a loaded host
+        # can start its pinger late), at most KILL_WAIT_S: either way the engine is still frozen then
+        t0 = time.monotonic()
+        while True:
+            time.sleep(PING_S)
+            status_frozen, elapsed = pool.slot_state(0)[0], time.monotonic() - t0
+            if elapsed >= FREEZE_S and (grace_s > 0 or status_frozen == "dead" or elapsed >= KILL_WAIT_S):
+                break
         if proc.poll() is None:  # the unguarded pool may already have killed and reaped it
             os.kill(proc.pid, signal.SIGCONT)
         thawed_at = time.monotonic()
         admitted_s, served = None, False
         if status_frozen != "dead":
-            pool.wait_until_live(timeout_s=60)
-            admitted_s = time.monotonic() - thawed_at
-            req = P.GenerateRequest(input_ids=(5, 6, 7), sampling_params=P.SamplingParams(max_new_tokens=3))
-            served = len(pool.generate(req).output_ids) == 3
+            try:
+                pool.wait_until_live(timeout_s=60)
+            except EngineDeadError:  # killed after the thaw: not admitted, and the outcome says so
+                pass
+            else:
+                admitted_s = time.monotonic() - thawed_at
+                req = P.GenerateRequest(input_ids=(5, 6, 7), sampling_params=P.SamplingParams(max_new_tokens=3))
+                served = len(pool.generate(req).output_ids) == 3
         dead = [e for e in telemetry.recent_events("engine.dead", since=since) if e.get("url") == proc.url]
         return {"frozen": frozen, "status_after_freeze": status_frozen, "killed": proc.poll() == -signal.SIGKILL,
                 "dead_reason": dead[-1]["reason"] if dead else "", "dead_age_s": dead[-1]["age_s"] if dead else None,

@@ -2,6 +2,7 @@
 noise, a one-time jump and a short history do not."""
 from __future__ import annotations
 
+import mmap
 import os
 import random
 
@@ -58,7 +59,12 @@ def test_sample_reads_real_processes_and_warns_once():
     tr = RssTrend(f, clock=lambda: clock[0])
     keep, warnings = [], []
     for i in range(8):   # this process really grows by 8 MiB per "step"
-        keep.append(bytearray(os.urandom(1)) * (8 * MIB))
+        # fresh anonymous pages, each touched: a bytearray could reuse heap memory a test before this one
+        # freed (glibc raises its mmap threshold after big frees), and then RSS would not grow at all
+        page = mmap.mmap(-1, 8 * MIB)
+        for off in range(0, 8 * MIB, mmap.PAGESIZE):
+            page[off] = 1
+        keep.append(page)
         clock[0] = float(i)
         # every sample: when the trend first qualifies depends on what else this process frees meanwhile;
         # the event (tr.warned) comes once
