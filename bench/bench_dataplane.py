@@ -57,37 +57,37 @@ class SyntheticWorker:
     def progress(self) -> int:
         return self.finished
 
-    async def rollout(self, step: int, groups, accept_groups=None, trace=None) -> dict:
+    async def rollout(self, step: int, groups, accept_groups=None, trace=None):
         from t1ops.campaign.dataplane import stage
+        from t1ops.campaign.trials import BatchResult, TrialResult
 
         results = []
         for g in groups:
             for spec in g:
                 seed = hash((step, spec.group_id, spec.sample_idx)) % (1 << 31)
-                results.append({"trial_id": f"{spec.group_id}-{spec.sample_idx}", "task": spec.task, "reward": 1.0,
-                                "reward_source": "ctrf", "passed": 1, "total": 1, "num_turns": 22,
-                                "end_reason": "done", "group_id": spec.group_id,
-                                "sample_id": f"{spec.group_id}-s{spec.sample_idx}",
-                                "chunks": [synthetic_chunk(self.length, seed)]})
+                results.append(TrialResult(trial_id=f"{spec.group_id}-{spec.sample_idx}", task=spec.task, reward=1.0,
+                                           reward_source="ctrf", passed=1, total=1, num_turns=22, end_reason="done",
+                                           group_id=spec.group_id, sample_id=f"{spec.group_id}-s{spec.sample_idx}",
+                                           chunks=[synthetic_chunk(self.length, seed)]))
                 self.finished += 1
         n = len(results)
-        return {"results": await asyncio.to_thread(stage, results, self.store, self.index), "node": f"bench-{self.index}",
-                "ledger": {"expected": n, "completed": n, "failed": 0, "cancelled": 0, "missing": 0},
-                "failed": {}, "skim": {"accepted": {}, "cancelled": {}}}
+        return BatchResult(results=await asyncio.to_thread(stage, results, self.store, self.index),
+                           node=f"bench-{self.index}", failed={}, skim={"accepted": {}, "cancelled": {}},
+                           ledger={"expected": n, "completed": n, "failed": 0, "cancelled": 0, "missing": 0})
 
 
 class SinkTrainer:
-    def train(self, results: list[dict]) -> int:
+    def train(self, results: list) -> int:
         """Fetch the batch (the trainer's side of the data plane) and read every routing byte."""
         from t1ops.campaign.dataplane import fetch
 
         total = 0
         for r in fetch(results):
-            for c in r["chunks"]:
+            for c in r.chunks:
                 total += int(c.routing[:, :, 0].sum() % 7) + c.routing.nbytes + c.tokens.nbytes
         return total
 
-    def rank_bytes(self, results: list[dict], dp: int) -> list[int]:
+    def rank_bytes(self, results: list, dp: int) -> list[int]:
         """Bytes each of ``dp`` data-parallel ranks fetches (``dataplane.fetch_shard``; the old path:
         the whole batch, which every rank receives)."""
         from t1ops.campaign.dataplane import fetch_shard, shard_trials

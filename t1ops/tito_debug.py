@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 
 
-def transitions(result: dict) -> list[dict]:
-    """The turn-by-turn transitions of one trial's chunks (see the module docstring)."""
+def transitions(result) -> list[dict]:
+    """The turn-by-turn transitions of one trial's chunks (a ``TrialResult``; see the module docstring)."""
     out = []
-    for chunk in result["chunks"]:
+    for chunk in result.chunks:
         meta = chunk.meta
         repairs = {r["turn"]: r for r in meta.get("repairs", [])}
         turn0 = len(out)
@@ -50,15 +50,16 @@ def _default_decode():
     return ChatRenderer.default().tokenizer.decode
 
 
-def write_debug(root: Path, result: dict, decode=None) -> Path:
-    """Write one trial's ``tito_transitions.json`` and ``tito_debug.txt``; returns its directory."""
+def write_debug(root: Path, result, decode=None) -> Path:
+    """Write one trial's (a ``TrialResult`` with its chunks) ``tito_transitions.json`` and
+    ``tito_debug.txt``; returns its directory."""
     decode = decode or _default_decode()
-    out = Path(root) / str(result["sample_id"])
+    out = Path(root) / str(result.sample_id)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"sample_id": result["sample_id"], "task": result.get("task"), "reward": result.get("reward"),
-           "reward_source": result.get("reward_source"), "end_reason": result.get("end_reason"),
-           "num_chunks": len(result["chunks"]), "transitions": transitions(result)}
+    doc = {"sample_id": result.sample_id, "task": result.task, "reward": result.reward,
+           "reward_source": result.reward_source, "end_reason": result.end_reason,
+           "num_chunks": len(result.chunks), "transitions": transitions(result)}
     (out / "tito_transitions.json").write_text(json.dumps(doc, indent=1))
     (out / "tito_debug.txt").write_text("\n\n".join(
-        f"=== chunk {c.meta.get('chunk_id', i)} ===\n{render(c, decode)}" for i, c in enumerate(result["chunks"])))
+        f"=== chunk {c.meta.get('chunk_id', i)} ===\n{render(c, decode)}" for i, c in enumerate(result.chunks)))
     return out

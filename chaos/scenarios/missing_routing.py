@@ -85,11 +85,13 @@ def _start(tmp: Path):
 def _worker(tmp: Path, direct, spec, name: str):
     from rl.agent.loop import AgentSettings
     from t1ops.campaign.worker import RolloutWorker, WorkerSettings
+    from t1ops.config import RolloutConfig
 
     agent = AgentSettings(max_turns=2, max_new_tokens=24, context_window=1024, num_layers=spec.num_layers,
                           topk=spec.moe_router_topk)  # routing required on every turn (R3), as in the campaign
     worker = RolloutWorker(run_id=name, trials_root=str(tmp / name), tasks_dir=str(REPO / "examples" / "tasks"),
-                           settings=WorkerSettings(agent=agent, max_concurrency=4, reward_scale=5.0), router=None)
+                           settings=WorkerSettings(agent=agent, rollout=RolloutConfig(max_concurrency=4, reward_scale=5.0)),
+                           router=None)
     worker.engines = _Observed(direct)
     return worker
 
@@ -101,13 +103,13 @@ def run(tmp: Path) -> Outcome:
         naive = _worker(tmp, direct, spec, "unguarded")
         naive.ABORT_ON = ()  # the seam: the collector without the abort rule
         out = asyncio.run(naive.rollout(1, _groups(1)))
-        kept = [r["sample_id"] for r in out["results"]]
+        kept = [r.sample_id for r in out.results]
         fired_unguarded = len(re.findall(r"chaos: omitted .* rid (\S+)", log.read_text()))
 
         worker = _worker(tmp, direct, spec, "guarded")
         t0, err, books = time.monotonic(), None, None
         try:
-            books = asyncio.run(worker.rollout(2, _groups(2)))["ledger"]
+            books = asyncio.run(worker.rollout(2, _groups(2))).ledger
         except MissingRoutingError as e:
             err, aborted_at = e, time.monotonic()
         omitted = re.findall(r"chaos: omitted .* rid (\S+)", log.read_text())
@@ -119,7 +121,7 @@ def run(tmp: Path) -> Outcome:
     n = len(TASKS) * SAMPLES
     return Outcome(
         fault_fired=fired_unguarded >= 1 and len(omitted) > fired_unguarded,
-        unguarded=(f"rollout returned {len(kept)}/{n} samples without error (failed: {out['failed']}); "
+        unguarded=(f"rollout returned {len(kept)}/{n} samples without error (failed: {out.failed}); "
                    "the trial whose capture failed was dropped from the batch"),
         guarded=Guarded(caught=err is not None, detection_s=detection_s, error=str(err or "")),
         invariants={
@@ -130,5 +132,5 @@ def run(tmp: Path) -> Outcome:
             "error_names_the_rid": err is not None and "st2-g1-" in str(err),
             "detected_after_the_fault": detection_s is not None and detection_s >= 0,
         },
-        details={"omitted_rids": omitted, "unguarded_kept": kept, "unguarded_failed": out["failed"],
+        details={"omitted_rids": omitted, "unguarded_kept": kept, "unguarded_failed": out.failed,
                  "engine_log": str(log)})

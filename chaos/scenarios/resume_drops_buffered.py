@@ -42,6 +42,7 @@ from t1ops.campaign.group_ledger import audit_groups, replay_plan
 from t1ops.campaign.resume import ResumePoint, resumed_summary
 from t1ops.campaign.rollouts import Pending, PipelinedSource
 from t1ops.campaign.summary import Summary
+from t1ops.campaign.trials import GroupResult, TrialResult
 from t1ops.campaign.worker import plan_groups
 
 TASKS = [f"task-{i}" for i in range(7)]
@@ -56,13 +57,22 @@ def _rewards(gid: str) -> list[float]:
     return [1.0] * SAMPLES if h % 5 == 0 else [((h + s) % 3) / 2 for s in range(SAMPLES)]
 
 
-def _results(gid: str, task: str, version: int) -> list[dict]:
-    return [{"group_id": gid, "task": task, "trial_id": f"{gid}-s{s}", "reward": r, "loss_versions": {version: 4}}
-            for s, r in enumerate(_rewards(gid))]
+def _results(gid: str, task: str, version: int) -> list[TrialResult]:
+    return [TrialResult(group_id=gid, task=task, trial_id=f"{gid}-s{s}", sample_id=f"{gid}-s{s}", reward=r,
+                        loss_versions={version: 4}) for s, r in enumerate(_rewards(gid))]
 
 
-def _row(step: int, results: list[dict], fields: dict) -> dict:
-    rewards = [r["reward"] for r in results]
+def _group(gid: str, task: str, tag: int) -> GroupResult:
+    """A finished group as ``RolloutWorker.rollout_group`` returns it."""
+    results = _results(gid, task, tag - 1)
+    n = len(results)
+    return GroupResult(group_id=gid, task=task, started_step=tag, results=results, failed={}, node="local",
+                       ledger={"expected": n, "completed": n, "failed": 0, "cancelled": 0, "missing": 0},
+                       duration_s=0.0)
+
+
+def _row(step: int, results: list[TrialResult], fields: dict) -> dict:
+    rewards = [r.reward for r in results]
     return {"step": step, "reward_mean": sum(rewards) / max(1, len(rewards)), "explained_variance": 0.0,
             "logprob_gap": 0.0, "turns_mean": 1.0, "tokens": 4 * len(results), "rollout_s": 0.0, "train_s": 0.0,
             "step_s": 0.0, **fields}
@@ -86,7 +96,7 @@ class AsyncGen:
         if self.in_flight:
             gid = next(iter(self.in_flight))
             tag, task = self.in_flight.pop(gid)
-            self.buffer.on_done({"group_id": gid, "results": _results(gid, task, tag - 1)}, tag)
+            self.buffer.on_done(_group(gid, task, tag), tag)
         self.fill()
 
     def stop(self) -> dict:
@@ -115,7 +125,7 @@ def async_steps(summary: Summary, gen: AsyncGen, first: int, crash_step: int | N
         buffer.advance()
         if check_budget:  # AsyncSource.after_sync
             buffer.check_budget()
-        results = [r for g in groups for r in g.data["results"]]
+        results = [r for g in groups for r in g.data.results]
         fields = step_accounting(buffer, groups, results, step, 1.0)
         fields["async_books"] = row_books(buffer, gen.planner, list(gen.in_flight))
         summary.add_step(_row(step, results, fields))
@@ -145,7 +155,7 @@ class LocalRollouts:
         self.submitted.append(step)
         return Pending(step, groups[:accept], accept * SAMPLES)
 
-    def collect(self, pending: Pending) -> tuple[list[dict], float, dict]:
+    def collect(self, pending: Pending) -> tuple[list[TrialResult], float, dict]:
         results = [r for g in pending.refs for r in _results(g[0].group_id, g[0].task, pending.step - 1)]
         n = len(results)
         return results, 0.0, {"expected": n, "completed": n, "failed": 0, "cancelled": 0, "missing": 0}
@@ -167,7 +177,7 @@ def pipelined_steps(summary: Summary, mode: str, first: int, crash_step: int | N
         batch = source.take(step, None)
         if step == crash_step:
             generating = source.pending.step if source.pending is not None else None
-            note.write_text(json.dumps({"taken": sorted({r["group_id"] for r in batch.results}),
+            note.write_text(json.dumps({"taken": sorted({r.group_id for r in batch.results}),
                                         "submitted_steps": rollouts.submitted, "generating_step": generating}))
             os.kill(os.getpid(), signal.SIGKILL)
         source.before_sync()

@@ -71,10 +71,11 @@ class _Scripted:
 def run(tmp: Path) -> Outcome:
     from rl.agent.loop import AgentSettings
     from t1ops.campaign.worker import RolloutWorker, TrialSpec, WorkerSettings
+    from t1ops.config import RolloutConfig
 
     names = _tasks(tmp / "tasks")
-    settings = WorkerSettings(agent=AgentSettings(max_turns=2, max_new_tokens=64), max_concurrency=len(names),
-                              sandbox_rate_per_s=100.0, reward_scale=5.0)
+    settings = WorkerSettings(agent=AgentSettings(max_turns=2, max_new_tokens=64), rollout=RolloutConfig(
+        max_concurrency=len(names), sandbox_rate_per_s=100.0, reward_scale=5.0))
     worker = RolloutWorker(run_id="skim", trials_root=str(tmp / "trials"), tasks_dir=str(tmp / "tasks"),
                            settings=settings, router=None)
     worker.engines = _Scripted(worker)
@@ -84,12 +85,12 @@ def run(tmp: Path) -> Outcome:
     out = asyncio.run(worker.rollout(1, groups, accept_groups=ACCEPT))
     rollout_s = time.monotonic() - t0
     alarms = telemetry.recent_events("skim.tail_bias", since=since)
-    kept = [r["family"] for r in out["results"]]
+    kept = [r.family for r in out.results]
     hard_launch = GROUPS_PER_FAMILY / len(names)
     hard_kept = kept.count("hardbuild") / max(1, len(kept))
-    books = out["ledger"]
+    books = out.ledger
     return Outcome(
-        fault_fired=out["skim"]["cancelled"].get("hardbuild", 0) > 0,
+        fault_fired=out.skim["cancelled"].get("hardbuild", 0) > 0,
         unguarded=(f"batch of {len(kept)} accepted, {books['cancelled']} cancelled; hardbuild was "
                    f"{hard_launch:.0%} of launches but {hard_kept:.0%} of the batch; the rollout returned normally"),
         guarded=Guarded(caught=bool(alarms) and "hardbuild" in alarms[-1]["families"], detection_s=round(rollout_s, 3),
@@ -99,4 +100,4 @@ def run(tmp: Path) -> Outcome:
                     + books["failed"] + books["cancelled"] and books["missing"] == 0,
                     "no_false_alarm_on_fast_families": bool(alarms) and all(
                         f.split("=")[0] == "hardbuild" for f in alarms[-1]["families"].split(", "))},
-        details={"skim": out["skim"], "ledger": books, "accepted_families": kept, "rollout_s": round(rollout_s, 2)})
+        details={"skim": out.skim, "ledger": books, "accepted_families": kept, "rollout_s": round(rollout_s, 2)})

@@ -39,6 +39,7 @@ import numpy as np
 from rl.errors import ConfigError
 from rl.staleness import CapacityError, StalenessManager, StalenessViolation
 from t1ops.campaign.dataplane import versions_of
+from t1ops.campaign.trials import GroupResult, TrialResult
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
@@ -51,16 +52,16 @@ OUTCOMES = ("accepted", "zero_variance", "failed", "cancelled")
 
 @dataclass
 class Group:
-    """A finished group as the buffer sees it (the worker's dict, plus what the buffer decided)."""
+    """A finished group as the buffer sees it (the worker's result, plus what the buffer decided)."""
 
-    data: dict
+    data: GroupResult
     started_step: int
     zero_variance: bool = False
     violation: StalenessViolation | None = None
 
     @property
     def group_id(self) -> str:
-        return self.data["group_id"]
+        return self.data.group_id
 
 
 def is_zero_variance(rewards: list[float]) -> bool:
@@ -108,23 +109,23 @@ class GroupBuffer:
     def running(self) -> int:
         return self.manager.running
 
-    def on_done(self, data: dict | None, started_step: int, *, cancelled: bool = False,
+    def on_done(self, data: GroupResult | None, started_step: int, *, cancelled: bool = False,
                 group_id: str | None = None) -> str:
         """Settle one finished group (``data`` None: it failed as a whole; ``group_id`` names it then).
         Returns its outcome."""
-        results = [] if data is None else data["results"]
+        results = [] if data is None else data.results
         if cancelled:
             outcome = "cancelled"
         elif len(results) < self.group_size:
             outcome = "failed"  # a partial group would skew its group mean: dropped, counted
-        elif self.zero_variance_filter and is_zero_variance([r["reward"] for r in results]):
+        elif self.zero_variance_filter and is_zero_variance([r.reward for r in results]):
             outcome = "zero_variance"
         else:
             outcome = "accepted"
         if outcome != "accepted" and not (outcome == "zero_variance" and not self.sample_full_batch):
             self.manager.on_released()
             self._count(outcome)
-            gid = data["group_id"] if data is not None else group_id
+            gid = data.group_id if data is not None else group_id
             if gid is not None:
                 self.book.dropped_ids.append(gid)
             return outcome
@@ -208,7 +209,7 @@ class GroupBuffer:
         return t
 
 
-def version_lag_histogram(results: list[dict], trainer_version: int) -> dict[int, int]:
+def version_lag_histogram(results: list[TrialResult], trainer_version: int) -> dict[int, int]:
     """Loss-bearing tokens by version lag (``trainer_version - policy_version``) over a batch."""
     hist: Counter = Counter()
     for r in results:
@@ -217,11 +218,11 @@ def version_lag_histogram(results: list[dict], trainer_version: int) -> dict[int
     return dict(sorted(hist.items()))
 
 
-def spans_versions(result: dict) -> list[int]:
+def spans_versions(result: TrialResult) -> list[int]:
     """The distinct policy versions of one trajectory's sampled tokens."""
     return sorted(versions_of(result))
 
 
-def max_lag(results: list[dict], trainer_version: int) -> float:
+def max_lag(results: list[TrialResult], trainer_version: int) -> float:
     lags = [trainer_version - v for r in results for v in spans_versions(r)]
     return float(max(lags)) if lags else math.nan

@@ -145,11 +145,11 @@ class AsyncDriver:
         except ray.exceptions.RayError as err:  # the worker died past its restarts
             telemetry.event("rollout.group_failed", severity="error", group=group_id, error=str(err)[:300])
             data = None
-        if data is not None and data["ledger"]["cancelled"]:
+        if data is not None and data.ledger["cancelled"]:
             cancelled = True
-        if data is not None and data.get("failed"):  # the reason a group came back short, named
+        if data is not None and data.failed:  # the reason a group came back short, named
             telemetry.event("rollout.group_trials_failed", severity="warn", group=group_id,
-                            failed=len(data["failed"]), sample=str(next(iter(data["failed"].values())))[:300])
+                            failed=len(data.failed), sample=str(next(iter(data.failed.values())))[:300])
         outcome = self.buffer.on_done(data, started, cancelled=cancelled, group_id=group_id)
         telemetry.count("rollout.group_settled", outcome=outcome)
 
@@ -209,7 +209,7 @@ class AsyncSource:
             progress.update(step=step, phase="generate", in_flight=len(d.in_flight))
             d.poll()
         groups = d.buffer.take_batch()
-        return StepBatch([r for g in groups for r in g.data["results"]], time.monotonic() - t0, groups=groups)
+        return StepBatch([r for g in groups for r in g.data.results], time.monotonic() - t0, groups=groups)
 
     def while_training(self, train_ref, guards) -> None:
         while not self.driver.poll(extra=[train_ref]):  # generation continues while the trainer trains
@@ -246,7 +246,7 @@ class AsyncSource:
             telemetry.event("rollout.books_unbalanced", severity="error", **books)
 
 
-def step_accounting(buffer: GroupBuffer, groups, results: list[dict], step: int, alarm_share: float) -> dict:
+def step_accounting(buffer: GroupBuffer, groups, results: list, step: int, alarm_share: float) -> dict:
     """The step row's async fields: group books, token lag histogram, violations, long trials."""
     out = buffer.close_step()
     trainer_version = step - 1  # the weights the trainer held when step ``step`` began

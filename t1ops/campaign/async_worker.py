@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from t1ops.campaign.dataplane import stage
+from t1ops.campaign.trials import GroupResult
 from t1ops.guards.pacing import SkimAccounting, TrialLedger
 
 
@@ -35,19 +36,16 @@ class GroupState:
 def group_state(worker) -> GroupState:
     state = getattr(worker, "_group_state", None)
     if state is None:
-        n = worker.settings.max_concurrency
+        n = worker.settings.rollout.max_concurrency
         state = GroupState(asyncio.Semaphore(n),
                            concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="group-trial"))
         worker._group_state = state
     return state
 
 
-async def run_group(worker, specs: list, started_step: int) -> dict:
-    """Run one group's trials concurrently; returns its results and books.
-
-    ``{"group_id", "task", "started_step", "results": [...completed trials...], "ledger": {...},
-    "failed": {trial: error}, "node", "duration_s"}``.
-    """
+async def run_group(worker, specs: list, started_step: int) -> GroupResult:
+    """Run one group's trials concurrently (the worker's one trial runner, ``RolloutWorker._trial``);
+    returns its :class:`~t1ops.campaign.trials.GroupResult`: the kept trials and the group's books."""
     state = group_state(worker)
     loop = asyncio.get_running_loop()
     t0 = time.monotonic()
@@ -68,9 +66,9 @@ async def run_group(worker, specs: list, started_step: int) -> dict:
     outcomes = await asyncio.gather(*(one(s) for s in specs), return_exceptions=True)
     results = await asyncio.to_thread(stage, worker._book(outcomes, specs, ledger, SkimAccounting(), accepted=True),
                                       getattr(worker, "store", None), getattr(worker, "index", 0))
-    return {"group_id": specs[0].group_id, "task": specs[0].task, "started_step": started_step,
-            "results": results, "ledger": ledger.close(), "failed": dict(ledger.failed), "node": worker.node,
-            "duration_s": round(time.monotonic() - t0, 3)}
+    return GroupResult(group_id=specs[0].group_id, task=specs[0].task, started_step=started_step,
+                       results=results, ledger=ledger.close(), failed=dict(ledger.failed), node=worker.node,
+                       duration_s=round(time.monotonic() - t0, 3))
 
 
 def stop_groups(worker) -> None:

@@ -17,8 +17,8 @@ through the coordinator (docs/scale.md):
 - the dumps are written by the worker that holds the trial (:meth:`RolloutWorker.write_dumps`,
   fed refs and metadata by :func:`write_dumps`).
 
-A result that still carries ``"chunks"`` (a worker without a store) takes the old path
-everywhere: every function here accepts both.
+A :class:`~t1ops.campaign.trials.TrialResult` that still carries its chunks (a worker without a
+store) takes the old path everywhere: every function here accepts both.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from t1ops import telemetry
+from t1ops.campaign.trials import TrialResult
 
 
 @dataclass(frozen=True)
@@ -73,44 +74,42 @@ def chunk_bytes(chunks) -> int:
     return sum(getattr(c, a).nbytes for c in chunks for a in arrays if getattr(c, a, None) is not None)
 
 
-def stage(results: list[dict], store, worker: int) -> list[dict]:
+def stage(results: list[TrialResult], store, worker: int) -> list[TrialResult]:
     """Worker side: put each result's chunks in the object store (owned by ``store``); return the
-    results with ``"payload"`` and ``"loss_versions"`` instead of ``"chunks"``. ``store`` None:
+    results with ``payload`` and ``loss_versions`` instead of ``chunks``. ``store`` None:
     the results are returned as they are (the old path)."""
     if store is None:
         return results
     import ray
 
-    held = ray.get([store.hold.remote(r["chunks"]) for r in results])
+    held = ray.get([store.hold.remote(r.chunks) for r in results])
     out = []
     for r, (ref, light_ref) in zip(results, held):
-        chunks = r["chunks"]
-        slim = {k: v for k, v in r.items() if k != "chunks"}
-        slim["loss_versions"] = loss_versions(chunks)
-        slim["payload"] = Payload(ref, len(chunks), sum(len(c.tokens) for c in chunks), chunk_bytes(chunks), worker,
-                                  light_ref)
-        out.append(slim)
+        chunks = r.chunks
+        out.append(r.replace(chunks=None, loss_versions=loss_versions(chunks),
+                             payload=Payload(ref, len(chunks), sum(len(c.tokens) for c in chunks),
+                                             chunk_bytes(chunks), worker, light_ref)))
     return out
 
 
-def versions_of(result: dict) -> dict[int, int]:
+def versions_of(result: TrialResult) -> dict[int, int]:
     """Loss tokens by policy version of one result, staged or not."""
-    if "loss_versions" in result:
-        return {int(k): v for k, v in result["loss_versions"].items()}
-    return loss_versions(result["chunks"])
+    if result.loss_versions is not None:
+        return {int(k): v for k, v in result.loss_versions.items()}
+    return loss_versions(result.chunks)
 
 
-def fetch(results: list[dict]) -> list[dict]:
+def fetch(results: list[TrialResult]) -> list[TrialResult]:
     """Trainer side: the results with their chunks, fetched from the object store in one call."""
-    staged = [i for i, r in enumerate(results) if "chunks" not in r]
+    staged = [i for i, r in enumerate(results) if r.staged]
     if not staged:
         return results
     import ray
 
-    chunks = ray.get([results[i]["payload"].ref for i in staged])
+    chunks = ray.get([results[i].payload.ref for i in staged])
     out = list(results)
     for i, c in zip(staged, chunks):
-        out[i] = {**results[i], "chunks": c}
+        out[i] = results[i].replace(chunks=c)
     return out
 
 
@@ -135,17 +134,17 @@ def _placeholder(chunk):
     return replace(chunk, routing=zeros, meta={k: v for k, v in chunk.meta.items() if k != ROUTING_ROWS})
 
 
-def batch_rows(results: list[dict], policy) -> list[tuple[int, int]]:
+def batch_rows(results: list[TrialResult], policy) -> list[tuple[int, int]]:
     """(trial index, tokens) of every row of the batch the trainer builds from ``results``, in its
     order (``TrainerHost.build_batch``: the chunks of the trainable trials, t1ops.campaign.reward_policy)."""
     from t1ops.campaign.reward_policy import prepare
 
     prep = prepare(results, policy)
     return [(i, len(c.tokens)) for i, (r, t) in enumerate(zip(prep.results, prep.trainable)) if t
-            for c in r["chunks"]]
+            for c in r.chunks]
 
 
-def shard_trials(results: list[dict], policy, dp: int, dp_rank: int) -> set[int]:
+def shard_trials(results: list[TrialResult], policy, dp: int, dp_rank: int) -> set[int]:
     """Trials whose rows data-parallel rank ``dp_rank`` of ``dp`` trains: the split of
     ``rl.trainer.ranks.RankTrainer.plan`` (``pack_to_ranks`` over the rows' token counts)."""
     from rl.trainer.packing import pack_to_ranks
@@ -156,47 +155,48 @@ def shard_trials(results: list[dict], policy, dp: int, dp_rank: int) -> set[int]
     return {rows[j][0] for j in pack_to_ranks([n for _, n in rows], dp)[dp_rank]}
 
 
-def fetch_shard(results: list[dict], owned: Callable[[list[dict]], set[int]]) -> tuple[list[dict], dict]:
+def fetch_shard(results: list[TrialResult],
+                owned: Callable[[list[TrialResult]], set[int]]) -> tuple[list[TrialResult], dict]:
     """Trainer-rank side: every staged result's light chunks (routing rows: zero placeholders), then
     the full chunks of the trials ``owned(light results)`` names. Returns the results and what was
     fetched: ``staged`` (count), ``fetched`` (indices of the trials fetched in full),
     ``fetched_bytes`` (their chunk bytes), ``light_bytes``. Results that carry their chunks (the
     old path) or were staged without a light copy are used or fetched whole."""
-    staged = [i for i, r in enumerate(results) if "chunks" not in r]
-    if not staged or any(results[i]["payload"].light_ref is None for i in staged):
+    staged = [i for i, r in enumerate(results) if r.staged]
+    if not staged or any(results[i].payload.light_ref is None for i in staged):
         return fetch(results), {"staged": len(staged), "fetched": staged, "light_bytes": 0,
-                                "fetched_bytes": sum(results[i]["payload"].nbytes for i in staged)}
+                                "fetched_bytes": sum(results[i].payload.nbytes for i in staged)}
     import ray
 
-    lights = ray.get([results[i]["payload"].light_ref for i in staged])
+    lights = ray.get([results[i].payload.light_ref for i in staged])
     out = list(results)
     for i, cs in zip(staged, lights):
-        out[i] = {**results[i], "chunks": [_placeholder(c) for c in cs]}
+        out[i] = results[i].replace(chunks=[_placeholder(c) for c in cs])
     mine = sorted(set(owned(out)) & set(staged))
-    for i, cs in zip(mine, ray.get([results[i]["payload"].ref for i in mine])):
-        out[i] = {**results[i], "chunks": cs}
+    for i, cs in zip(mine, ray.get([results[i].payload.ref for i in mine])):
+        out[i] = results[i].replace(chunks=cs)
     return out, {"staged": len(staged), "fetched": mine, "light_bytes": sum(chunk_bytes(cs) for cs in lights),
-                 "fetched_bytes": sum(results[i]["payload"].nbytes for i in mine)}
+                 "fetched_bytes": sum(results[i].payload.nbytes for i in mine)}
 
 
-def write_dumps(workers: list, run, step: int, results: list[dict], debug: bool = False) -> int:
+def write_dumps(workers: list, run, step: int, results: list[TrialResult], debug: bool = False) -> int:
     """Have each worker write the dumps of the trials it holds; results that carry their chunks
     (the old path) are written here. Returns the chunks written. ``debug`` (rollout.debug_dump):
     each trajectory's TITO debug files are written here (t1ops/tito_debug.py)."""
     import ray
 
-    local = [r for r in results if "chunks" in r]
+    local = [r for r in results if not r.staged]
     n = dump_results(run, step, local, debug=debug) if local else 0
     if debug:  # a debugging switch: fetching the chunks to the coordinator is its accepted cost
         from t1ops.tito_debug import write_debug
 
-        for r in fetch([r for r in results if "chunks" not in r and r.get("payload") is not None]):
-            if r["chunks"]:
+        for r in fetch([r for r in results if r.staged and r.payload is not None]):
+            if r.chunks:
                 write_debug(run.path / "debug", r)
-    by_worker: dict[int, list[dict]] = {}
+    by_worker: dict[int, list[TrialResult]] = {}
     for r in results:
-        if "chunks" not in r:
-            by_worker.setdefault(r["payload"].worker, []).append(_dump_meta(r))
+        if r.staged:
+            by_worker.setdefault(r.payload.worker, []).append(_dump_meta(r))
     calls = {i: workers[i % len(workers)].write_dumps.remote(str(run.dumps), step, items)
              for i, items in by_worker.items()}
     for i, call in calls.items():
@@ -204,41 +204,43 @@ def write_dumps(workers: list, run, step: int, results: list[dict], debug: bool 
             n += ray.get(call)
         except ray.exceptions.RayError as err:  # the worker is gone for good: fetch and write here
             telemetry.event("dataplane.dump_fallback", severity="warn", worker=i, error=str(err)[:300])
-            n += dump_results(run, step, fetch([r for r in results if r.get("payload") is not None
-                                                and r["payload"].worker == i]))  # debug files: written above
+            n += dump_results(run, step, fetch([r for r in results if r.payload is not None
+                                                and r.payload.worker == i]))  # debug files: written above
     return n
 
 
-def _dump_meta(r: dict) -> dict:
-    return {"payload": r["payload"], **{k: r[k] for k in ("reward", "reward_source", "task", "trial_id", "end_reason")}}
+def _dump_meta(r: TrialResult) -> TrialResult:
+    """What a worker needs to write a trial's dumps: its payload and provenance, nothing bulky."""
+    return TrialResult(task=r.task, group_id=r.group_id, sample_id=r.sample_id, reward=r.reward,
+                       trial_id=r.trial_id, reward_source=r.reward_source, end_reason=r.end_reason, payload=r.payload)
 
 
-def write_dump_items(dump_dir: str, step: int, items: list[dict]) -> int:
+def write_dump_items(dump_dir: str, step: int, items: list[TrialResult]) -> int:
     """Worker side of :func:`write_dumps` (runs in a thread of the worker)."""
     import ray
 
-    chunks = ray.get([it["payload"].ref for it in items])
+    chunks = ray.get([it.payload.ref for it in items])
     return sum(_write_chunks(dump_dir, step, it, cs) for it, cs in zip(items, chunks))
 
 
-def dump_results(run, step: int, results: list[dict], debug: bool = False) -> int:
+def dump_results(run, step: int, results: list[TrialResult], debug: bool = False) -> int:
     """Write every trajectory chunk of results that carry them, in the audit dump format; returns
     the count. ``debug`` (rollout.debug_dump): also each trajectory's TITO debug files."""
     n = 0
     for r in results:
-        n += _write_chunks(run.dumps, step, r, r["chunks"])
-        if debug and r["chunks"]:
+        n += _write_chunks(run.dumps, step, r, r.chunks)
+        if debug and r.chunks:
             from t1ops.tito_debug import write_debug
 
             write_debug(run.path / "debug", r)
     return n
 
 
-def _write_chunks(dump_dir, step: int, meta: dict, chunks: list) -> int:
+def _write_chunks(dump_dir, step: int, meta: TrialResult, chunks: list) -> int:
     """One trial's chunks, each written with the trial's reward and provenance (t1ops.audit)."""
     from t1ops.audit import write_trajectory
 
     for chunk in chunks:
-        write_trajectory(chunk, dump_dir, step=step, reward=meta["reward"], reward_source=meta["reward_source"],
-                         task=meta["task"], trial_id=meta["trial_id"], end_reason=meta["end_reason"])
+        write_trajectory(chunk, dump_dir, step=step, reward=meta.reward, reward_source=meta.reward_source,
+                         task=meta.task, trial_id=meta.trial_id, end_reason=meta.end_reason)
     return len(chunks)

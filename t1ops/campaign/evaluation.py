@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from t1ops import telemetry
-from t1ops.campaign.trials import TrialSpec
+from t1ops.campaign.trials import BatchResult, TrialResult, TrialSpec
 from t1ops.errors import ConfigError, StallError
 from t1ops.guards.pacing import TrialLedger
 
@@ -88,7 +88,7 @@ def plan_trials(names: list[str], samples_per_task: int) -> list[EvalTrial]:
 
 
 # --- the worker side: its own event loop ---------------------------------------------------
-async def run_on_own_loop(worker, step: int, trials: list[EvalTrial], agent, tasks: dict) -> dict:
+async def run_on_own_loop(worker, step: int, trials: list[EvalTrial], agent, tasks: dict) -> BatchResult:
     """Run ``trials`` on a new event loop in a new thread; await the result from the caller's loop."""
     done: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -102,14 +102,15 @@ async def run_on_own_loop(worker, step: int, trials: list[EvalTrial], agent, tas
     return await asyncio.wrap_future(done)
 
 
-async def _eval_trials(worker, step: int, trials: list[EvalTrial], agent, tasks: dict) -> dict:
+async def _eval_trials(worker, step: int, trials: list[EvalTrial], agent, tasks: dict) -> BatchResult:
     """The eval loop: trials paced by the worker's shared bucket, booked in a ledger."""
     ledger = TrialLedger(name=f"eval-step{step}@{worker.node}")
-    sem = asyncio.Semaphore(worker.settings.max_concurrency)
-    pool = concurrent.futures.ThreadPoolExecutor(worker.settings.max_concurrency, thread_name_prefix="eval")
+    n = worker.settings.rollout.max_concurrency
+    sem = asyncio.Semaphore(n)
+    pool = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="eval")
     loop = asyncio.get_running_loop()
 
-    async def one(t: EvalTrial, idx: int) -> dict:
+    async def one(t: EvalTrial, idx: int) -> TrialResult:
         async with sem:
             await worker.bucket.acquire()  # the bucket the training loop also awaits
             spec = TrialSpec(t.task, f"eval{step}-{t.task}", t.sample_idx)
@@ -129,10 +130,9 @@ async def _eval_trials(worker, step: int, trials: list[EvalTrial], agent, tasks:
             ledger.fail(tid, out)
         else:
             ledger.complete(tid)
-            results.append({k: out[k] for k in ("task", "reward", "reward_source", "passed", "total",
-                                                "num_turns", "end_reason")})
+            results.append(out.replace(chunks=[], commands=[]))  # an eval trains nothing: no trajectories travel
     books = ledger.close()
-    return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": worker.node}
+    return BatchResult(results=results, ledger=books, failed=dict(ledger.failed), node=worker.node)
 
 
 # --- the coordinator side -------------------------------------------------------------------
@@ -197,16 +197,16 @@ class Evaluator:
         return row
 
 
-def eval_row(step: int, outs: list[dict], expected: int, eval_s: float, temperature: float) -> dict:
+def eval_row(step: int, outs: list[BatchResult], expected: int, eval_s: float, temperature: float) -> dict:
     """Aggregate the workers' eval results; every expected trial must be accounted for."""
-    books = {k: sum(o["ledger"][k] for o in outs) for k in ("expected", "completed", "failed", "cancelled",
+    books = {k: sum(o.ledger[k] for o in outs) for k in ("expected", "completed", "failed", "cancelled",
                                                              "missing")}
     if books["expected"] != expected or books["completed"] + books["failed"] != expected:
         raise StallError(f"evaluation of step {step}: {expected} trials submitted but the workers booked "
                          f"{books}; an eval trial vanished", step=step, **books)
-    results = [r for o in outs for r in o["results"]]
-    rewards = np.array([r["reward"] for r in results], dtype=float)
-    solved = [bool(r["total"]) and r["passed"] == r["total"] for r in results]
+    results = [r for o in outs for r in o.results]
+    rewards = np.array([r.reward for r in results], dtype=float)
+    solved = [bool(r.total) and r.passed == r.total for r in results]
     n = len(results)
     row = {"step": step, "eval_reward_mean": float(rewards.mean()) if n else math.nan,
            "eval_solved_share": float(np.mean(solved)) if n else math.nan, "eval_num_trials": n,
@@ -215,26 +215,26 @@ def eval_row(step: int, outs: list[dict], expected: int, eval_s: float, temperat
            "eval_s": round(eval_s, 3), "eval_temperature": temperature,
            "eval_per_task": _per_task(results),
            "eval_trial_rewards": _trial_rewards(results),  # per trial: `t1ops compare` groups and re-derives SEs
-           "eval_reward_sources": _count(r["reward_source"] for r in results)}
+           "eval_reward_sources": _count(r.reward_source for r in results)}
     if books["failed"]:
-        sample = next(iter(v for o in outs for v in o["failed"].values()))
+        sample = next(iter(v for o in outs for v in o.failed.values()))
         telemetry.event("eval.trials_failed", severity="warn", step=step, failed=books["failed"],
                         expected=expected, sample=sample)
     telemetry.gauge("eval.reward_mean", row["eval_reward_mean"], step=step)
     return row
 
 
-def _per_task(results: list[dict]) -> dict:
+def _per_task(results: list[TrialResult]) -> dict:
     out: dict = {}
     for r in results:
-        out.setdefault(r["task"], []).append(r["reward"])
+        out.setdefault(r.task, []).append(r.reward)
     return {k: round(float(np.mean(v)), 4) for k, v in sorted(out.items())}
 
 
-def _trial_rewards(results: list[dict]) -> dict:
+def _trial_rewards(results: list[TrialResult]) -> dict:
     out: dict = {}
     for r in results:
-        out.setdefault(r["task"], []).append(round(float(r["reward"]), 6))
+        out.setdefault(r.task, []).append(round(float(r.reward), 6))
     return dict(sorted(out.items()))
 
 

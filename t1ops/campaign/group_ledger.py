@@ -97,6 +97,6 @@ def _trained(row: dict, mode: str) -> list[str]:
     return list(row.get("group_ids", []))
 
 
-def trained_group_ids(results: list[dict]) -> list[str]:
-    """The distinct group ids of a step's trained results, in order (sync and one_step rows)."""
-    return list(dict.fromkeys(r["group_id"] for r in results if "group_id" in r))
+def trained_group_ids(results: list) -> list[str]:
+    """The distinct group ids of a step's trained results (TrialResult), in order (sync and one_step rows)."""
+    return list(dict.fromkeys(r.group_id for r in results))

@@ -259,13 +259,7 @@ def _worker_settings(cfg: CampaignConfig) -> WorkerSettings:
     agent = AgentSettings(**r.model_dump(include=set(AgentLimits.model_fields)),  # declared once: AgentLimits
                           num_layers=cfg.model.num_layers if cfg.trainer.r3 else None,
                           topk=cfg.model.moe_router_topk if cfg.trainer.r3 else None)
-    return WorkerSettings(agent=agent, max_concurrency=r.max_concurrency, sandbox_rate_per_s=r.sandbox_rate_per_s,
-                          skim_overprovision=r.skim_overprovision, reward_scale=r.reward_scale,
-                          timeout_override_s=r.timeout_override_s, allow_lower_timeouts=r.allow_lower_timeouts,
-                          sandbox={**cfg.sandbox.model_dump(), "backend": cfg.environment.backend},
-                          harness=harness_settings(cfg), failed_trials=r.failed_trials,
-                          verifier_timeout_cap_s=cfg.guards.field.verifier_timeout_cap_s,
-                          seed=cfg.run.seed if r.seed_requests else None)
+    return WorkerSettings.from_config(cfg, agent, harness_settings(cfg))  # the sections as they are, typed
 
 
 def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progress: bool = True,

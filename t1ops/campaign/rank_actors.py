@@ -36,6 +36,7 @@ from t1ops.campaign.dataplane import batch_rows, fetch_shard, shard_trials
 from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trainer_host import TrainerHost, load_rank_state, rank_state, resumed
 from t1ops.campaign.trainer_rank import join_world
+from t1ops.campaign.trials import TrialResult, require_results
 from t1ops.config import CampaignConfig, CheckpointsConfig, GuardsConfig, TrainerConfig
 from t1ops.errors import ConfigError
 from t1ops.guards.checkpoints import CheckpointManager
@@ -97,12 +98,13 @@ class TrainerRankHost(TrainerHost):
                         timeout_s=timeout.total_seconds())
         return os.getpid()
 
-    def train(self, results: list[dict], behaviour: str = "snapshot") -> dict:
+    def train(self, results: list[TrialResult], behaviour: str = "snapshot") -> dict:
         """This rank fetches only its data-parallel shard's trajectories (``dataplane.fetch_shard``:
         the light arrays of all, the full chunks of the trials its rows come from), then steps."""
         t0, mbs0 = time.perf_counter(), self.trainer.micro_batches_done
         dp, dp_rank = self.layout.dp, self.trainer.dp_rank
-        results, fetched = fetch_shard(results, lambda light: shard_trials(light, self.reward_policy, dp, dp_rank))
+        results, fetched = fetch_shard(require_results(results, "TrainerRankHost.train"),
+                                       lambda light: shard_trials(light, self.reward_policy, dp, dp_rank))
         self._fetched = set(fetched["fetched"]) if fetched["staged"] else None
         stats = super().train(results, behaviour)
         info = {"rank": self.rank, "dp_rank": dp_rank, "train_s": round(time.perf_counter() - t0, 3),
@@ -113,7 +115,7 @@ class TrainerRankHost(TrainerHost):
         telemetry.event("trainer.rank_step", step=stats.get("step"), **info)
         return {**stats, "rank_info": info}
 
-    def build_batch(self, results: list[dict]):
+    def build_batch(self, results: list[TrialResult]):
         """The batch as every rank builds it; a row this rank trains must come from a trial it
         fetched in full (else its forward would read placeholder routing rows): a named error."""
         batch = super().build_batch(results)

@@ -1,6 +1,6 @@
 """What each trial trains on: the trained reward and loss mask from the verifier's verdict.
 
-The verdict's reward (``result["reward"]``, CTRF passed / S with tagged fallbacks) is logged
+The verdict's reward (``TrialResult.reward``, CTRF passed / S with tagged fallbacks) is logged
 as it is; this module derives what the trainer sees, one place for every pipeline (the
 trainer host applies it when it assembles a batch). The rules, each a config key:
 
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from rl.length_shaping import LengthShaping, shape_length
+from t1ops.campaign.trials import TrialResult, require_results
 
 
 @dataclass(frozen=True)
@@ -54,41 +55,42 @@ class Prepared:
     """Per trial, in input order: ``rewards`` trained, ``trainable`` (its chunks become batch rows);
     ``baseline_only``: (group, reward) of kept trials without rows; ``counts`` for the step line."""
 
-    results: list[dict]
+    results: list[TrialResult]
     rewards: list[float]
     trainable: list[bool]
     baseline_only: list[tuple[str, float]]
     counts: dict[str, Any]
 
 
-def is_solved(r: dict) -> bool:
+def is_solved(r: TrialResult) -> bool:
     """Fully solved by the verdict: every CTRF test passed, or a Harbor reward >= 1 (rl.agent.verdict)."""
-    if r.get("solved") is not None:
-        return bool(r["solved"])
-    return bool(r.get("total")) and r.get("passed") == r.get("total")
+    if r.solved is not None:
+        return bool(r.solved)
+    return bool(r.total) and r.passed == r.total
 
 
-def prepare(results: list[dict], policy: RewardPolicy) -> Prepared:
+def prepare(results: list[TrialResult], policy: RewardPolicy) -> Prepared:
     """The trained reward and whether each trial has batch rows (see the module docstring)."""
-    failed = [bool(r.get("failed")) for r in results]
+    results = require_results(results, "reward_policy.prepare")
+    failed = [r.failed for r in results]
     base = [1.0 if is_solved(r) else 0.0 for r in results] if policy.mode == "binary" \
-        else [float(r["reward"]) for r in results]
+        else [float(r.reward) for r in results]
     rewards = list(base)
     if policy.shape_length != "none" and results:
-        turns = torch.tensor([float(r["num_turns"]) for r in results], dtype=torch.float64)
+        turns = torch.tensor([float(r.num_turns) for r in results], dtype=torch.float64)
         reward_t = torch.tensor(rewards, dtype=torch.float64).clamp(min=0.0) \
             if policy.shape_length == "multiplicative" else torch.tensor(rewards, dtype=torch.float64)
         kw = {}
         if policy.shape_length == "efficiency_bonus":
             kw = {"solved": torch.tensor([is_solved(r) for r in results]),
-                  "bucket": torch.tensor([int(r.get("total") or 0) for r in results])}
+                  "bucket": torch.tensor([int(r.total or 0) for r in results])}
         rewards = shape_length(reward_t, turns, policy.shape_length, LengthShaping(**policy.shaping), **kw).tolist()
-    truncated = [r.get("end_reason") == "truncated" for r in results]
+    truncated = [r.end_reason == "truncated" for r in results]
     if policy.truncated_reward_zero:
         rewards = [0.0 if t else x for t, x in zip(truncated, rewards)]
     rewards = [0.0 if f else x for f, x in zip(failed, rewards)]
-    overflow = [r.get("end_reason") == "context_exhausted" for r in results]
-    trainable = [not f and not (policy.context_overflow_clear_mask and o) and bool(r.get("chunks"))
+    overflow = [r.end_reason == "context_exhausted" for r in results]
+    trainable = [not f and not (policy.context_overflow_clear_mask and o) and bool(r.chunks)
                  for r, f, o in zip(results, failed, overflow)]
     counts: dict[str, Any] = {
         "failed_kept_zero": sum(failed),
@@ -99,17 +101,17 @@ def prepare(results: list[dict], policy: RewardPolicy) -> Prepared:
     if policy.zero_variance_filter:
         groups: dict[str, list[int]] = {}
         for i, r in enumerate(results):
-            groups.setdefault(r["group_id"], []).append(i)
+            groups.setdefault(r.group_id, []).append(i)
         flat = {g for g, idx in groups.items() if len({rewards[i] for i in idx}) <= 1}
         if flat and len(flat) == len(groups):
             counts["zero_variance_kept_all"] = True  # no group has signal: keep them, say so
         else:
             counts["zero_variance_groups_dropped"] = len(flat)
-            keep = [r["group_id"] not in flat for r in results]
+            keep = [r.group_id not in flat for r in results]
             results = [r for r, k in zip(results, keep) if k]
             rewards = [x for x, k in zip(rewards, keep) if k]
             trainable = [t for t, k in zip(trainable, keep) if k]
-    baseline_only = [(r["group_id"], x) for r, x, t in zip(results, rewards, trainable) if not t]
+    baseline_only = [(r.group_id, x) for r, x, t in zip(results, rewards, trainable) if not t]
     trained = [x for x, t in zip(rewards, trainable) if t]
     counts["reward_trained_mean"] = sum(trained) / len(trained) if trained else float("nan")
     return Prepared(results, rewards, trainable, baseline_only, counts)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from t1ops import telemetry
+from t1ops.campaign.trials import BatchResult, TrialResult, require_results
 from t1ops.campaign.worker import plan_groups
 from t1ops.errors import RoutingError
 
@@ -99,7 +100,7 @@ class Rollouts:
                 self._pulse()
         pending.done_at = time.monotonic()
 
-    def collect(self, pending: Pending) -> tuple[list[dict], float, dict]:
+    def collect(self, pending: Pending) -> tuple[list[TrialResult], float, dict]:
         """All results of a step, the seconds since submission, and the merged books."""
         import ray
 
@@ -111,27 +112,27 @@ class Rollouts:
                 self._pulse()
                 continue
             try:
-                out = ray.get(ready[0])
+                out: BatchResult = ray.get(ready[0])
             except ray.exceptions.RayTaskError as err:
                 cause = err.as_instanceof_cause()
                 if isinstance(cause, RoutingError):  # any routing error aborts (T1 report, section 05)
                     telemetry.event("rollout.aborted", severity="error", step=pending.step, reason=str(cause))
                     raise cause from None
                 raise
-            results += out["results"]
-            self.stall.on_complete(min(out["ledger"]["expected"], self.stall.num_in_flight))
+            results += require_results(out.results, "Rollouts.collect")
+            self.stall.on_complete(min(out.ledger["expected"], self.stall.num_in_flight))
             for k in books:
-                books[k] += out["ledger"][k]
+                books[k] += out.ledger[k]
         self._pulse(check=False)
         self.in_flight -= pending.num_trials
         results.sort(key=lambda r: plan_position(r, pending.order))  # the plan's order, not the arrival's
         return results, (pending.done_at or time.monotonic()) - pending.submitted_at, books
 
 
-def plan_position(result: dict, order: dict) -> tuple[int, int]:
+def plan_position(result: TrialResult, order: dict) -> tuple[int, int]:
     """Where a trial's result sits in its step's plan: (group index, sample index). A step's batch is
     assembled in this order whatever worker or engine finished first (docs/determinism.md)."""
-    return order.get(result["group_id"], len(order)), int(result["sample_id"].rsplit("-s", 1)[1])
+    return order.get(result.group_id, len(order)), result.sample_idx
 
 
 def _split(total: int, sizes: list[int]) -> list[int]:
@@ -148,7 +149,7 @@ def _split(total: int, sizes: list[int]) -> list[int]:
 class StepBatch:
     """What a batch source hands the step: the results, the seconds it waited, its own books."""
 
-    results: list[dict]
+    results: list[TrialResult]
     rollout_s: float
     books: dict = field(default_factory=dict)   # sync/one_step: the trial ledger; fully_async: unused
     groups: list = field(default_factory=list)  # fully_async: the groups trained (async_buffer.Group)

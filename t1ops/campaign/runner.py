@@ -33,6 +33,7 @@ from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import PipelinedSource, Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.summary import Summary
+from t1ops.campaign.trials import TrialResult
 from t1ops.campaign.trialtrace import step_split
 from t1ops.config import CampaignConfig
 
@@ -56,30 +57,30 @@ class Campaign:
     on_step: list = field(default_factory=list)   # callables (campaign, step) run as each step starts
 
 
-def _metrics_row(step: int, results: list[dict], stats: dict, rollout_s: float, train_s: float,
+def _metrics_row(step: int, results: list[TrialResult], stats: dict, rollout_s: float, train_s: float,
                  step_s: float, sync_s: float) -> dict:
-    rewards = [r["reward"] for r in results]
+    rewards = [r.reward for r in results]
     return {"step": step, "reward_mean": float(np.mean(rewards)) if rewards else math.nan,
             "explained_variance": stats.get("explained_variance", math.nan),
             "logprob_gap": stats.get("logprob_gap", math.nan),
-            "turns_mean": float(np.mean([r["num_turns"] for r in results])) if results else math.nan,
+            "turns_mean": float(np.mean([r.num_turns for r in results])) if results else math.nan,
             "tokens": int(stats.get("num_tokens", 0)), "rollout_s": round(rollout_s, 3),
             "train_s": round(train_s, 3), "step_s": round(step_s, 3), "sync_s": round(sync_s, 3),
-            "solved_share": float(np.mean([bool(r["total"]) and r["passed"] == r["total"] for r in results])),
-            "no_verdict": sum(r["reward_source"] == "no-verdict" for r in results),
+            "solved_share": float(np.mean([bool(r.total) and r.passed == r.total for r in results])),
+            "no_verdict": sum(r.reward_source == "no-verdict" for r in results),
             "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
             "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
             "policy_loss": stats.get("policy_loss", math.nan), "value_loss": stats.get("value_loss", math.nan),
-            "reward_sources": _count(r["reward_source"] for r in results),
+            "reward_sources": _count(r.reward_source for r in results),
             # every non-CTRF reward named by its source and why CTRF was not used (T1 report, section 06)
-            "reward_fallbacks": _count(f"{r['reward_source']} ({r.get('reward_fallback') or 'no CTRF tag'})"
-                                       for r in results if r["reward_source"] != "ctrf"),
+            "reward_fallbacks": _count(f"{r.reward_source} ({r.reward_fallback or 'no CTRF tag'})"
+                                       for r in results if r.reward_source != "ctrf"),
             "entropy": stats.get("entropy", math.nan), "actor_updated": stats.get("actor_updated", True),
             "reward_trained_mean": (stats.get("policy") or {}).get("reward_trained_mean", math.nan),
             "reward_policy": {k: v for k, v in (stats.get("policy") or {}).items() if k != "reward_trained_mean"},
-            "end_reasons": _count(r["end_reason"] for r in results),
-            "compactions": sum(r.get("compactions", 0) for r in results),
-            "summary_failures": sum(r.get("summary_failures", 0) for r in results)}
+            "end_reasons": _count(r.end_reason for r in results),
+            "compactions": sum(r.compactions for r in results),
+            "summary_failures": sum(r.summary_failures for r in results)}
 
 
 def _count(items) -> dict:

@@ -25,6 +25,7 @@ from rl.vocab import CompactVocab
 from rl.weights.sender import WeightSender
 from t1ops.campaign.dataplane import fetch
 from t1ops.campaign.reward_policy import RewardPolicy
+from t1ops.campaign.trials import TrialResult, require_results
 from t1ops.config import CheckpointsConfig, TrainerConfig
 from t1ops.guards.checkpoints import CheckpointManager
 
@@ -108,14 +109,14 @@ class TrainerHost(WeightSender):
         return str(step_dir)
 
     # --- RL ----------------------------------------------------------------------------
-    def build_batch(self, results: list[dict]) -> TrainBatch:
+    def build_batch(self, results: list[TrialResult]) -> TrainBatch:
         """The batch of a step: every chunk of every trainable trial (``t1ops.campaign.reward_policy``
         decides the trained reward and which trials keep rows); a trajectory's chunks share its id."""
         from t1ops.campaign.reward_policy import prepare
 
         prep = prepare(results, self.reward_policy)
         self.last_policy_counts = prep.counts
-        chunks = [(c, r, x) for r, x, t in zip(prep.results, prep.rewards, prep.trainable) if t for c in r["chunks"]]
+        chunks = [(c, r, x) for r, x, t in zip(prep.results, prep.rewards, prep.trainable) if t for c in r.chunks]
         if not chunks:
             raise DataContractError(f"no trial of this step has loss-bearing rows after the reward policy "
                                     f"({prep.counts}); check rollout.failed_trials / context_overflow_clear_mask")
@@ -127,23 +128,23 @@ class TrainerHost(WeightSender):
             masks.append(c.loss_mask)
             lps.append(c.rollout_logprobs)
             rewards.append(float(reward))
-            groups.append(r["group_id"])
-            prompts.append(r["task"])
+            groups.append(r.group_id)
+            prompts.append(r.task)
             routing.append(c.routing)
-            tids.append(r.get("sample_id") or id(r))
+            tids.append(r.sample_id or id(r))
         has_routing = all(x is not None for x in routing)
         return TrainBatch.from_sequences(tokens=tokens, loss_mask=masks, rollout_logprobs=lps, rewards=rewards,
                                          group_ids=groups, prompt_ids=prompts,
                                          routing=routing if has_routing else None, trajectory_ids=tids,
                                          baseline_only=prep.baseline_only)
 
-    def train(self, results: list[dict], behaviour: str = "snapshot") -> dict:
+    def train(self, results: list[TrialResult], behaviour: str = "snapshot") -> dict:
         """One RL step on a batch; old log-probs are recomputed under the weights that sampled it
         (``behaviour="rollout"``, fully async: the per-token rollout log-probs are the behaviour)."""
-        results = fetch(results)  # the chunks, straight from the object store (t1ops.campaign.dataplane)
+        results = fetch(require_results(results, "TrainerHost.train"))  # the chunks, straight from the object store (t1ops.campaign.dataplane)
         if behaviour == "rollout":
             return self._train_on_rollout_logprobs(results)
-        versions = {int(v) for r in results for c in r["chunks"] for v in c.policy_version[c.loss_mask == 1]}
+        versions = {int(v) for r in results for c in r.chunks for v in c.policy_version[c.loss_mask == 1]}
         if len(versions) != 1 or next(iter(versions)) not in self.published:
             raise DataContractError(f"batch sampled by policy versions {sorted(versions)}; the trainer holds "
                                     f"snapshots of {sorted(self.published)} (one version per batch expected)")
@@ -153,10 +154,10 @@ class TrainerHost(WeightSender):
         stats = self.trainer.train_step(self.build_batch(results))
         return {**stats.as_dict(), "behaviour_version": next(iter(versions)), "policy": dict(self.last_policy_counts)}
 
-    def _train_on_rollout_logprobs(self, results: list[dict]) -> dict:
+    def _train_on_rollout_logprobs(self, results: list[TrialResult]) -> dict:
         """Fully async: trajectories may span versions; every sampled token must name a version
         this trainer published (never a future one, never none)."""
-        sampled = np.concatenate([c.policy_version[c.loss_mask == 1] for r in results for c in r["chunks"]])
+        sampled = np.concatenate([c.policy_version[c.loss_mask == 1] for r in results for c in r.chunks])
         latest = max(self.published) if self.published else -1
         if sampled.size and (sampled.min() < 0 or sampled.max() > latest):
             raise DataContractError(f"sampled tokens carry policy versions {sorted(set(sampled.tolist()))[:8]}; "

@@ -51,7 +51,7 @@ class TrialClock:
         return out
 
 
-def step_split(results: list[dict], rollout_s: float) -> dict:
+def step_split(results: list, rollout_s: float) -> dict:
     """Summary fields of one step (docs/tracing.md).
 
     ``<phase>`` is summed over the step's trials. Trials overlap, so shares are of
@@ -61,8 +61,8 @@ def step_split(results: list[dict], rollout_s: float) -> dict:
     ``queue_share`` is the part of all trial-seconds spent waiting for a slot.
     ``concurrency`` = active trial-seconds / ``rollout_s`` (trials running at once, on average).
     """
-    row = {k: round(sum(r.get(k, 0.0) for r in results), 3) for k in PHASES}
-    total = sum(r.get("trial_s", 0.0) for r in results)
+    row = {k: round(sum(getattr(r, k) for r in results), 3) for k in PHASES}  # TrialResult's phase seconds
+    total = sum(r.trial_s for r in results)
     active = total - row["queue_s"]
     row["trial_s"] = round(total, 3)
     row["concurrency"] = round(active / rollout_s, 2) if rollout_s > 0 else 0.0

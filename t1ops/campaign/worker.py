@@ -21,7 +21,7 @@ import itertools
 import math
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 from rl.agent.environment import require_runnable
@@ -36,10 +36,11 @@ from rl.errors import RoutingError
 from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
 from t1ops.campaign.dataplane import stage, write_dump_items
-from t1ops.campaign.trials import TrialSpec, request_seed, seeded
+from t1ops.campaign.trials import BatchResult, GroupResult, TrialResult, TrialSpec, request_seed, seeded
 from t1ops.campaign.trialtrace import TrialClock
-from t1ops.config import EngineConfig
+from t1ops.config import EngineConfig, EnvironmentConfig, RolloutConfig, RunConfig, SandboxConfig
 from t1ops.engines.direct import DirectEngines
+from t1ops.guards.field_config import FieldGuardsConfig
 from t1ops.guards.http import BoundedHttp
 from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
 
@@ -50,19 +51,32 @@ class Cancelled(Exception):
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    agent: AgentSettings
-    max_concurrency: int = 8
-    sandbox_rate_per_s: float = 20.0
-    skim_overprovision: float = 1.0
-    reward_scale: float = 20.0
-    timeout_override_s: float | None = None
-    allow_lower_timeouts: bool = False
-    sandbox: dict | None = None      # SandboxConfig fields (isolation, allow_internet, limits)
+    """What a rollout worker runs by: the config sections as declared (``t1ops.config``; pydantic,
+    they pickle to the actor as they are), never copied field by field, and what derives from them."""
+
+    agent: AgentSettings             # the agent loop's limits: rollout's AgentLimits + the R3 layout (launch)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)   # [rollout]: concurrency, pacing, skim, rewards
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)   # [sandbox]: isolation, network, limits
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)  # [environment]: the backend
+    field_guards: FieldGuardsConfig = field(default_factory=FieldGuardsConfig)  # [guards.field]: verifier cap
+    run: RunConfig = field(default_factory=RunConfig)   # [run]: the seed of every request (rollout.seed_requests)
     harness: "HarnessSettings | None" = None  # rollout.agent = "command" (t1ops.campaign.harness)
-    failed_trials: str = "drop"      # rollout.failed_trials: drop | zero | abort
-    verifier_timeout_cap_s: float | None = None  # guards.field.verifier_timeout_cap_s (slow-verifier)
-    seed: int | None = None          # run.seed when rollout.seed_requests: each request's sampling seed
-    #                                  derives from it (t1ops.campaign.trials.request_seed); None: unseeded
+
+    @classmethod
+    def from_config(cls, cfg, agent: AgentSettings, harness: "HarnessSettings | None" = None) -> "WorkerSettings":
+        """The sections of a ``CampaignConfig`` a worker reads, as they are."""
+        return cls(agent=agent, rollout=cfg.rollout, sandbox=cfg.sandbox, environment=cfg.environment,
+                   field_guards=cfg.guards.field, run=cfg.run, harness=harness)
+
+    @property
+    def seed(self) -> int | None:
+        """The run seed each request's sampling seed derives from (t1ops.campaign.trials.request_seed);
+        None: unseeded (``rollout.seed_requests = false``)."""
+        return self.run.seed if self.rollout.seed_requests else None
+
+    def sandbox_fields(self) -> dict:
+        """The sandbox's settings as ``rl.agent.sandbox.make_sandbox`` takes them (rl reads no t1ops config)."""
+        return {**self.sandbox.model_dump(), "backend": self.environment.backend}
 
 
 def direct_engines(router, max_concurrency: int) -> DirectEngines:
@@ -111,22 +125,22 @@ class RolloutWorker:
         router, store = _actor(router), _actor(store)
         self.run_id, self.settings, self.node, self.router = run_id, settings, node, router
         self.store, self.index = store, index  # trajectories go to the object store (t1ops.campaign.dataplane)
-        self.engines = direct_engines(router, settings.max_concurrency) if router is not None else None
+        r = settings.rollout
+        self.engines = direct_engines(router, r.max_concurrency) if router is not None else None
         self.num_finished = 0
         self.tasks = {t.name: t for t in load_pool(tasks_dir)}
         # fail before any trial, naming each task and Dockerfile line the local backend cannot honour
-        backend = (settings.sandbox or {}).get("backend", "local")
-        if backend == "container":
+        if settings.environment.backend == "container":
             from rl.agent.container.backend import CONTAINER as env_backend
         else:
             from rl.agent.environment import LOCAL as env_backend
         require_runnable(list(self.tasks.values()), backend=env_backend,
-                         allow_internet=bool((settings.sandbox or {}).get("allow_internet", False)))
+                         allow_internet=settings.sandbox.allow_internet)
         self.renderer = ChatRenderer.default()
-        self.sandbox = make_sandbox(trials_root, run_id, settings.sandbox or {},
-                                    agent_timeout_override_s=settings.timeout_override_s,
-                                    allow_lower_timeout=settings.allow_lower_timeouts)
-        self.bucket = TokenBucket(settings.sandbox_rate_per_s, burst=max(1, settings.max_concurrency))
+        self.sandbox = make_sandbox(trials_root, run_id, settings.sandbox_fields(),
+                                    agent_timeout_override_s=r.timeout_override_s,
+                                    allow_lower_timeout=r.allow_lower_timeouts)
+        self.bucket = TokenBucket(r.sandbox_rate_per_s, burst=max(1, r.max_concurrency))
         self.harness = None
         if settings.harness is not None:
             from t1ops.campaign.harness import HarnessHost
@@ -152,10 +166,10 @@ class RolloutWorker:
         return self.num_finished
 
     async def rollout(self, step: int, groups: list[list[TrialSpec]], accept_groups: int | None = None,
-                      trace: dict | None = None) -> dict:
+                      trace: dict | None = None) -> BatchResult:
         """Run ``groups`` of trials; accept the first ``accept_groups`` to finish (skim).
 
-        Returns ``{"results": [...], "ledger": {...}, "skim": {...}, "node": ...}``.
+        Returns the kept :class:`TrialResult` s in plan order with the ledger's books and the skim counts.
         A RoutingError in any trial is re-raised: the rollout aborts (so does any failure with
         ``rollout.failed_trials = "abort"``).
         ``trace`` is the coordinator's span context (``telemetry.trace_carrier``):
@@ -164,16 +178,16 @@ class RolloutWorker:
         with telemetry.span("rollout", parent=trace, step=step, node=self.node):
             return await self._rollout(step, groups, accept_groups or len(groups))
 
-    async def _rollout(self, step: int, groups, accept_groups: int) -> dict:
+    async def _rollout(self, step: int, groups, accept_groups: int) -> BatchResult:
         # Trials run in threads; the default pool (min(32, cores + 4)) would cap concurrency below the config.
         asyncio.get_running_loop().set_default_executor(
-            concurrent.futures.ThreadPoolExecutor(self.settings.max_concurrency, thread_name_prefix="trial"))
+            concurrent.futures.ThreadPoolExecutor(self.settings.rollout.max_concurrency, thread_name_prefix="trial"))
         ledger = TrialLedger(name=f"rollout-step{step}@{self.node}")
         skim = SkimAccounting()
         cancel = threading.Event()
-        sem = asyncio.Semaphore(self.settings.max_concurrency)
+        sem = asyncio.Semaphore(self.settings.rollout.max_concurrency)
 
-        async def one(spec: TrialSpec, idx: int) -> dict:
+        async def one(spec: TrialSpec, idx: int) -> TrialResult:
             queued = time.monotonic()
             async with sem:
                 await self.bucket.acquire()
@@ -205,10 +219,10 @@ class RolloutWorker:
         books = ledger.close()
         skim.check()
         results = await asyncio.to_thread(stage, results, self.store, self.index)  # off the event loop
-        return {"results": results, "ledger": books, "failed": dict(ledger.failed), "node": self.node,
-                "skim": {"accepted": dict(skim.accepted), "cancelled": dict(skim.cancelled)}}
+        return BatchResult(results=results, ledger=books, failed=dict(ledger.failed), node=self.node,
+                           skim={"accepted": dict(skim.accepted), "cancelled": dict(skim.cancelled)})
 
-    async def rollout_group(self, group: list[TrialSpec], started_step: int) -> dict:
+    async def rollout_group(self, group: list[TrialSpec], started_step: int) -> GroupResult:
         """Fully async: one prompt group, returned as soon as it is done (t1ops.campaign.async_worker)."""
         from t1ops.campaign.async_worker import run_group
 
@@ -224,11 +238,12 @@ class RolloutWorker:
 
         stop_groups(self)
 
-    def _book(self, outcomes, specs, ledger: TrialLedger, skim: SkimAccounting, accepted: bool) -> list[dict]:
+    def _book(self, outcomes, specs, ledger: TrialLedger, skim: SkimAccounting,
+              accepted: bool) -> list[TrialResult]:
         """Settle one group's trials in the ledger; abort on routing errors (never drop). A failed
         trial is dropped, kept as reward 0 with no rows, or aborts (``rollout.failed_trials``)."""
         kept = []
-        policy = self.settings.failed_trials
+        policy = self.settings.rollout.failed_trials
         for spec, out in zip(specs, outcomes):
             tid = f"{spec.group_id}/{spec.sample_idx}"
             failure = isinstance(out, BaseException) and not isinstance(out, Cancelled)
@@ -247,7 +262,8 @@ class RolloutWorker:
         skim.record(self.tasks[specs[0].task].family, accepted=accepted)
         return kept if accepted else []
 
-    async def evaluate(self, step: int, trials: list, temperature: float, tasks_dir: str | None = None) -> dict:
+    async def evaluate(self, step: int, trials: list, temperature: float,
+                       tasks_dir: str | None = None) -> BatchResult:
         """Held-out eval trials on their own event loop, sharing this worker's token bucket
         (``t1ops.campaign.evaluation``); returns results and the eval ledger's books."""
         from t1ops.campaign.evaluation import eval_agent, run_on_own_loop
@@ -258,7 +274,9 @@ class RolloutWorker:
         return await run_on_own_loop(self, step, trials, eval_agent(self.settings.agent, temperature), tasks)
 
     def _trial(self, spec: TrialSpec, idx: int, cancel: threading.Event, step: int = 0,
-               queue_s: float = 0.0, *, task=None, agent: AgentSettings | None = None) -> dict:
+               queue_s: float = 0.0, *, task=None, agent: AgentSettings | None = None) -> TrialResult:
+        """The one trial runner (training batches, async groups, held-out evaluation): sandbox,
+        episode, verify, reward, close; returns the trial's :class:`TrialResult`."""
         task = task or self.tasks[spec.task]
         agent = task_agent(agent or self.settings.agent, task)
         sample_id = f"{spec.group_id}-s{spec.sample_idx}"
@@ -274,12 +292,12 @@ class RolloutWorker:
                 out = self._run_trial(task, trial, spec, sample_id, cancel, clock, agent, step)
             finally:
                 telemetry.event("trial.finished", trial=sample_id)
-            trial_span.set_attribute("num_turns", out["num_turns"])
-            trial_span.set_attribute("end_reason", out["end_reason"])
-        return {**out, **clock.row()}
+            trial_span.set_attribute("num_turns", out.num_turns)
+            trial_span.set_attribute("end_reason", out.end_reason)
+        return out.replace(**clock.row())
 
     def _run_trial(self, task, trial, spec: TrialSpec, sample_id: str, cancel: threading.Event,
-                   clock: TrialClock, agent: AgentSettings, step: int = 0) -> dict:
+                   clock: TrialClock, agent: AgentSettings, step: int = 0) -> TrialResult:
         calls = itertools.count()  # the trial's generation requests, in the order the agent makes them
 
         def generate(req):
@@ -322,8 +340,8 @@ class RolloutWorker:
                 with clock.phase("sandbox_s", "sandbox.finish"):
                     trial.finish()
             with clock.phase("verify_s", "verify") as sp:
-                verdict = verify_within(trial, scale=self.settings.reward_scale,
-                                        timeout_cap_s=self.settings.verifier_timeout_cap_s)
+                verdict = verify_within(trial, scale=self.settings.rollout.reward_scale,
+                                        timeout_cap_s=self.settings.field_guards.verifier_timeout_cap_s)
                 sp.set_attribute("tamper_events", len(verdict.tamper_events))
             if verdict.reason == "verifier-timeout":   # no verdict, no reward: rollout.failed_trials decides
                 raise verifier_timeout_error(task.name, verdict)
@@ -333,14 +351,15 @@ class RolloutWorker:
                             passed=verdict.reward.passed, total=verdict.reward.total):
             for ev in verdict.tamper_events:
                 telemetry.event("verifier.tamper", severity="error", trial=ev.trial_id, kind=ev.kind, path=ev.path)
-        return {"trial_id": trial.trial_id, "task": task.name, "family": task.family, "group_id": spec.group_id,
-                "sample_id": sample_id, "reward": verdict.reward.value, "reward_source": verdict.reward.source,
-                "reward_fallback": getattr(verdict.reward, "ctrf_fallback", None), "solved": is_solved(verdict.reward),
-                "passed": verdict.reward.passed, "total": verdict.reward.total, "num_turns": ep.num_turns,
-                "end_reason": ep.end_reason, "commands": getattr(ep, "commands", []),
-                "parse_failures": ep.parse_failures, "harness": getattr(ep, "stats", None),
-                "compactions": getattr(ep, "compactions", 0), "summary_failures": getattr(ep, "summary_failures", 0),
-                "tamper": [asdict(e) for e in verdict.tamper_events], "chunks": ep.chunks}
+        return TrialResult(
+            trial_id=trial.trial_id, task=task.name, family=task.family, group_id=spec.group_id, sample_id=sample_id,
+            reward=verdict.reward.value, reward_source=verdict.reward.source,
+            reward_fallback=getattr(verdict.reward, "ctrf_fallback", None), solved=is_solved(verdict.reward),
+            passed=verdict.reward.passed, total=verdict.reward.total, num_turns=ep.num_turns,
+            end_reason=ep.end_reason, commands=getattr(ep, "commands", []), parse_failures=ep.parse_failures,
+            harness=getattr(ep, "stats", None), compactions=getattr(ep, "compactions", 0),
+            summary_failures=getattr(ep, "summary_failures", 0),
+            tamper=[asdict(e) for e in verdict.tamper_events], chunks=ep.chunks)
 
 
 def task_agent(agent: AgentSettings, task) -> AgentSettings:
@@ -352,15 +371,13 @@ def task_agent(agent: AgentSettings, task) -> AgentSettings:
     return agent.model_copy(update={"max_turns": int(own)})
 
 
-def failed_row(spec: TrialSpec, family: str, err: BaseException) -> dict:
+def failed_row(spec: TrialSpec, family: str, err: BaseException) -> TrialResult:
     """A failed trial kept as reward 0 with loss mask 0 (``rollout.failed_trials = "zero"``; SkyRL
     walkthrough, section 5): no chunks, so it has no batch rows, but it counts in its group's baseline."""
-    return {"trial_id": f"{spec.group_id}-s{spec.sample_idx}", "task": spec.task, "family": family,
-            "group_id": spec.group_id, "sample_id": f"{spec.group_id}-s{spec.sample_idx}", "reward": 0.0,
-            "reward_source": "failed", "reward_fallback": None, "solved": False, "passed": None, "total": None,
-            "num_turns": 0, "end_reason": "failed", "failed": True, "error": f"{type(err).__name__}: {err}"[:300],
-            "commands": [], "parse_failures": 0, "harness": None, "compactions": 0, "summary_failures": 0,
-            "tamper": [], "chunks": []}
+    sample_id = f"{spec.group_id}-s{spec.sample_idx}"
+    return TrialResult(trial_id=sample_id, task=spec.task, family=family, group_id=spec.group_id,
+                       sample_id=sample_id, reward=0.0, reward_source="failed", solved=False, end_reason="failed",
+                       failed=True, error=f"{type(err).__name__}: {err}"[:300], chunks=[])
 
 
 def plan_groups(task_names: list[str], step: int, batch_size: int, n_samples: int, seed: int,

@@ -184,10 +184,12 @@ def test_config_field_is_validated_and_reaches_the_agent():
 
 def test_step_summary_counts_compactions_and_failed_summaries():
     from t1ops.campaign.runner import _metrics_row
+    from t1ops.campaign.trials import TrialResult
 
-    row = {"reward": 0.0, "num_turns": 3, "total": 1, "passed": 0, "reward_source": "ctrf", "end_reason": "done"}
-    results = [{**row, "compactions": 2, "summary_failures": 0},
-               {**row, "compactions": 0, "summary_failures": 1, "end_reason": "summary_failed"}, row]
+    row = TrialResult(task="t", group_id="g", sample_id="g-s0", reward=0.0, num_turns=3, total=1, passed=0,
+                      reward_source="ctrf", end_reason="done")
+    results = [row.replace(compactions=2, summary_failures=0),
+               row.replace(compactions=0, summary_failures=1, end_reason="summary_failed"), row]
     out = _metrics_row(1, results, {}, 1.0, 1.0, 2.0, 0.0)
     assert out["compactions"] == 2 and out["summary_failures"] == 1
     assert out["end_reasons"] == {"done": 2, "summary_failed": 1}

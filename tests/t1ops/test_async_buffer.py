@@ -10,10 +10,7 @@ from rl.errors import ConfigError
 from rl.staleness import CapacityError, StalenessManager
 from rl.tito import Trajectory
 from t1ops.campaign.async_buffer import GroupBuffer, is_zero_variance, spans_versions, version_lag_histogram
-
-
-def group(gid: str, rewards: list[float]) -> dict:
-    return {"group_id": gid, "results": [{"reward": r} for r in rewards]}
+from tests.t1ops.results import group, trial
 
 
 def make(**kw) -> GroupBuffer:
@@ -119,8 +116,8 @@ def test_lag_histogram_and_spanning_trajectories():
                           rollout_logprobs=np.zeros(n, dtype=np.float32), engine_tokens=np.arange(n),
                           origin=np.zeros(n, dtype=np.int8), policy_version=np.asarray(versions, dtype=np.int32),
                           routing=None, meta={})
-    spanning = {"chunks": [chunk([-1, 1, 1, -1, 2, 3], [0, 1, 1, 0, 1, 1])]}
-    single = {"chunks": [chunk([-1, 3, 3], [0, 1, 1])]}
+    spanning = trial("g-s0", chunks=[chunk([-1, 1, 1, -1, 2, 3], [0, 1, 1, 0, 1, 1])])
+    single = trial("g-s1", chunks=[chunk([-1, 3, 3], [0, 1, 1])])
     assert spans_versions(spanning) == [1, 2, 3] and spans_versions(single) == [3]
     assert version_lag_histogram([spanning, single], trainer_version=3) == {0: 3, 1: 1, 2: 2}
     assert is_zero_variance([0.4, 0.4]) and not is_zero_variance([0.4, 0.5])

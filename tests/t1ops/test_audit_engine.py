@@ -18,6 +18,7 @@ from rl.tito_relations import find_normalized_repair
 from rl.vocab import CompactVocab
 from t1ops.audit import audit_dump, read_trajectory, write_trajectory
 from t1ops.cli import main
+from t1ops.campaign.trials import TrialResult
 from t1ops.tito_debug import write_debug
 
 IM_START = 248045
@@ -85,7 +86,7 @@ def test_debug_dump_writes_transitions_per_trajectory(tmp_path):
     b.add_generation([4, 5, IM_END_ID], [-0.1] * 3, policy_version=0, rid="d1-t0")
     b.add_observation([6, 7])
     b.add_generation([8, IM_END_ID], [-0.1] * 2, policy_version=0, rid="d1-t1")
-    out = write_debug(tmp_path, {"sample_id": "d1", "reward": 1.0, "chunks": b.finish()},
+    out = write_debug(tmp_path, TrialResult(task="t", group_id="d", sample_id="d1", reward=1.0, chunks=b.finish()),
                       decode=lambda ids: " ".join(map(str, ids)))
     doc = json.loads((out / "tito_transitions.json").read_text())
     assert [(t["relation"], t["loss_tokens"]) for t in doc["transitions"]] == [("strict", 3), ("strict", 2)]

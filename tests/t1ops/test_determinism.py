@@ -13,6 +13,8 @@ from rl.engines.protocol import FinishReason, GenerateRequest, GenerateResponse,
 from t1ops.campaign.rollouts import plan_position
 from t1ops.campaign.trials import TrialSpec, request_seed, seeded
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
+from t1ops.config import RolloutConfig, RunConfig
+from tests.t1ops.results import trial
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = "files-hello"
@@ -36,8 +38,8 @@ def test_seeded_keeps_a_seed_the_request_already_has():
 
 def test_plan_position_orders_by_group_then_sample_index():
     order = {"st1-g0-a": 0, "st1-g1-b": 1}
-    rows = [{"group_id": g, "sample_id": f"{g}-s{i}"} for g in ("st1-g1-b", "st1-g0-a") for i in (10, 2)]
-    got = [r["sample_id"] for r in sorted(rows, key=lambda r: plan_position(r, order))]
+    rows = [trial(f"{g}-s{i}") for g in ("st1-g1-b", "st1-g0-a") for i in (10, 2)]
+    got = [r.sample_id for r in sorted(rows, key=lambda r: plan_position(r, order))]
     assert got == ["st1-g0-a-s2", "st1-g0-a-s10", "st1-g1-b-s2", "st1-g1-b-s10"]
 
 
@@ -70,20 +72,20 @@ class RecordingEngine:
 
 
 def _rollout(tmp_path, seed):
-    settings = WorkerSettings(agent=AgentSettings(max_turns=2, max_new_tokens=64), max_concurrency=4,
-                              reward_scale=5.0, seed=seed)
+    settings = WorkerSettings(agent=AgentSettings(max_turns=2, max_new_tokens=64), run=RunConfig(seed=seed or 0),
+                              rollout=RolloutConfig(max_concurrency=4, reward_scale=5.0, seed_requests=seed is not None))
     worker = RolloutWorker(run_id="det-test", trials_root=str(tmp_path / "trials"),
                            tasks_dir=str(REPO / "examples" / "tasks"), settings=settings, router=None)
     engine = RecordingEngine(worker.renderer, solution_command(load_task(REPO / "examples" / "tasks" / TASK).solution))
     worker.engines = engine
     groups = [[TrialSpec(TASK, f"st5-g{g}-{TASK}", i) for i in range(2)] for g in range(2)]
     out = asyncio.run(worker.rollout(5, groups))
-    return out["results"], engine.seeds, groups
+    return out.results, engine.seeds, groups
 
 
 def test_requests_are_seeded_per_trial_and_results_come_in_plan_order(tmp_path):
     results, seeds, groups = _rollout(tmp_path, seed=11)
-    assert [r["sample_id"] for r in results] == [f"{s.group_id}-s{s.sample_idx}" for g in groups for s in g]
+    assert [r.sample_id for r in results] == [f"{s.group_id}-s{s.sample_idx}" for g in groups for s in g]
     for spec in (s for g in groups for s in g):
         for call in (0, 1):
             assert seeds[f"{spec.group_id}-s{spec.sample_idx}-t{call}"] == request_seed(11, 5, spec, call)

@@ -12,6 +12,7 @@ import pytest
 
 from t1ops.campaign.evaluation import EvalTrial, Evaluator, eval_row, eval_task_names, run_on_own_loop
 from t1ops.campaign.summary import Summary, plot
+from t1ops.campaign.trials import BatchResult, TrialResult
 from t1ops.config import CampaignConfig
 from t1ops.errors import ConfigError, StallError
 from t1ops.guards.pacing import TokenBucket
@@ -61,12 +62,13 @@ class _Worker:
 
     def __init__(self, bucket) -> None:
         self.node, self.bucket = "n0", bucket
-        self.settings = SimpleNamespace(max_concurrency=4)
+        self.settings = SimpleNamespace(rollout=SimpleNamespace(max_concurrency=4))
         self.loops: set = set()
 
     def _trial(self, spec, idx, cancel, *, task, agent):
-        return {"task": spec.task, "reward": 1.0 if spec.sample_idx == 0 else 0.0, "reward_source": "ctrf",
-                "passed": 1, "total": 1 if spec.sample_idx == 0 else 2, "num_turns": 1, "end_reason": "done"}
+        return TrialResult(task=spec.task, group_id=spec.group_id, sample_id=f"{spec.group_id}-s{spec.sample_idx}",
+                           reward=1.0 if spec.sample_idx == 0 else 0.0, reward_source="ctrf", passed=1,
+                           total=1 if spec.sample_idx == 0 else 2, num_turns=1, end_reason="done")
 
 
 class _SingleLoopBucket:
@@ -101,7 +103,7 @@ def _train_and_eval(bucket, num_eval: int = 24) -> dict:
 
 def test_eval_on_its_own_loop_shares_the_loop_keyed_bucket_and_completes_every_trial():
     out = _train_and_eval(TokenBucket(rate_per_s=2000, burst=2))
-    assert out["ledger"] == {"expected": 24, "completed": 24, "failed": 0, "cancelled": 0, "missing": 0}
+    assert out.ledger == {"expected": 24, "completed": 24, "failed": 0, "cancelled": 0, "missing": 0}
     row = eval_row(3, [out], expected=24, eval_s=1.0, temperature=1.0)
     assert row["eval_num_trials"] == 24 and row["eval_reward_mean"] == pytest.approx(0.5)
     assert row["eval_solved_share"] == pytest.approx(0.5) and row["eval_failed"] == 0
@@ -109,20 +111,21 @@ def test_eval_on_its_own_loop_shares_the_loop_keyed_bucket_and_completes_every_t
 
 def test_eval_with_a_single_loop_lock_names_every_failed_trial():
     out = _train_and_eval(_SingleLoopBucket())
-    assert out["ledger"]["failed"] > 0, "the fault did not fire: no eval trial hit the foreign lock"
-    assert out["ledger"]["completed"] + out["ledger"]["failed"] == 24  # none vanished
-    assert any("different event loop" in e for e in out["failed"].values())
+    assert out.ledger["failed"] > 0, "the fault did not fire: no eval trial hit the foreign lock"
+    assert out.ledger["completed"] + out.ledger["failed"] == 24  # none vanished
+    assert any("different event loop" in e for e in out.failed.values())
     row = eval_row(3, [out], expected=24, eval_s=1.0, temperature=1.0)
-    assert row["eval_failed"] == out["ledger"]["failed"] and row["eval_expected"] == 24
+    assert row["eval_failed"] == out.ledger["failed"] and row["eval_expected"] == 24
 
 
 def test_eval_row_refuses_a_vanished_trial():
-    out = {"results": [], "failed": {}, "node": "n0",
-           "ledger": {"expected": 3, "completed": 2, "failed": 0, "cancelled": 0, "missing": 0}}
+    books = {"expected": 3, "completed": 2, "failed": 0, "cancelled": 0, "missing": 0}
+    out = BatchResult(results=[], failed={}, node="n0", ledger=books)
     with pytest.raises(StallError, match="vanished"):
         eval_row(1, [out], expected=3, eval_s=0.1, temperature=0.0)
     with pytest.raises(StallError, match="vanished"):
-        eval_row(1, [{**out, "ledger": {**out["ledger"], "expected": 2}}], expected=3, eval_s=0.1, temperature=0.0)
+        eval_row(1, [BatchResult(results=[], failed={}, node="n0", ledger={**books, "expected": 2})], expected=3,
+                 eval_s=0.1, temperature=0.0)
 
 
 def test_eval_rows_in_summary_json_and_report(tmp_path: Path):

@@ -9,10 +9,11 @@ from t1ops.campaign.async_buffer import GroupBuffer
 from t1ops.campaign.async_loop import GroupPlanner, end_books, row_books
 from t1ops.campaign.group_ledger import async_index, audit_groups, replay_plan
 from t1ops.errors import ConfigError
+from tests.t1ops.results import group
 
 
-def _group(gid: str) -> dict:
-    return {"group_id": gid, "results": [{"reward": 0.0}, {"reward": 1.0}]}
+def _group(gid: str):
+    return group(gid, [0.0, 1.0])
 
 
 def test_planner_runs_the_pending_groups_again_first_under_their_ids():

@@ -12,8 +12,9 @@ from rl.trainer.batch import TrainBatch
 from rl.trainer.settings import TrainerSettings
 from rl.trainer.step import grpo_token_advantages
 from t1ops.campaign.reward_policy import RewardPolicy, prepare
+from t1ops.campaign.trials import TrialResult
 from t1ops.campaign.worker import RolloutWorker, TrialSpec, WorkerSettings, task_agent
-from t1ops.config import parse_config
+from t1ops.config import RolloutConfig, parse_config
 from t1ops.errors import ConfigError
 from t1ops.guards.pacing import SkimAccounting, TrialLedger
 
@@ -57,7 +58,8 @@ class _Task:
 
 def _worker(policy: str = "drop") -> RolloutWorker:
     w = RolloutWorker.__new__(RolloutWorker)  # _book only: no engines, sandboxes or Ray
-    w.settings, w.tasks = WorkerSettings(agent=AgentSettings(), failed_trials=policy), {"t": _Task()}
+    w.settings = WorkerSettings(agent=AgentSettings(), rollout=RolloutConfig(failed_trials=policy))
+    w.tasks = {"t": _Task()}
     return w
 
 
@@ -72,14 +74,15 @@ def _book(w, outcomes):
 @pytest.mark.parametrize("err", [RoutingError("row missing before a loss token"), MissingRoutingError("none")])
 def test_any_routing_error_aborts_the_rollout(err):
     with pytest.raises(type(err)):
-        _book(_worker(), [err, {"reward": 1.0}])
+        _book(_worker(), [err, _result("g0-s1", 1.0, group="g0")])
 
 
 def test_failed_trials_dropped_kept_as_zero_or_aborting():
-    ok = {"reward": 1.0, "group_id": "g0"}
+    ok = _result("g0-s1", 1.0, group="g0")
     assert _book(_worker("drop"), [RuntimeError("sandbox"), ok]) == [ok]
     kept = _book(_worker("zero"), [RuntimeError("sandbox"), ok])
-    assert kept[1] is ok and (kept[0]["reward"], kept[0]["chunks"], kept[0]["failed"]) == (0.0, [], True)
+    assert kept[1] is ok and (kept[0].reward, kept[0].chunks, kept[0].failed) == (0.0, [], True)
+    assert (kept[0].sample_id, kept[0].group_id, kept[0].error) == ("g0-s0", "g0", "RuntimeError: sandbox")
     with pytest.raises(RuntimeError, match="sandbox"):
         _book(_worker("abort"), [RuntimeError("sandbox"), ok])
 
@@ -95,9 +98,9 @@ def test_task_max_turns_lowers_the_rollout_ceiling_never_raises_it():
 
 
 # --- what a trial trains on ---------------------------------------------------------------------
-def _result(sample, reward, *, group="g", end="done", passed=1, total=2, turns=2, chunks=1):
-    return {"sample_id": sample, "group_id": group, "task": "t", "reward": reward, "passed": passed, "total": total,
-            "num_turns": turns, "end_reason": end, "chunks": [_chunk(sample=sample) for _ in range(chunks)]}
+def _result(sample, reward, *, group="g", end="done", passed=1, total=2, turns=2, chunks=1, **kw):
+    return TrialResult(sample_id=sample, group_id=group, task="t", reward=reward, passed=passed, total=total,
+                       num_turns=turns, end_reason=end, chunks=[_chunk(sample=sample) for _ in range(chunks)], **kw)
 
 
 def test_truncated_trial_trains_on_zero_and_overflow_clears_its_mask():
@@ -120,7 +123,7 @@ def test_zero_variance_filter_outside_fully_async_drops_flat_groups():
     results = [_result("a", 1.0, group="g1"), _result("b", 1.0, group="g1"),
                _result("c", 1.0, group="g2"), _result("d", 0.0, group="g2")]
     prep = prepare(results, RewardPolicy(zero_variance_filter=True))
-    assert [r["sample_id"] for r in prep.results] == ["c", "d"] and prep.counts["zero_variance_groups_dropped"] == 1
+    assert [r.sample_id for r in prep.results] == ["c", "d"] and prep.counts["zero_variance_groups_dropped"] == 1
     cfg = {"rollout": {"zero_variance_filter": True, "n_samples_per_prompt": 2, "batch_size": 4}}
     assert parse_config(cfg).rollout.zero_variance_filter
 
@@ -150,9 +153,9 @@ def test_step_row_names_every_fallback_and_shows_entropy_and_critic_only(capsys)
     from t1ops.campaign.runner import _metrics_row
     from t1ops.campaign.trialtrace import step_split
 
-    results = [{**_result("a", 1.0), "reward_source": "harbor-reward", "reward_fallback": "fallback:missing"},
-               {**_result("b", 0.0), "reward_source": "no-verdict", "reward_fallback": "fallback:unparsable"},
-               {**_result("c", 0.5), "reward_source": "ctrf", "reward_fallback": None}]
+    results = [_result("a", 1.0, reward_source="harbor-reward", reward_fallback="fallback:missing"),
+               _result("b", 0.0, reward_source="no-verdict", reward_fallback="fallback:unparsable"),
+               _result("c", 0.5, reward_source="ctrf", reward_fallback=None)]
     row = _metrics_row(1, results, {"entropy": 1.25, "actor_updated": False}, 1.0, 1.0, 2.0, 0.1)
     assert row["reward_fallbacks"] == {"harbor-reward (fallback:missing)": 1, "no-verdict (fallback:unparsable)": 1}
     assert (row["entropy"], row["actor_updated"]) == (1.25, False)

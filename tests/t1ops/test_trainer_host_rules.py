@@ -12,6 +12,7 @@ from rl.model import ModelSpec, build_policy, token_logprobs
 from rl.tito import Trajectory
 from rl.vocab import CompactVocab
 from t1ops.campaign.trainer_host import TrainerHost
+from t1ops.campaign.trials import TrialResult
 from t1ops.config import CampaignConfig, CheckpointsConfig, parse_config
 
 
@@ -45,9 +46,9 @@ def _chunk(sample: str, seed: int) -> Trajectory:
                       meta={"sample_id": sample, "relations": ["strict"]})
 
 
-def _result(sample: str, reward: float, chunks: int) -> dict:
-    return {"sample_id": sample, "group_id": "g", "task": "t", "reward": reward, "passed": 1, "total": 1,
-            "num_turns": 1, "end_reason": "done", "chunks": [_chunk(sample, i) for i in range(chunks)]}
+def _result(sample: str, reward: float, chunks: int) -> TrialResult:
+    return TrialResult(sample_id=sample, group_id="g", task="t", reward=reward, passed=1, total=1, num_turns=1,
+                       end_reason="done", chunks=[_chunk(sample, i) for i in range(chunks)])
 
 
 @pytest.mark.slow  # three PPO steps of a megatron model on CPU

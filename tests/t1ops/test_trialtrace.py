@@ -5,11 +5,12 @@ import pytest
 
 from t1ops import telemetry
 from t1ops.campaign.trialtrace import TrialClock, read_trial_spans, split_text, step_split
+from tests.t1ops.results import trial
 
 
 def test_step_split_sums_phases_and_shares_active_trial_seconds():
-    results = [{"queue_s": 1.0, "sandbox_s": 1.0, "generate_s": 4.0, "verify_s": 2.0, "trial_s": 9.0},
-               {"queue_s": 0.0, "sandbox_s": 1.0, "generate_s": 2.0, "verify_s": 2.0, "trial_s": 6.0}]
+    results = [trial("g-s0", queue_s=1.0, sandbox_s=1.0, generate_s=4.0, verify_s=2.0, trial_s=9.0),
+               trial("g-s1", queue_s=0.0, sandbox_s=1.0, generate_s=2.0, verify_s=2.0, trial_s=6.0)]
     row = step_split(results, rollout_s=7.0)
     assert row["generate_s"] == 6.0 and row["verify_s"] == 4.0 and row["queue_s"] == 1.0
     assert row["trial_s"] == 15.0 and row["concurrency"] == 2.0       # 14 active trial-seconds in 7 s

@@ -11,6 +11,7 @@ from rl.engines.protocol import FinishReason, GenerateResponse
 from t1ops import telemetry
 from t1ops.campaign.trialtrace import read_trial_spans, step_split
 from t1ops.campaign.worker import RolloutWorker, TrialSpec, WorkerSettings
+from t1ops.config import RolloutConfig
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = "files-hello"
@@ -31,8 +32,8 @@ class ScriptedEngine:
 
 
 def test_every_trial_has_spans_and_phase_seconds(tmp_path):
-    settings = WorkerSettings(agent=AgentSettings(max_turns=2, max_new_tokens=64), max_concurrency=2,
-                              reward_scale=5.0)
+    settings = WorkerSettings(agent=AgentSettings(max_turns=2, max_new_tokens=64),
+                              rollout=RolloutConfig(max_concurrency=2, reward_scale=5.0))
     worker = RolloutWorker(run_id="trace-test", trials_root=str(tmp_path / "trials"),
                            tasks_dir=str(REPO / "examples" / "tasks"), settings=settings, router=None,
                            run_dir=str(tmp_path), index=0)
@@ -45,13 +46,13 @@ def test_every_trial_has_spans_and_phase_seconds(tmp_path):
         out = asyncio.run(worker.rollout(1, groups, trace=carrier))
     finally:
         telemetry.shutdown()
-    results = out["results"]
-    assert len(results) == 3 and all(r["reward"] > 0 for r in results)
-    assert all(r["generate_s"] > 0 and r["sandbox_s"] > 0 and r["verify_s"] > 0 for r in results)
+    results = out.results
+    assert len(results) == 3 and all(r.reward > 0 for r in results)
+    assert all(r.generate_s > 0 and r.sandbox_s > 0 and r.verify_s > 0 for r in results)
     split = step_split(results, rollout_s=1.0)
     assert 0 < split["verify_share"] < 1 and split["trial_s"] > 0
     spans = read_trial_spans(tmp_path)
-    assert set(spans) == {r["trial_id"] for r in results}
+    assert set(spans) == {r.trial_id for r in results}
     for trial in spans.values():
         assert trial["names"].count("agent.turn") == 2 and trial["names"].count("generate") == 2
         assert {"sandbox.create", "sandbox.exec", "sandbox.finish", "verify", "reward"} <= set(trial["names"])
