@@ -90,8 +90,8 @@ def _worker(tmp: Path, direct, spec, name: str):
     agent = AgentSettings(max_turns=2, max_new_tokens=24, context_window=1024, num_layers=spec.num_layers,
                           topk=spec.moe_router_topk)  # routing required on every turn (R3), as in the campaign
     worker = RolloutWorker(run_id=name, trials_root=str(tmp / name), tasks_dir=str(REPO / "examples" / "tasks"),
-                           settings=WorkerSettings(agent=agent, rollout=RolloutConfig(max_concurrency=4, reward_scale=5.0)),
-                           router=None)
+                           settings=WorkerSettings(agent=agent, rollout=RolloutConfig(
+                               max_concurrency=4, reward_scale=5.0, seed_requests=False)), router=None)
     worker.engines = _Observed(direct)
     return worker
 

@@ -75,7 +75,7 @@ def run(tmp: Path) -> Outcome:
 
     names = _tasks(tmp / "tasks")
     settings = WorkerSettings(agent=AgentSettings(max_turns=2, max_new_tokens=64), rollout=RolloutConfig(
-        max_concurrency=len(names), sandbox_rate_per_s=100.0, reward_scale=5.0))
+        max_concurrency=len(names), sandbox_rate_per_s=100.0, reward_scale=5.0, seed_requests=False))
     worker = RolloutWorker(run_id="skim", trials_root=str(tmp / "trials"), tasks_dir=str(tmp / "tasks"),
                            settings=settings, router=None)
     worker.engines = _Scripted(worker)
