@@ -110,7 +110,9 @@ class NodeWorker:
         for c in conns:
             c.close()
 
-    def rollout(self, step: int, groups: list, accept_groups: int | None = None, trace: dict | None = None) -> dict:
+    def rollout(self, step: int, groups: list, accept_groups: int | None = None, trace: dict | None = None):
+        from t1ops.campaign.trials import BatchResult, TrialResult
+
         specs = [s for g in groups for s in g]
         n, deliveries = len(specs), queue.Queue()
         acks, started = {i: threading.Event() for i in range(n)}, threading.Barrier(n)
@@ -122,12 +124,13 @@ class NodeWorker:
                 i, r = deliveries.get(timeout=0.2)
             except queue.Empty:
                 continue
-            results.append({**json.loads(os.read(r, 4096)), "group_id": specs[i].group_id,
-                            "sample_id": f"{specs[i].group_id}-s{specs[i].sample_idx}"})
+            got = json.loads(os.read(r, 4096))
+            results.append(TrialResult(task=specs[i].task, group_id=specs[i].group_id, reward=got["reward"],
+                                       sample_id=f"{specs[i].group_id}-s{specs[i].sample_idx}"))
             os.close(r)
             acks[i].set()
         books = {"expected": n, "completed": len(results), "failed": 0, "cancelled": 0, "missing": n - len(results)}
-        return {"results": results, "ledger": books, "failed": {}, "node": "local", "skim": {}}
+        return BatchResult(results=results, ledger=books, failed={}, node="local")
 
 
 def _phase(ray, name: str, guarded: bool, cap_hard: bool, run_dir: Path) -> dict:
