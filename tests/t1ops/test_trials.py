@@ -66,3 +66,16 @@ def test_worker_settings_carry_the_config_sections_as_declared():
     assert back.rollout == cfg.rollout and back.agent == s.agent
     unseeded = _worker_settings(parse_config({"rollout": {"seed_requests": False}}))
     assert unseeded.seed is None
+
+
+def test_the_rollout_side_of_the_results_never_imports_torch():
+    """The worker, its group and eval runners and the result types load without torch (a rollout
+    worker never imports it: rl/length_shaping.py); the trainer side that reads them does."""
+    import subprocess
+    import sys
+
+    code = ("import sys, t1ops.campaign.trials, t1ops.campaign.worker, t1ops.campaign.async_worker, "
+            "t1ops.campaign.evaluation, t1ops.campaign.dataplane; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
