@@ -21,7 +21,7 @@ from t1ops.config import EngineConfig
 from t1ops.engines.slots import spawn_factory, url_factory
 from t1ops.engines.pool import EnginePool
 from t1ops.guards.http import BoundedHttp
-from t1ops.guards.weight_sync import CheckpointDirSync, DiskSync, DistributedSync
+from t1ops.guards.weight_sync import CheckpointDirSync, JoinsAtBarrier, Pushed
 
 
 #: The version engines serve when started from the model's own initial weights (SGLang's default name):
@@ -29,67 +29,18 @@ from t1ops.guards.weight_sync import CheckpointDirSync, DiskSync, DistributedSyn
 INITIAL_VERSION = "default"
 
 
-class RayTrainerSender:
-    """:class:`~t1ops.guards.weight_sync.TrainerSender` over the trainer's Ray actor (rl.weights.sender)."""
-
-    def __init__(self, actor) -> None:
-        self.actor = actor
-
-    def group_address(self, backend: str):
-        import ray
-
-        return tuple(ray.get(self.actor.weight_group_address.remote(backend)))
-
-    def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str):
-        return self.actor.weight_open_group.remote(master_port, world_size, group_name, backend)
-
-    def buckets(self, version: str):
-        import ray
-
-        return ray.get(self.actor.weight_buckets.remote(version))
-
-    def send(self, version: str):
-        return self.actor.weight_send.remote(version)
-
-    def checksums(self, version: str) -> dict:
-        import ray
-
-        return ray.get(self.actor.weight_checksums.remote(version))
-
-    def close_group(self) -> None:
-        import ray
-
-        ray.get(self.actor.weight_close_group.remote())
-
-    def wait(self, handle):
-        import ray
-
-        return ray.get(handle)
-
-
-def build_weight_sync(cfg: EngineConfig, trainer, version: str, checkpoint_dir: str | None = None):
-    """The pool's weight sync for ``engine.weight_sync`` (docs/weights.md); no trainer: the checkpoint dir.
-    Engines that start from a checkpoint get its export for admission; ones that start from initial
-    weights (``checkpoint_dir`` None) get the trainer's weights at the first barrier."""
-    import ray
-
-    if trainer is None:
-        return CheckpointDirSync()
-    if cfg.weight_sync == "disk":
-        sync = DiskSync(lambda v: ray.get(trainer.weight_export.remote(v)),
-                        checksums=lambda v: ray.get(trainer.weight_checksums.remote(v)))
-        if checkpoint_dir is not None:
-            sync.last_export = sync.export(version)  # what an engine at another version loads on admission
-        return sync
-    backend = cfg.weight_sync_backend or ("gloo" if cfg.kind == "embedded" else "nccl")
-    return DistributedSync(RayTrainerSender(trainer), backend)
+def router_weight_sync(cfg: EngineConfig):
+    """What the router's pool does itself for ``engine.weight_sync`` (docs/weights.md): never a push
+    (the trainer pushes inside the coordinator's barrier, t1ops.campaign.barrier); only admission.
+    Disk: an engine at another version loads the last pushed export alone. Distributed: it waits
+    for the next barrier."""
+    return CheckpointDirSync() if cfg.weight_sync == "disk" else JoinsAtBarrier()
 
 
 class EngineRouter:
     def __init__(self, *, engine_cfg: dict, spec: dict, vocab_path: str, checkpoint_dir: str | None, version: str,
                  num_moe_layers: int, topk: int, num_experts: int, log_path: str | None = None,
-                 run_dir: str | None = None, telemetry_cfg: dict | None = None, pause_mode: str = "abort",
-                 trainer=None) -> None:
+                 run_dir: str | None = None, telemetry_cfg: dict | None = None, pause_mode: str = "abort") -> None:
         if run_dir is not None:
             telemetry.setup(run_dir, role="router", **(telemetry_cfg or {}))
         self.cfg = EngineConfig(**engine_cfg)
@@ -112,14 +63,15 @@ class EngineRouter:
             factory = url_factory(self.cfg.urls, self.http, **client_kw)
         self.pool = EnginePool(factory, self.cfg, version=version, checkpoint_dir=checkpoint_dir,
                                pause_mode=pause_mode,  # in_place: fully async, requests span syncs
-                               weight_sync=build_weight_sync(self.cfg, trainer, version, checkpoint_dir))
+                               weight_sync=router_weight_sync(self.cfg))
         self.pool.start()
 
     def wait_until_live(self) -> str:
-        if isinstance(self.pool.weight_sync, DistributedSync):  # engines at another version join now
+        """Every engine live, or (distributed sync) healthy and awaiting the first barrier's weights."""
+        if not self.pool.weight_sync.admits_alone:
             self.pool.wait_until_ready()
-            self.pool.publish_to_waiting()
-        self.pool.wait_until_live()
+        else:
+            self.pool.wait_until_live()
         return self.pool.describe()
 
     def generate(self, request):
@@ -142,10 +94,22 @@ class EngineRouter:
         latest = getattr(pool, "checkpoint_dir", None)
         return latest if latest and Path(latest).exists() else first
 
-    def sync_weights(self, checkpoint_dir: str, version: str) -> dict:
-        report = self.pool.sync_weights(checkpoint_dir, version)
+    # --- the weight-sync transaction: the coordinator opens and closes it, the trainer pushes ---
+    def open_sync(self, checkpoint_dir: str, version: int) -> list[tuple[int, str]]:
+        """Close the gate and pause; the ``(slot, url)`` engines the trainer must push ``version`` to."""
+        return self.pool.open_sync(checkpoint_dir, str(version))
+
+    def pushed(self, result: Pushed) -> list[tuple[int, str]]:
+        """The trainer's push result; returns the engines to push to again ([]: done)."""
+        return self.pool.pushed(result)
+
+    def close_sync(self) -> dict:
+        report = self.pool.close_sync()
         return {"duration_s": report.duration_s, "live": list(report.live_slots), "dead": list(report.dead_slots),
                 "recreated": list(report.recreated_slots), "aborted": report.num_aborted_in_flight}
+
+    def abort_sync(self, why: str) -> None:
+        self.pool.abort_sync(why)
 
     def describe(self) -> str:
         return self.pool.describe()

@@ -20,6 +20,7 @@ from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 from t1ops import telemetry
+from t1ops.campaign.barrier import engine_barrier
 from t1ops.campaign.dataplane import TrajectoryStore
 from t1ops.campaign.engines import INITIAL_VERSION, EngineRouter
 from t1ops.campaign.evaluation import Evaluator, eval_task_names
@@ -133,7 +134,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     # while the trainer warm-starts or loads the resumed checkpoint; version 0 (or the resumed step)
     # reaches them through the normal weight sync below. Calls on the trainer actor run in order. (The
     # workers start after the warm start: on a 2-core host their imports slowed it more than they saved.)
-    sender, sender_ready = _configure_weight_sender(cfg, c.trainer, run)
+    c.sender, sender_ready = _configure_weight_sender(cfg, c.trainer, run)
     if c.resume_from is None:
         examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
         warm = c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps)
@@ -144,7 +145,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     # as a constructor argument, which Ray reports as an error at creation (ray-project/ray#53727)
     c.router = ray.remote(EngineRouter).options(name=f"t1ops-router-{run.run_id}", num_cpus=0,
                                                 max_concurrency=256).remote(
-        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=None, trainer=sender,
+        engine_cfg=cfg.engine.model_dump(), spec=spec, vocab_path=str(run.vocab), checkpoint_dir=None,
         num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
         num_experts=cfg.model.num_experts, log_path=str(run.path / "engines.log"), run_dir=str(run.path),
         version=INITIAL_VERSION,
@@ -177,7 +178,9 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
             settings=settings, router=f"t1ops-router-{run.run_id}", node=node["NodeManagerAddress"] + ":" + node["NodeID"][:8],
             run_dir=str(run.path), index=index, telemetry_cfg=_telemetry_kw(cfg), store=store))
     progress.log("engines: " + ray.get(c.router.wait_until_live.remote()))
-    first_sync = ray.get(c.router.sync_weights.remote(ckpt0, str(c.resume_from or 0)))
+    with engine_barrier(c.router, c.resume_from or 0, ckpt0) as barrier:
+        barrier.push_from(c.sender)
+    first_sync = barrier.report
     progress.log(f"weights of step {c.resume_from or 0} synced to engines {first_sync['live']} "
                  f"in {first_sync['duration_s']:.2f} s")
     c.guards = CampaignGuards(cfg, run.path, dead_engines=lambda: ray.get(c.router.dead_engines.remote()),
@@ -214,9 +217,12 @@ def _configure_weight_sender(cfg: CampaignConfig, trainer, run: RunDir):
     e = cfg.engine
     if cfg.trainer.parallel.world_size > 1:  # rank 0 holds the full actor it gathers at publish: the sender
         trainer = trainer.actors[0]
-    ready = trainer.configure_weight_sender.remote(
+    trainer.configure_weight_sender.remote(
         dtype=e.dtype, bucket_bytes=int(e.weight_sync_bucket_mb * (1 << 20)), master_address=e.weight_sync_master_address,
         timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports"))
+    ready = trainer.configure_weight_push.remote(  # calls on one actor run in order: after the line above
+        engine_cfg=e.model_dump(), client_kw=dict(num_moe_layers=cfg.model.num_layers, topk=cfg.model.moe_router_topk,
+                                                  num_experts=cfg.model.num_experts))
     return trainer, ready
 
 

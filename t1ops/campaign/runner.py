@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from t1ops import telemetry
+from t1ops.campaign.barrier import engine_barrier
 from t1ops.campaign.async_loop import AsyncSource
 from t1ops.campaign.dataplane import write_dumps
 from t1ops.campaign.group_ledger import audit_groups
@@ -46,6 +47,7 @@ class Campaign:
     run: RunDir
     trainer: object = None            # Ray actor: t1ops.campaign.trainer_host.TrainerHost
     router: object = None             # Ray actor: t1ops.campaign.engines.EngineRouter
+    sender: object = None             # the trainer actor that pushes weights (rank 0 of several ranks)
     store: object = None              # Ray actor: t1ops.campaign.dataplane.TrajectoryStore (object_store plane)
     workers: list = field(default_factory=list)   # Ray actors: RolloutWorker, one per node
     rollouts: Rollouts | None = None
@@ -151,7 +153,9 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     t_sync = time.monotonic()
     ckpt = ray.get(c.trainer.publish.remote(step, step == c.cfg.run.steps))  # the last step is a resume point
     telemetry.event("campaign.sync_barrier", step=step)
-    sync = ray.get(c.router.sync_weights.remote(ckpt, str(step)))
+    with engine_barrier(c.router, step, ckpt) as barrier:  # the coordinator owns the transaction
+        barrier.push_from(c.sender)
+    sync = barrier.report
     source.after_sync()
     sync_s = time.monotonic() - t_sync
     telemetry.event("campaign.sync_done", step=step)

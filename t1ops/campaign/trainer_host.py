@@ -26,11 +26,12 @@ from rl.weights.sender import WeightSender
 from t1ops.campaign.dataplane import fetch
 from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trials import TrialResult, require_results
+from t1ops.campaign.weight_push import WeightPush
 from t1ops.config import CheckpointsConfig, TrainerConfig
 from t1ops.guards.checkpoints import CheckpointManager
 
 
-class TrainerHost(WeightSender):
+class TrainerHost(WeightSender, WeightPush):
     def __init__(self, *, spec: dict, settings: TrainerConfig, vocab_path: str, ckpt_base: str, seed: int,
                  num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
                  gloo_timeout_s: float = 3600.0, temperature: float = 1.0,

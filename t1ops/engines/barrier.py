@@ -17,7 +17,7 @@ from t1ops.config import EngineConfig
 from t1ops.errors import EngineDeadError, InputError
 from t1ops.engines.checks import BarrierChecks
 from t1ops.engines.slots import ENGINE_FAILURES, RUNBOOK, Slot, SlotTable
-from t1ops.guards.weight_sync import WeightSync
+from t1ops.guards.weight_sync import Pushed, WeightSync, push
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,35 @@ class SyncReport:
     duration_s: float
 
 
+@dataclass
+class _Open:
+    """One barrier between :meth:`Barrier.open` and :meth:`Barrier.close`."""
+
+    version: str
+    checkpoint_dir: str
+    live: list[Slot]       # live when the barrier began: published unless they fail
+    waiting: list[Slot]    # healthy at another version (distributed sync): joined by this barrier
+    targets: list[Slot]    # the engines the pusher must (re)push to now
+    num_in_flight: int
+    t0: float
+    attempt: int = 0       # re-pushes after a checksum mismatch so far
+    source: str | None = None
+
+
 class Barrier:
-    """:meth:`sync_weights` and the start-up publication of distributed weight sync, over one
-    :class:`SlotTable`; ``respawn(index)`` starts a replacement engine in slot ``index`` (in the background)."""
+    """The weight-sync barrier over one :class:`SlotTable` as a transaction (docs/weights.md, "One
+    transaction"): :meth:`open` closes the gate, pauses and names the targets; the pusher (the
+    trainer, in a campaign) moves the weights and :meth:`pushed` takes its :class:`Pushed` (it may
+    name engines to push to again); :meth:`close` rotates, resumes, proves and reopens the gate;
+    :meth:`abort` ends a barrier whose push raised (the gate stays closed). :meth:`sync_weights` is
+    the same transaction in one process with the pool's own ``WeightSync``. ``respawn(index)``
+    starts a replacement engine in slot ``index`` (in the background)."""
 
     def __init__(self, table: SlotTable, cfg: EngineConfig, *, weight_sync: WeightSync, checks: BarrierChecks,
                  respawn: Callable[[int], None], pause_mode: Literal["abort", "in_place"]) -> None:
         self.table, self.cfg, self.weight_sync, self.checks = table, cfg, weight_sync, checks
         self.respawn, self.pause_mode, self.clock = respawn, pause_mode, table.clock
+        self._open: _Open | None = None
 
     def sync_weights(self, checkpoint_dir: str, version: str,
                      rotate_snapshot: Callable[[str], None] | None = None) -> SyncReport:
@@ -51,10 +72,24 @@ class Barrier:
         If no engine took the new weights, raises :class:`EngineDeadError` and leaves
         the gate closed (no request may be served by stale weights).
         """
+        targets = self.open(checkpoint_dir, version)
+        try:
+            while targets:
+                targets = self.pushed(push(self.weight_sync, targets, checkpoint_dir, version))
+        except BaseException as exc:
+            self.abort(f"{type(exc).__name__}: {exc}")
+            raise
+        return self.close(rotate_snapshot)
+
+    # --- the transaction -------------------------------------------------------------------
+    def open(self, checkpoint_dir: str, version: str) -> list[tuple[int, EngineClient]]:
+        """Close the gate, pause (and in ``abort`` mode drain) the live engines; return the targets:
+        the live engines and those awaiting weights. Holds the pool's sync lock until close/abort."""
         if not version or version == self.table.version:
             raise InputError(f"sync_weights(version={version!r}): must be new (current {self.table.version!r})")
         t0 = self.clock()
-        with self.table.sync_lock:
+        self.table.sync_lock.acquire()
+        try:
             with self.table.cond:
                 self.table.gate_open, self.table.syncing = False, True
                 self.table.num_syncs += 1
@@ -65,37 +100,83 @@ class Barrier:
             if self.pause_mode == "abort":
                 self._drain()  # in place: paused requests stay on their engine and resume after the sync
             waiting = [s for s in self.table.slots if s.status == "starting" and s.awaiting_weights]
-            failures = self.weight_sync.publish([(s.index, s.handle.client) for s in self._live_of(live) + waiting],
-                                                checkpoint_dir, version)
-            for s in self._live_of(live) + waiting:
-                if s.index in failures:
-                    self.table.declare_dead(s, f"publish failed during weight sync: {failures[s.index]}")
-            self.checks.verify_loaded(self._live_of(live) + [s for s in waiting if s.status == "starting"],
-                                checkpoint_dir, version)  # a mismatch is re-synced before any traffic
-            self._admit_waiting(waiting)
-            published = self._live_of(live)
-            if live and not published:
-                raise EngineDeadError(f"weight sync to {version!r} from {checkpoint_dir} failed on every engine: "
+            self._open = _Open(version=version, checkpoint_dir=checkpoint_dir, live=live, waiting=waiting,
+                               targets=self._live_of(live) + waiting, num_in_flight=num_in_flight, t0=t0)
+        except BaseException:
+            self.table.sync_lock.release()
+            raise
+        return [(s.index, s.handle.client) for s in self._open.targets]
+
+    def pushed(self, result: Pushed) -> list[tuple[int, EngineClient]]:
+        """Take one push's result: a failed engine is dead; one whose loaded tensors differ from the
+        pushed checksums is named again (up to ``engine.weight_resyncs`` times, then dead)."""
+        o = self._require_open()
+        resync = o.attempt > 0
+        for s in o.targets:
+            if s.index in result.failures:
+                what = "re-sync after a checksum mismatch failed" if resync else "publish failed during weight sync"
+                self.table.declare_dead(s, f"{what}: {result.failures[s.index]}")
+        o.source = result.source or o.source
+        bad = self.checks.loaded_mismatches([s for s in o.targets if s.status != "dead"], result.checksums,
+                                            o.version, attempt=o.attempt, t0=o.t0)
+        if not bad:
+            o.targets = []
+        elif o.attempt == self.cfg.weight_resyncs:
+            self.checks.give_up(o.targets, bad, o.version, o.attempt)
+            o.targets = []
+        else:  # a group that cannot admit one engine alone is pushed to whole again
+            o.attempt += 1
+            o.targets = [s for s in o.targets if s.status != "dead" and (s.index in bad or not self.weight_sync.admits_alone)]
+            telemetry.event("engine.weights_resynced", severity="warning", slots=str(sorted(bad)), version=o.version,
+                            attempt=o.attempt)
+        return [(s.index, s.handle.client) for s in o.targets]
+
+    def close(self, rotate_snapshot: Callable[[str], None] | None = None) -> SyncReport:
+        """Admit the engines that joined, publish the version, rotate, resume and prove resumed,
+        recreate the dead, reopen the gate. Raises (gate left closed) when no engine took it."""
+        o = self._require_open()
+        try:
+            self._admit_waiting([s for s in o.waiting if s.status == "starting"])
+            published = self._live_of(o.live)
+            if o.live and not published:
+                raise EngineDeadError(f"weight sync to {o.version!r} from {o.checkpoint_dir} failed on every engine: "
                                       f"{self.table.describe()}; generation stays paused. See {RUNBOOK}")
-            self.table.version, self.table.checkpoint_dir = version, checkpoint_dir
-            self.table.history.append(version)
+            self.table.version, self.table.checkpoint_dir = o.version, o.checkpoint_dir
+            self.table.admit_source = o.source or o.checkpoint_dir
+            self.table.history.append(o.version)
             if rotate_snapshot is not None:
-                rotate_snapshot(version)  # inside the barrier: the ratio's denominator = the sampling policy
+                rotate_snapshot(o.version)  # inside the barrier: the ratio's denominator = the sampling policy
             for s in published:
                 self._control(s, "resume", lambda c: c.continue_generation())
-            self.checks.prove_resumed(published, version)  # acknowledged is not resumed: a probe must generate
+            self.checks.prove_resumed(published, o.version)  # acknowledged is not resumed: a probe must generate
             recreated = self._recreate_dead()
             with self.table.cond:
                 self.table.gate_open, self.table.syncing = True, False
                 self.table.cond.notify_all()
-        report = SyncReport(version=version, live_slots=tuple(self.table.live_slots()),
+        finally:
+            self._open = None
+            self.table.sync_lock.release()
+        report = SyncReport(version=o.version, live_slots=tuple(self.table.live_slots()),
                             dead_slots=tuple(s.index for s in self.table.slots if s.status == "dead"),
-                            recreated_slots=recreated, num_aborted_in_flight=num_in_flight,
-                            duration_s=self.clock() - t0)
+                            recreated_slots=recreated, num_aborted_in_flight=o.num_in_flight,
+                            duration_s=self.clock() - o.t0)
         telemetry.observe("engine.sync_s", report.duration_s)
-        telemetry.event("engine.weight_sync", version=version, num_live=len(report.live_slots),
-                        recreated=str(list(recreated)), num_aborted=num_in_flight)
+        telemetry.event("engine.weight_sync", version=o.version, num_live=len(report.live_slots),
+                        recreated=str(list(recreated)), num_aborted=o.num_in_flight)
         return report
+
+    def abort(self, why: str) -> None:
+        """The push raised: end the barrier with the gate closed (no engine serves half-synced weights)."""
+        o, self._open = self._open, None
+        if o is None:
+            return
+        telemetry.event("engine.sync_aborted", severity="error", version=o.version, reason=why[:300])
+        self.table.sync_lock.release()
+
+    def _require_open(self) -> _Open:
+        if self._open is None:
+            raise InputError("no weight-sync barrier is open: call open(checkpoint_dir, version) first")
+        return self._open
 
     def _live_of(self, slots: list[Slot]) -> list[Slot]:
         return [s for s in slots if s.status == "live"]
@@ -118,22 +199,6 @@ class Barrier:
                 self.table.cond.notify_all()
             telemetry.event("engine.admitted", slot=s.index, url=s.handle.url, at_barrier=True,
                             startup_s=round(self.clock() - s.started_at, 3))
-
-    def publish_to_waiting(self) -> tuple[int, ...]:
-        """Bring engines that await weights to the pool's current version now (start-up of distributed
-        sync: no request is in flight on them, so no pause is needed); returns the slots admitted."""
-        with self.table.sync_lock:
-            waiting = [s for s in self.table.slots if s.status == "starting" and s.awaiting_weights]
-            if not waiting:
-                return ()
-            failures = self.weight_sync.publish([(s.index, s.handle.client) for s in waiting], self.table.checkpoint_dir,
-                                                self.table.version)
-            for s in waiting:
-                if s.index in failures:
-                    self.table.declare_dead(s, f"publish failed at admission: {failures[s.index]}")
-            self.checks.verify_loaded([s for s in waiting if s.status == "starting"], self.table.checkpoint_dir, self.table.version)
-            self._admit_waiting([s for s in waiting if s.status == "starting"])
-        return tuple(s.index for s in waiting if s.status == "live")
 
     def wait_until_ready(self, timeout_s: float | None = None) -> None:
         """Block until every slot is live or healthy and awaiting weights (distributed sync's start-up)."""

@@ -6,9 +6,9 @@ Owned by the pool and used by :class:`t1ops.engines.barrier.Barrier` and :class:
 - **Loaded weights** (``engine.verify_weights``; SkyRL issue #1680, fixed in SkyRL PR #1737: a
   multi-chunk weight update turned a MoE model's output to gibberish with no error). After the
   publish, every engine computes a checksum per tensor *from its model* (``/weights_checksum``)
-  and the barrier compares them with the trainer's checksums of what it sent
-  (``WeightSync.expected_checksums``). An engine that differs stays out of traffic (the gate is
-  closed, it is not admitted) and is re-synced, up to ``engine.weight_resyncs`` times; one that
+  and the barrier compares them with the trainer's checksums of what it pushed
+  (``Pushed.checksums``). An engine that differs stays out of traffic (the gate is
+  closed, it is not admitted) and is pushed again, up to ``engine.weight_resyncs`` times; one that
   still differs is declared dead and recreated. An engine without the endpoint (a stock SGLang
   server) is skipped with an ``engine.weights_unverified`` warning.
 - **Resumed** (``engine.resume_probe``; AReaL issue #1160, fixed in AReaL PR #1181: an engine
@@ -30,7 +30,6 @@ from rl.weights.checksums import mismatched
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.engines.slots import ENGINE_FAILURES, Slot, SlotTable
-from t1ops.guards.weight_sync import WeightSync
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
@@ -46,47 +45,35 @@ _probe_numbers = itertools.count()
 class BarrierChecks:
     """The two proofs (module docstring) over the engines of one :class:`SlotTable`."""
 
-    def __init__(self, table: SlotTable, cfg: EngineConfig, weight_sync: WeightSync) -> None:
-        self.table, self.cfg, self.weight_sync = table, cfg, weight_sync
+    def __init__(self, table: SlotTable, cfg: EngineConfig) -> None:
+        self.table, self.cfg = table, cfg
         self._unverified_warned = False
         self._last_expected: tuple[str, dict] | None = None  # (version, the trainer's checksums): admissions check too
 
     # --- loaded weights ------------------------------------------------------------------
-    def verify_loaded(self, slots: list[Slot], source: str | None, version: str) -> None:
-        """Re-sync (then declare dead) every engine whose loaded tensors differ from the trainer's."""
-        if not self.cfg.verify_weights or not slots:
-            return
-        expected = self.weight_sync.expected_checksums(version)
-        if expected is None:
-            return
-        self._last_expected = (version, expected)
-        t0 = time.monotonic()
-        targets = [s for s in slots if s.status != "dead"]
-        for attempt in range(self.cfg.weight_resyncs + 1):
-            bad = {s.index: m for s in targets if (m := self._loaded_mismatch(s, expected, version))}
-            if not bad:
-                return
-            for s in targets:
-                if s.index in bad:
-                    telemetry.count("engine.weights_mismatch", slot=s.index)
-                    telemetry.event("engine.weights_mismatch", severity="error", slot=s.index, url=s.handle.url,
-                                    version=version, attempt=attempt, num_tensors=len(bad[s.index]),
-                                    tensors=str(bad[s.index][:4]), detect_s=round(time.monotonic() - t0, 3))
-            if attempt == self.cfg.weight_resyncs:
-                for s in targets:
-                    if s.index in bad:
-                        self.table.declare_dead(s, f"loaded weights of version {version!r} differ from the trainer's in "
-                                              f"{len(bad[s.index])} tensor(s) (first: {bad[s.index][:3]}) after "
-                                              f"{attempt} re-sync(s); see runbooks/weight-sync-corruption.md")
-                return
-            again = [s for s in targets if s.index in bad] if self.weight_sync.admits_alone else targets
-            failures = self.weight_sync.publish([(s.index, s.handle.client) for s in again], source, version)
-            for s in again:
-                if s.index in failures:
-                    self.table.declare_dead(s, f"re-sync after a checksum mismatch failed: {failures[s.index]}")
-            telemetry.event("engine.weights_resynced", severity="warning", slots=str(sorted(bad)), version=version,
-                            attempt=attempt + 1)
-            targets = [s for s in targets if s.index in bad and s.status != "dead"]
+    def loaded_mismatches(self, slots: list[Slot], expected: dict | None, version: str, *, attempt: int,
+                          t0: float) -> dict[int, list[str]]:
+        """``{slot: tensor names}`` of the engines whose loaded tensors differ from ``expected`` (the
+        trainer's checksums of what it pushed); each one is reported. Nothing to compare: {}."""
+        if not self.cfg.verify_weights or expected is None:
+            return {}
+        self._last_expected = (version, expected)  # a later admission alone is checked against it too
+        bad = {s.index: m for s in slots if s.status != "dead" and (m := self._loaded_mismatch(s, expected, version))}
+        for s in slots:
+            if s.index in bad:
+                telemetry.count("engine.weights_mismatch", slot=s.index)
+                telemetry.event("engine.weights_mismatch", severity="error", slot=s.index, url=s.handle.url,
+                                version=version, attempt=attempt, num_tensors=len(bad[s.index]),
+                                tensors=str(bad[s.index][:4]), detect_s=round(time.monotonic() - t0, 3))
+        return bad
+
+    def give_up(self, slots: list[Slot], bad: dict[int, list[str]], version: str, attempt: int) -> None:
+        """Engines still differing after ``engine.weight_resyncs`` re-syncs are dead (then recreated)."""
+        for s in slots:
+            if s.index in bad:
+                self.table.declare_dead(s, f"loaded weights of version {version!r} differ from the trainer's in "
+                                           f"{len(bad[s.index])} tensor(s) (first: {bad[s.index][:3]}) after "
+                                           f"{attempt} re-sync(s); see runbooks/weight-sync-corruption.md")
 
     def admission_mismatch(self, s: Slot, version: str) -> list[str]:
         """An engine admitted alone (disk sync) loaded ``version``: its tensors against the barrier's record."""

@@ -139,7 +139,8 @@ class Health:
                                 self.table.cond.notify_all()
                             telemetry.event("engine.awaiting_weights", slot=s.index, url=s.handle.url)
                         return
-                    self.weight_sync.admit(s.handle.client, self.table.checkpoint_dir, self.table.version)
+                    self.weight_sync.admit(s.handle.client, self.table.admit_source or self.table.checkpoint_dir,
+                                          self.table.version)
                     bad = self.checks.admission_mismatch(s, self.table.version)
                     if bad:
                         self.table.declare_dead(s, f"admission: loaded weights of {self.table.version!r} differ from the "

@@ -24,7 +24,10 @@ Contract of :class:`EnginePool`:
   resubmitted after the barrier), wait (bounded) for them to come back, publish the
   checkpoint (``/update_weights_from_disk``, deliberately unbounded), check each
   engine's version, rotate the behaviour snapshot (callback), start
-  replacements for dead engines, resume, open the gate.
+  replacements for dead engines, resume, open the gate. It is one transaction,
+  :meth:`open_sync` / :meth:`pushed` / :meth:`close_sync`, whose push another
+  process may do: in a campaign the coordinator opens it on the router and the
+  trainer pushes (docs/weights.md, "One transaction").
 - ``pause_mode="in_place"`` (fully async, docs/async.md): the barrier pauses
   requests where they are instead of aborting them; they resume under the
   new weights after the sync, so one response may span several versions.
@@ -61,7 +64,7 @@ from t1ops.engines.barrier import Barrier, SyncReport
 from t1ops.engines.checks import BarrierChecks
 from t1ops.engines.health import Health
 from t1ops.engines.slots import RUNBOOK, EngineFactory, EngineHandle, Slot, SlotTable, Status, Ticket, kill_engine
-from t1ops.guards.weight_sync import CheckpointDirSync, WeightSync
+from t1ops.guards.weight_sync import CheckpointDirSync, Pushed, WeightSync
 
 
 class EnginePool:
@@ -87,7 +90,7 @@ class EnginePool:
         self.weight_sync: WeightSync = weight_sync or CheckpointDirSync()  # how "publish" moves weights
         self.pause_mode = pause_mode
         self.table = SlotTable(version=version, checkpoint_dir=checkpoint_dir, clock=clock)
-        self.checks = BarrierChecks(self.table, cfg, self.weight_sync)
+        self.checks = BarrierChecks(self.table, cfg)
         self.health = Health(self.table, cfg, weight_sync=self.weight_sync, checks=self.checks,
                              num_engines=cfg.num_engines, none_left=lambda: self.barrier.recreate_if_none_left())
         self._spawner = cf.ThreadPoolExecutor(max(2, cfg.num_engines), thread_name_prefix="engine-spawn")
@@ -151,9 +154,21 @@ class EnginePool:
         """:meth:`Barrier.sync_weights`."""
         return self.barrier.sync_weights(checkpoint_dir, version, rotate_snapshot)
 
-    def publish_to_waiting(self) -> tuple[int, ...]:
-        """:meth:`Barrier.publish_to_waiting`."""
-        return self.barrier.publish_to_waiting()
+    def open_sync(self, checkpoint_dir: str, version: str) -> list[tuple[int, str]]:
+        """:meth:`Barrier.open`: the targets as ``(slot, url)`` (what a pusher in another process needs)."""
+        return [(i, c.base_url) for i, c in self.barrier.open(checkpoint_dir, version)]
+
+    def pushed(self, result: Pushed) -> list[tuple[int, str]]:
+        """:meth:`Barrier.pushed`: the targets to push to again as ``(slot, url)``; [] when done."""
+        return [(i, c.base_url) for i, c in self.barrier.pushed(result)]
+
+    def close_sync(self, rotate_snapshot: Callable[[str], None] | None = None) -> SyncReport:
+        """:meth:`Barrier.close`."""
+        return self.barrier.close(rotate_snapshot)
+
+    def abort_sync(self, why: str) -> None:
+        """:meth:`Barrier.abort`."""
+        self.barrier.abort(why)
 
     def wait_until_ready(self, timeout_s: float | None = None) -> None:
         """:meth:`Barrier.wait_until_ready`."""

@@ -86,6 +86,7 @@ class SlotTable:
 
     version: str  # the weight version every live engine serves
     checkpoint_dir: str | None  # where that version's weights are (loaded into a starting engine)
+    admit_source: str | None = None  # what an engine admitted alone loads (disk sync: the trainer's export)
     slots: list[Slot] = field(default_factory=list)
     history: list[str] = field(default_factory=list)  # every version published, oldest first
     gate_open: bool = True  # False while a barrier holds new requests back

@@ -23,11 +23,20 @@ policy versions keep their meaning. ``expected_checksums(version)`` is the train
 what it sent (per-tensor checksums, :mod:`rl.weights.checksums`), which the barrier compares
 with what each engine reports it loaded (``engine.verify_weights``, :mod:`t1ops.engines.checks`);
 None where no trainer sends (:class:`CheckpointDirSync`).
+
+Who runs them: in a campaign the **trainer** pushes (:func:`push`, called in the trainer's actor
+by ``TrainerHost.push_weights``) inside a barrier the **coordinator** opens and closes on the
+router (``t1ops.campaign.engines.engine_barrier``; docs/weights.md, "One transaction"): the
+router never calls the trainer. Its pool holds :class:`CheckpointDirSync` (disk: an engine is
+admitted alone from the last pushed export) or :class:`JoinsAtBarrier` (distributed). In one
+process (tests, benchmarks) ``EnginePool.sync_weights`` runs the same three steps with its own
+``WeightSync``.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from rl.engines import protocol_weights as PW
@@ -51,6 +60,24 @@ class WeightSync(Protocol):
 
     def expected_checksums(self, version: str) -> dict | None:
         """The trainer's ``{"dtype", "tensors": {name: checksum}}`` of ``version``; None: no record."""
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """What one push did: ``failures`` ``{slot: why}``; ``source``: a directory a new engine can load
+    this version from alone (disk sync's export; None otherwise); ``checksums``: the trainer's record
+    of what it pushed (``WeightSync.expected_checksums``; None: nothing to compare with)."""
+
+    failures: dict[int, str] = field(default_factory=dict)
+    source: str | None = None
+    checksums: dict | None = None
+
+
+def push(sync: "WeightSync", targets: Targets, source: str | None, version: str, *, checksums: bool = True) -> Pushed:
+    """Bring every target to ``version`` with ``sync`` and say what happened (the pusher's half of a barrier)."""
+    failures = sync.publish(targets, source, version)
+    return Pushed(failures=failures, source=getattr(sync, "last_export", None) or source,
+                  checksums=sync.expected_checksums(version) if checksums else None)
 
 
 def check_version(client: EngineClient, version: str) -> None:
@@ -115,6 +142,23 @@ class DiskSync(CheckpointDirSync):
 
     def admit(self, client: EngineClient, source: str | None, version: str) -> None:
         super().admit(client, self.last_export or source, version)
+
+
+class JoinsAtBarrier:
+    """The router's side of distributed sync in a campaign: the trainer pushes inside the coordinator's
+    barrier, so an engine at another version never loads alone; it waits for the next barrier."""
+
+    admits_alone = False
+
+    def publish(self, targets: Targets, source: str, version: str) -> dict[int, str]:
+        raise EngineError("distributed weight sync is pushed by the trainer inside the coordinator's barrier "
+                          "(t1ops.campaign.engines.engine_barrier), never by the router")
+
+    def admit(self, client: EngineClient, source: str | None, version: str) -> None:
+        raise EngineError("distributed weight sync admits new engines at the next barrier")
+
+    def expected_checksums(self, version: str) -> dict | None:
+        return None  # the push carries them (Pushed.checksums)
 
 
 class TrainerSender(Protocol):

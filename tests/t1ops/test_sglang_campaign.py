@@ -80,7 +80,12 @@ def test_campaign_against_url_engines_with_distributed_sync(tmp_path, url_engine
         assert httpx.get(url + "/model_info", timeout=10).json()["weight_version"] == "2"
     vocab = json.loads((run_dir / "vocab.json").read_text())
     assert vocab["identity"] and vocab["full_vocab_size"] == cfg.model.vocab_size
-    events = [json.loads(line) for line in (run_dir / "telemetry" / "router" / "events.jsonl").read_text().splitlines()]
-    groups = [e for e in events if e["name"] == "engine.weight_group"]
+    def events(role: str) -> list[dict]:
+        return [json.loads(line) for line in (run_dir / "telemetry" / role / "events.jsonl").read_text().splitlines()]
+
+    # the trainer pushes inside the coordinator's barrier (docs/weights.md, "One transaction"): it forms the group
+    groups = [e for e in events("trainer") if e["name"] == "engine.weight_group"]
     assert len(groups) == 1 and groups[0]["world_size"] == 3 and groups[0]["failed"] == 0  # formed once, reused
+    events = events("router")
+    assert not any(e["name"] == "engine.weight_group" for e in events)  # the router never moves weights
     assert sum(e["name"] == "engine.admitted" for e in events) == 2
