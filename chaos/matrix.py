@@ -14,6 +14,7 @@ named in the error), so a refusal of code cannot hide here. The table is docs/ma
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import itertools
 import json
 import os
@@ -138,23 +139,42 @@ def table(results: list[Result]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def write_results(path: Path, text: str) -> None:
+    """Put the table under the ``## Results`` heading of ``path``, keeping the prose around it."""
+    doc = path.read_text() if path.exists() else ""
+    head, sep, rest = doc.partition("## Results\n")
+    if not sep:
+        path.write_text(doc + ("\n" if doc else "") + "## Results\n\n" + text)
+        return
+    nxt = rest.find("\n## ")
+    path.write_text(head + sep + "\n" + text + (rest[nxt:] if nxt >= 0 else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m chaos.matrix", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairwise", action="store_true", help="the pairwise cover only (9 cells)")
     p.add_argument("--markdown", type=Path, help="write the table here")
     p.add_argument("--json-out", type=Path, help="write the results as JSON here")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cells run at once (default 1; each cell is two campaign processes in turn)")
     args = p.parse_args(argv)
     cells = pairwise() if args.pairwise else full_matrix()
-    results = []
-    for cell in cells:
+
+    def one(cell: Cell) -> Result:
         with tempfile.TemporaryDirectory(prefix="t1ops-matrix-") as tmp:
-            results.append(run_cell(cell, Path(tmp)))
-        print(table(results[-1:]).splitlines()[-1], flush=True)
+            r = run_cell(cell, Path(tmp))
+        print(table([r]).splitlines()[-1], flush=True)
+        return r
+
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(one, cells))  # in matrix order, whatever order they finish in
     text = table(results)
-    print(text)
+    print(text + f"{sum(r.ok for r in results)}/{len(results)} cells ok in {time.monotonic() - t0:.0f} s "
+                 f"({args.jobs} at a time)")
     if args.markdown:
-        args.markdown.write_text(text)
+        write_results(args.markdown, text)
     if args.json_out:
         args.json_out.write_text(json.dumps([{**r.cell.__dict__, "ok": r.ok, "detail": r.detail, "steps": r.steps,
                                               "evals": r.evals, "seconds": r.seconds} for r in results], indent=1))

@@ -19,3 +19,12 @@ def test_pairwise_cover_has_every_pair_of_values_and_the_check_can_fail():
 def test_cell_runs_with_eval_and_resumes_after_a_kill(cell, tmp_path):
     result = run_cell(cell, tmp_path)
     assert result.ok, result.detail
+
+
+def test_the_table_replaces_only_the_results_section(tmp_path):
+    from chaos.matrix import write_results
+
+    doc = tmp_path / "matrix.md"
+    doc.write_text("# The combination matrix\n\nprose\n\n## Results\n\nold table\n\n## Notes\n\nkept\n")
+    write_results(doc, "| mode | ok |\n")
+    assert doc.read_text() == "# The combination matrix\n\nprose\n\n## Results\n\n| mode | ok |\n\n## Notes\n\nkept\n"
