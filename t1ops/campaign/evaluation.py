@@ -160,8 +160,6 @@ class Evaluator:
 
     def maybe_submit(self, step: int) -> bool:
         """Start the evaluation of the weights published as version ``step`` (if due)."""
-        import ray
-
         if not self.due(step):
             return False
         if self.pending is not None:
