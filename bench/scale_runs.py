@@ -3,8 +3,8 @@
     python bench/scale_runs.py OUT_DIR [--steps 5] [--only NAME ...]
 
 Runs the tiny campaign (examples/tiny/campaign.toml, eval off) as ``one_step`` (the run the
-simulator is fitted on), ``sync``, ``fully_async`` (examples/tiny/campaign-async.toml) and
-``one_step`` with twice the batch, each in its own run directory under OUT_DIR, and writes
+simulator is fitted on), ``sync``, ``fully_async`` (the same pool, with the fully_async section of
+examples/tiny/campaign-async.toml) and ``one_step`` with twice the batch, each in its own run directory under OUT_DIR, and writes
 OUT_DIR/runs.json mapping name -> run directory plus the load average before and after each.
 The runs are sequential: on a shared machine, note the load (it is recorded).
 """
@@ -23,13 +23,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def config(name: str, steps: int):
-    path = "campaign-async.toml" if name == "fully_async" else "campaign.toml"
-    cfg = load_toml(REPO / "examples" / "tiny" / path)
+    # every run on the same config and task pool as the fitted one: the share of groups with all-equal
+    # rewards is a property of the pool and the policy, which the simulator takes from the fit
+    cfg = load_toml(REPO / "examples" / "tiny" / "campaign.toml")
     cfg.run.steps, cfg.run.ray_address, cfg.run.name = steps, "local", f"scale-{name}"
     cfg.eval.every_steps = 0
     cfg.trainer.warm_start_steps = 100
     if name == "sync":
         cfg.run.mode = "sync"
+    elif name == "fully_async":  # the fully_async section of examples/tiny/campaign-async.toml
+        cfg.run.mode = "fully_async"
+        cfg.fully_async.num_parallel_generation_workers = 8
+        cfg.fully_async.max_staleness_steps = 1
+        cfg.fully_async.zero_variance_filter = True
     elif name in ("one_step", "one_step_2x", "one_step_late"):
         cfg.run.mode = "one_step"
     if name == "one_step_2x":
