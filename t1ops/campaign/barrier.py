@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
-class Barrier:
+class OpenBarrier:
     """One open barrier on the router: its targets, and the report once closed."""
 
     def __init__(self, router, version: int, targets: list[tuple[int, str]]) -> None:
@@ -37,12 +37,12 @@ class Barrier:
 
 
 @contextmanager
-def engine_barrier(router, version: int, checkpoint_dir: str | None) -> Iterator[Barrier]:
+def engine_barrier(router, version: int, checkpoint_dir: str | None) -> Iterator[OpenBarrier]:
     """Open the router's barrier for ``version``; close it when the block ends (module docstring).
     ``checkpoint_dir``: the trainer's newest actor checkpoint, where recreated engines start from."""
     import ray
 
-    barrier = Barrier(router, version, ray.get(router.open_sync.remote(checkpoint_dir, version)))
+    barrier = OpenBarrier(router, version, ray.get(router.open_sync.remote(checkpoint_dir, version)))
     try:
         yield barrier
     except BaseException as exc:
