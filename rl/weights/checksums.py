@@ -14,21 +14,26 @@ data, so the cast tensors are bit-identical on both sides).
 from __future__ import annotations
 
 import hashlib
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a tensor is hashed: the engine router compares digests
+    import torch   # only (:func:`mismatched`) and its process stays without torch (docs/weights.md)
 
 CHECKSUM_CHARS = 16  # 64 bits of sha256 per tensor: enough to tell a changed tensor, small to send
 
 
 def tensor_checksum(tensor: torch.Tensor, dtype: torch.dtype) -> str:
     """sha256 (first :data:`CHECKSUM_CHARS` hex chars) of ``tensor`` cast to ``dtype``, as raw bytes."""
+    import torch
+
     data = tensor.detach().to(device="cpu", dtype=dtype).contiguous().reshape(-1).view(torch.uint8)
     return hashlib.sha256(data.numpy()).hexdigest()[:CHECKSUM_CHARS]
 
 
 def state_checksums(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, str]:
     """``{name: tensor_checksum}`` of every tensor of ``state``."""
+    import torch
+
     return {name: tensor_checksum(t, dtype) for name, t in state.items() if isinstance(t, torch.Tensor)}
 
 
