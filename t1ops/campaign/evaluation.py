@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from t1ops import telemetry
-from t1ops.campaign.trials import BatchResult, TrialResult, TrialSpec
+from t1ops.campaign.trials import BatchResult, TrialResult, TrialSpec, eval_group_id
 from t1ops.errors import ConfigError, StallError
 from t1ops.guards.pacing import TrialLedger
 
@@ -113,7 +113,7 @@ async def _eval_trials(worker, step: int, trials: list[EvalTrial], agent, tasks:
     async def one(t: EvalTrial, idx: int) -> TrialResult:
         async with sem:
             await worker.bucket.acquire()  # the bucket the training loop also awaits
-            spec = TrialSpec(t.task, f"eval{step}-{t.task}", t.sample_idx)
+            spec = TrialSpec(t.task, eval_group_id(step, t.task), t.sample_idx)
             return await loop.run_in_executor(pool, lambda: worker._trial(
                 spec, idx, threading.Event(), task=tasks[t.task], agent=agent))
 

@@ -16,6 +16,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+EVAL_GROUP_PREFIX = "eval"  # held-out evaluation's groups: "eval<step>-<task>" (t1ops.campaign.evaluation)
+
+
+def eval_group_id(step: int, task: str) -> str:
+    """The group id of ``task``'s held-out evaluation trials at ``step``."""
+    return f"{EVAL_GROUP_PREFIX}{step}-{task}"
+
+
+def is_eval_group(group_id: str) -> bool:
+    """Whether ``group_id`` names evaluation trials (not a training group): what reads the run's
+    telemetry back (``t1ops plan simulate --from``) keeps the two apart."""
+    head, sep, _ = group_id.partition("-")
+    return bool(sep) and head.startswith(EVAL_GROUP_PREFIX) and head[len(EVAL_GROUP_PREFIX):].isdigit()
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     task: str

@@ -20,6 +20,7 @@ import statistics
 from datetime import datetime
 from pathlib import Path
 
+from t1ops.campaign.trials import is_eval_group
 from t1ops.errors import ConfigError
 from t1ops.plan.inputs import SimConfig, TrialSample, Turn, Workload
 
@@ -98,14 +99,16 @@ def mean_overlap(intervals: list[tuple[float, float]]) -> float:
 
 
 def zero_variance_share(spans: list[dict]) -> float:
-    """Share of the run's prompt groups whose rewards were all equal (what fully_async drops)."""
+    """Share of the run's training groups whose rewards were all equal (what fully_async drops);
+    held-out evaluation's groups are not training groups and are left out."""
     by_id = {s["context"]["span_id"]: s for s in spans}
     groups: dict[str, list[float]] = {}
     for s in spans:
         parent = by_id.get(s.get("parent_id"))
         while parent is not None and parent["name"] != "trial":
             parent = by_id.get(parent.get("parent_id"))
-        if s["name"] == "reward" and parent is not None and "group_id" in parent["attributes"]:
+        if (s["name"] == "reward" and parent is not None and "group_id" in parent["attributes"]
+                and not is_eval_group(parent["attributes"]["group_id"])):
             groups.setdefault(parent["attributes"]["group_id"], []).append(float(s["attributes"]["reward"]))
     full = [r for r in groups.values() if len(r) > 1]
     return sum(max(r) == min(r) for r in full) / len(full) if full else 0.0

@@ -171,3 +171,24 @@ def test_shipped_simulation_configs_parse(path):
 
     cfg = load_toml(path, SimConfig)
     assert cfg.trials is not None and cfg.cluster.engine_curve
+
+
+def test_zero_variance_share_counts_training_groups_only():
+    from t1ops.plan.fit import zero_variance_share
+
+    spans = []
+
+    def trial(group: str, i: int, reward: float) -> None:
+        sid = f"{group}-s{i}"
+        spans.append({"name": "trial", "context": {"span_id": sid}, "parent_id": None, "attributes": {"group_id": group}})
+        spans.append({"name": "reward", "context": {"span_id": sid + "-r"}, "parent_id": sid,
+                      "attributes": {"reward": reward}})
+
+    for i, r in enumerate((0.0, 0.0)):
+        trial("st1-g0-sum-0001", i, r)     # all equal
+    for i, r in enumerate((0.0, 0.5)):
+        trial("st1-g1-sum-0002", i, r)     # signal
+    for g in ("eval0-sum-0100", "eval5-sum-0101", "eval10-sum-0102"):
+        for i in range(2):
+            trial(g, i, 1.0)                # held-out evaluation: all equal, not training groups
+    assert zero_variance_share(spans) == 0.5
