@@ -3,7 +3,7 @@
     python bench/validate_simulate.py RUNS_DIR [--bench-async DIR] [--repeats 5]
 
 RUNS_DIR is what ``bench/scale_runs.py`` wrote (runs.json: one_step, sync, fully_async,
-one_step_2x, one_step_late). The simulator is fitted on one run only (``--fit``, default one_step) and predicts every run from
+fully_async_nofilter, one_step_2x, one_step_late). The simulator is fitted on one run only (``--fit``, default one_step) and predicts every run from
 that run's config (``--campaign RUN/config.json``): mean step time and trajectories per second.
 ``--bench-async DIR`` is ``bench/bench_async.py --keep DIR``: fitted on its one_step run, it
 predicts its fully_async run and the speed-up ratio (fully_async / one_step trajectories/s).
@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from t1ops.plan.fit import build_config, fit_run, merge, sim_config_from_campaign
+from t1ops.plan.fit import build_config, fit_run, merge, read_spans, sim_config_from_campaign, zero_variance_share
 from t1ops.plan.report import summarise
 from t1ops.plan.simulate import simulate
 
@@ -25,9 +25,12 @@ def measured(run_dir: Path) -> dict:
     return {"step_s": wall / len(rows), "tps": sum(r["num_trajectories"] for r in rows) / wall}
 
 
-def predict(fit: tuple, target: Path, repeats: int) -> dict:
+def predict(fit: tuple, target: Path, repeats: int, share: float | None = None) -> dict:
+    """``share``: the zero-variance share to use instead of the fitted one (a given input, not a prediction)."""
     fields, workload, _ = fit
     data = merge(fields, sim_config_from_campaign(json.loads((target / "config.json").read_text())))
+    if share is not None:
+        data = merge(data, {"pipeline": {"zero_variance_share": share}})
     cfg = build_config(merge(data, {"repeats": repeats}))
     s = summarise(cfg, simulate(cfg, workload))
     return {"step_s": s["step_s"], "tps": s["trajectories_per_s"]}
@@ -50,10 +53,18 @@ def main() -> None:
     fit = fit_run(runs[args.fit])
     print("\n".join(fit[2]))
     print(f"{'run':26s} {'step s':>8s} {'meas.':>8s} {'error':>8s}   {'traj/s':>7s} {'meas.':>7s} {'error':>8s}")
-    for name in ("one_step", "sync", "fully_async", "one_step_2x", "one_step_late"):
+    for name in ("one_step", "sync", "fully_async", "fully_async_nofilter", "one_step_2x", "one_step_late"):
         if name in runs:
             label = name + (" (fitted on)" if name == args.fit else "")
             print(row(label, predict(fit, runs[name], args.repeats), measured(runs[name])))
+    if "fully_async" in runs:
+        # the filter drops what learning leaves all-equal: the share is the run's outcome, not the pipeline's
+        own = zero_variance_share(read_spans(runs["fully_async"]))
+        print(f"zero-variance share: fitted {100 * fit[0]['pipeline'].get('zero_variance_share', 0):.0f}%, "
+              f"the fully_async run's own {100 * own:.0f}%; given its own share (a check of the timing model, "
+              "not a prediction):")
+        print(row("fully_async (share given)", predict(fit, runs["fully_async"], args.repeats, own),
+                  measured(runs["fully_async"])))
     if args.bench_async:
         dirs = sorted((d for d in args.bench_async.iterdir() if (d / "summary.json").exists()),
                       key=lambda d: json.loads((d / "config.json").read_text())["run"]["mode"] != "one_step")
