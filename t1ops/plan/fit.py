@@ -98,20 +98,51 @@ def mean_overlap(intervals: list[tuple[float, float]]) -> float:
     return weighted / covered if covered else 1.0
 
 
-def zero_variance_share(spans: list[dict]) -> float:
-    """Share of the run's training groups whose rewards were all equal (what fully_async drops);
-    held-out evaluation's groups are not training groups and are left out."""
+def zero_variance_by_step(spans: list[dict]) -> dict[int, tuple[int, int]]:
+    """Per step: (training groups whose rewards were all equal, training groups of more than one
+    trial). Held-out evaluation's groups are not training groups and are left out."""
     by_id = {s["context"]["span_id"]: s for s in spans}
     groups: dict[str, list[float]] = {}
+    steps: dict[str, int] = {}
     for s in spans:
         parent = by_id.get(s.get("parent_id"))
         while parent is not None and parent["name"] != "trial":
             parent = by_id.get(parent.get("parent_id"))
         if (s["name"] == "reward" and parent is not None and "group_id" in parent["attributes"]
                 and not is_eval_group(parent["attributes"]["group_id"])):
-            groups.setdefault(parent["attributes"]["group_id"], []).append(float(s["attributes"]["reward"]))
-    full = [r for r in groups.values() if len(r) > 1]
-    return sum(max(r) == min(r) for r in full) / len(full) if full else 0.0
+            gid = parent["attributes"]["group_id"]
+            groups.setdefault(gid, []).append(float(s["attributes"]["reward"]))
+            steps[gid] = int(parent["attributes"].get("step") or 0)
+    out: dict[int, tuple[int, int]] = {}
+    for gid, rewards in groups.items():
+        if len(rewards) > 1:
+            equal, n = out.get(steps[gid], (0, 0))
+            out[steps[gid]] = (equal + (max(rewards) == min(rewards)), n + 1)
+    return dict(sorted(out.items()))
+
+
+def zero_variance_share(spans: list[dict]) -> float:
+    """Share of the run's training groups whose rewards were all equal (what fully_async drops)."""
+    per_step = zero_variance_by_step(spans).values()
+    n = sum(total for _, total in per_step)
+    return sum(equal for equal, _ in per_step) / n if n else 0.0
+
+
+def share_note(per_step: dict[int, tuple[int, int]]) -> str:
+    """The fit's line on the zero-variance share, warning when it drifted over the run: the share is
+    an outcome of learning (a policy that collapses leaves every group all-zero), so a fit on one
+    mode's run does not give another mode's (docs/scale.md "Validated, not asserted")."""
+    shares = [equal / n for equal, n in per_step.values()]
+    if not shares:
+        return "  groups with all-equal rewards: none of more than one trial"
+    n = sum(total for _, total in per_step.values())
+    overall = sum(equal for equal, _ in per_step.values()) / n
+    line = (f"  groups with all-equal rewards: {100 * overall:.0f}% (by step: "
+            + ", ".join(f"{100 * x:.0f}" for x in shares) + "%; fully_async drops them when zero_variance_filter)")
+    if len(shares) > 1 and max(shares) - min(shares) >= 0.25:
+        line += ("\n  WARNING: the share drifted over the run (learning changed it): a fully_async prediction "
+                 "with the filter depends on it; set pipeline.zero_variance_share to the share that run will see")
+    return line
 
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
@@ -221,6 +252,7 @@ def fit_run(run_dir: str | Path) -> tuple[dict, Workload, list[str]]:
                  for r in rows[1:] if ("campaign.sync_done", r["step"]) in ev
                  and ("campaign.train_submitted", r["step"]) in ev]
     overhead = statistics.median(overheads) if overheads and fields["pipeline"]["mode"] == "one_step" else 0.0
+    per_step = zero_variance_by_step(spans)
     zv = zero_variance_share(spans)
     fields["pipeline"].setdefault("zero_variance_share", min(zv, 0.95))
     fields["train"] = {"s_per_token": s_per_token, "sync_s": sync_s, "overhead_s": max(0.0, overhead)}
@@ -231,7 +263,7 @@ def fit_run(run_dir: str | Path) -> tuple[dict, Workload, list[str]]:
              f"  train {s_per_token * 1e3:.3f} ms per trajectory token, sync {sync_s:.2f} s, "
              f"coordinator {fields['train']['overhead_s']:.2f} s per step",
              f"  {host_note}",
-             f"  groups with all-equal rewards: {100 * zv:.0f}% (fully_async drops them when zero_variance_filter)"]
+             share_note(per_step)]
     return fields, Workload(samples=samples, measured_concurrency=conc), notes
 
 

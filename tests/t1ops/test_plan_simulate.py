@@ -192,3 +192,13 @@ def test_zero_variance_share_counts_training_groups_only():
         for i in range(2):
             trial(g, i, 1.0)                # held-out evaluation: all equal, not training groups
     assert zero_variance_share(spans) == 0.5
+
+
+def test_share_note_warns_when_learning_moved_the_share():
+    from t1ops.plan.fit import share_note
+
+    steady = share_note({1: (4, 8), 2: (5, 8), 3: (4, 8)})
+    assert "by step: 50, 62, 50%" in steady and "WARNING" not in steady
+    collapsed = share_note({1: (4, 8), 2: (7, 8), 3: (8, 8)})   # a policy that collapsed to all-zero
+    assert "by step: 50, 88, 100%" in collapsed and "WARNING: the share drifted" in collapsed
+    assert "none of more than one trial" in share_note({})
