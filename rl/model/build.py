@@ -62,6 +62,7 @@ def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32,
     process-global in mcore and the critic's routing is its own. Under tensor
     parallelism a 1-wide output cannot be split: the head is then replicated
     on every TP rank (:class:`_ReplicatedValueHead`, same parameter names).
+    The head starts at zero (weight and bias): a fresh critic predicts 0 at every token.
     """
     from megatron.core import tensor_parallel
 
@@ -76,7 +77,12 @@ def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32,
         model.output_layer = ReplicatedValueHead(spec.hidden_size, config)
     if torch.cuda.is_available():
         model.output_layer.cuda(torch.cuda.current_device())
+    # A fresh critic predicts 0 at every token: its first advantages are the rewards themselves.
+    # megatron's random head spread the values by its weight norm, ~0.02 * sqrt(hidden) (0.14 at
+    # hidden 64, nearly the tiny campaign's mean reward), and every token's advantage carried that
+    # noise until the critic had fit (docs/campaign.md, "Learning evidence").
     with torch.no_grad():
+        model.output_layer.weight.zero_()
         model.output_layer.bias.zero_()
     model.t1_unk_id = None
     return model

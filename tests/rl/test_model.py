@@ -157,6 +157,7 @@ def test_critic_values_and_grads(batch) -> None:
     critic = build_critic(SPEC, seed=3)
     values_BT = values(critic, ids_BT)
     assert values_BT.shape == ids_BT.shape and values_BT.dtype == torch.float32
-    values_BT.pow(2).mean().backward()
+    assert torch.equal(values_BT, torch.zeros_like(values_BT))  # a fresh critic predicts 0 everywhere
+    (values_BT - 1.0).pow(2).mean().backward()
     assert critic.output_layer.weight.grad.abs().sum() > 0
     assert critic.output_layer.weight.shape == (1, SPEC.hidden_size)

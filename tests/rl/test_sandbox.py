@@ -287,3 +287,17 @@ def test_release_under_frees_trials_a_dead_worker_left(tmp_path):
     assert os.path.ismount(t.fs) and all(d.exists() for d in cg.values())
     assert release_under(tmp_path) == 1            # as if its worker had been SIGKILLed
     assert not os.path.ismount(t.fs) and not [d for d in cg.values() if d.exists()]
+
+
+def test_a_symlinked_venv_is_bound_at_its_real_path_too(tmp_path, monkeypatch):
+    """A worktree's .venv linking to a checkout's venv: pytest's shebang names the real path, so
+    the jail must bind it (else every verifier run exits 127: no verdict, reward 0)."""
+    from rl.agent.sandbox import jail
+
+    real = tmp_path / "checkout" / ".venv"
+    real.mkdir(parents=True)
+    link = tmp_path / "worktree-venv"
+    link.symlink_to(real)
+    monkeypatch.setattr(jail.sys, "prefix", str(link))
+    dirs = jail.interpreter_dirs()
+    assert str(link) in dirs and str(real) in dirs

@@ -58,8 +58,13 @@ def unshare_path() -> str:
 
 
 def interpreter_dirs() -> list[str]:
-    """The interpreter and venv (pytest, pytest-json-ctrf) the verifier needs, read-only."""
-    dirs = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    """The interpreter and venv (pytest, pytest-json-ctrf) the verifier needs, read-only.
+
+    A venv reached through a symlink (a worktree's ``.venv`` linking to a checkout's) is bound at
+    its real path too: its scripts' shebangs (``pytest``) name the real path, and without it every
+    verifier run exits 127 and every trial scores no-verdict."""
+    dirs = {sys.prefix, os.path.realpath(sys.prefix), sys.base_prefix,
+            os.path.dirname(os.path.realpath(sys.executable))}
     out = []
     for d in sorted(dirs, key=len):
         if not any(d == k or d.startswith(k.rstrip("/") + "/") for k in (*out, *SYSTEM_RO)):
