@@ -105,8 +105,25 @@ async def _screenshot_when_drawn(url: str, out: Path, tag: str, timeout_s: float
                     out.write_bytes(base64.b64decode(shot["data"]))
                     return found
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            _stop_browser(proc)
+
+
+def _stop_browser(proc: subprocess.Popen) -> None:
+    """Stop Chromium and every process it started: its helpers (zygote, renderer, crash handler)
+    outlive the browser process for a moment and still write into the profile directory, whose
+    removal then fails with "Directory not empty" (seen once in CI)."""
+    import psutil
+
+    try:
+        helpers = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        helpers = []
+    proc.terminate()
+    proc.wait(timeout=30)
+    _, alive = psutil.wait_procs(helpers, timeout=10)
+    for p in alive:
+        p.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 # The training and held-out curves side by side, on one screen (TensorBoard's tag filter is a regex).
