@@ -121,11 +121,15 @@ def zero_variance_by_step(spans: list[dict]) -> dict[int, tuple[int, int]]:
     return dict(sorted(out.items()))
 
 
+def overall_share(per_step: dict[int, tuple[int, int]]) -> float:
+    """The whole run's share of all-equal groups, from :func:`zero_variance_by_step`."""
+    n = sum(total for _, total in per_step.values())
+    return sum(equal for equal, _ in per_step.values()) / n if n else 0.0
+
+
 def zero_variance_share(spans: list[dict]) -> float:
     """Share of the run's training groups whose rewards were all equal (what fully_async drops)."""
-    per_step = zero_variance_by_step(spans).values()
-    n = sum(total for _, total in per_step)
-    return sum(equal for equal, _ in per_step) / n if n else 0.0
+    return overall_share(zero_variance_by_step(spans))
 
 
 def share_note(per_step: dict[int, tuple[int, int]]) -> str:
@@ -135,9 +139,7 @@ def share_note(per_step: dict[int, tuple[int, int]]) -> str:
     shares = [equal / n for equal, n in per_step.values()]
     if not shares:
         return "  groups with all-equal rewards: none of more than one trial"
-    n = sum(total for _, total in per_step.values())
-    overall = sum(equal for equal, _ in per_step.values()) / n
-    line = (f"  groups with all-equal rewards: {100 * overall:.0f}% (by step: "
+    line = (f"  groups with all-equal rewards: {100 * overall_share(per_step):.0f}% (by step: "
             + ", ".join(f"{100 * x:.0f}" for x in shares) + "%; fully_async drops them when zero_variance_filter)")
     if len(shares) > 1 and max(shares) - min(shares) >= 0.25:
         line += ("\n  WARNING: the share drifted over the run (learning changed it): a fully_async prediction "
@@ -253,7 +255,7 @@ def fit_run(run_dir: str | Path) -> tuple[dict, Workload, list[str]]:
                  and ("campaign.train_submitted", r["step"]) in ev]
     overhead = statistics.median(overheads) if overheads and fields["pipeline"]["mode"] == "one_step" else 0.0
     per_step = zero_variance_by_step(spans)
-    zv = zero_variance_share(spans)
+    zv = overall_share(per_step)
     fields["pipeline"].setdefault("zero_variance_share", min(zv, 0.95))
     fields["train"] = {"s_per_token": s_per_token, "sync_s": sync_s, "overhead_s": max(0.0, overhead)}
     notes = [f"fitted from {run_dir.name}: {len(samples)} trials, {len(rows)} steps",
