@@ -35,9 +35,12 @@ class _Trainer(WeightSender):
         return weights_state_dict(self.policy), SPEC
 
 
-@pytest.fixture
-def engines(tmp_path):
-    procs = [spawn(free_port(), SPEC, dtype="fp32", seed=99 + i, log_path=tmp_path / f"engine{i}.log")
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """Two engine processes for the whole module (each test publishes its own versions, 1-5; the
+    distributed test, first in the file, reads the engines' initial weights)."""
+    logs = tmp_path_factory.mktemp("engines")
+    procs = [spawn(free_port(), SPEC, dtype="fp32", seed=99 + i, log_path=logs / f"engine{i}.log")
              for i in range(2)]
     http = httpx.Client(timeout=120)
     yield [(i, EngineClient(p.url, http)) for i, p in enumerate(procs)]
