@@ -1,9 +1,13 @@
 """The combination matrix (chaos/matrix.py): the pairwise cover, and its cells as campaigns."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from chaos.matrix import STANDS_IN, Cell, covers_all_pairs, full_matrix, pairwise, run_cell
+from t1ops.audit import audit_dump
 
 
 def test_pairwise_cover_has_every_pair_of_values_and_the_check_can_fail():
@@ -36,11 +40,60 @@ def test_a_scenario_that_stands_in_for_a_cell_runs_that_cell_killed_and_resumed_
     assert cfg.eval.every_steps > 0 and coordinator_crash.KILL_AT_STEP <= coordinator_crash.STEPS
 
 
+def _fully_async_books(run_dir: Path) -> None:
+    """fully_async on one rank: every step trains its groups, each token's version lag is booked, the
+    group books balance and every group handed out is trained once, across the kill."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    per_step = 2  # rollout.batch_size 4 / n_samples_per_prompt 2 (chaos.matrix.SMALL)
+    for row in summary["steps"]:
+        assert row["mode"] == "fully_async" and row["groups_trained"] == per_step and row["num_trajectories"] == 4
+        assert sum(row["version_lag_tokens"].values()) == row["tokens"]
+        for key in ("groups_dropped_zero_variance", "groups_in_flight", "staleness_violations", "violation_lags"):
+            assert key in row
+        assert len(row["async_books"]["pending"]) == row["groups_in_flight"] + row["groups_queued"]
+    assert summary["async_books"]["balanced"]
+    audit = summary["group_audit"]  # trained, dropped or left, none twice (docs/async.md, "Resume")
+    assert audit["ok"] and audit["trained"] == 2 * per_step and not audit["trained_twice"], audit
+    assert (run_dir / "report.png").stat().st_size > 1000
+    report = audit_dump(run_dir / "dumps")
+    assert report.samples >= 8 and report.drift_in_loss == 0
+
+
+def _per_rank_telemetry(run_dir: Path) -> None:
+    """dp = 2: every rank trained every step, fetched only its own shard, and left its own telemetry."""
+    for s in json.loads((run_dir / "summary.json").read_text())["steps"]:
+        assert sorted(r["rank"] for r in s["ranks"]) == [0, 1]
+        assert all(r["micro_batches"] >= 1 for r in s["ranks"])
+        # each dp rank fetched only its shard's trajectories (t1ops.campaign.dataplane.fetch_shard)
+        a, b = (set(r["fetched"]) for r in sorted(s["ranks"], key=lambda r: r["dp_rank"]))
+        assert a and b and a.isdisjoint(b) and a | b <= set(range(s["ranks"][0]["staged"]))
+        assert all(0 < r["fetched_bytes"] for r in s["ranks"])
+    for rank in (0, 1):
+        text = "".join(p.read_text() for p in (run_dir / "telemetry" / f"trainer-rank{rank}").rglob("*.jsonl"))
+        assert "trainer.rank_joined" in text and "trainer.rank_step" in text
+        assert (run_dir / "ranks" / f"rank{rank}.progress").exists()
+    assert any((run_dir / "checkpoints" / "actor").iterdir())  # rank 0 published the gathered weights
+
+
+# What a cell's resumed run must also show, beyond steps [1, 2] once each and evals [0, 1, 2]: the
+# fully_async books and the per-rank telemetry are read from these cells' runs rather than from
+# campaigns of their own.
+OUTPUT_CHECKS = {("fully_async", "1 rank", "disk"): _fully_async_books,
+                 ("one_step", "dp=2", "disk"): _per_rank_telemetry}
+
+
+def test_every_output_check_reads_a_cell_the_suite_runs():
+    assert set(OUTPUT_CHECKS) <= {(c.mode, c.trainer, c.sync) for c in _run_here()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cell", _run_here(), ids=lambda c: f"{c.mode}-{c.trainer}-{c.sync}".replace(" ", ""))
 def test_cell_runs_with_eval_and_resumes_after_a_kill(cell, tmp_path):
     result = run_cell(cell, tmp_path)
     assert result.ok, result.detail
+    check = OUTPUT_CHECKS.get((cell.mode, cell.trainer, cell.sync))
+    if check is not None:
+        check(result.run_dir)
 
 
 def test_the_table_replaces_only_the_results_section(tmp_path):
