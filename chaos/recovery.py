@@ -36,12 +36,15 @@ RUN_TIMEOUT_S = 900
 FAULTS = ("engine-kill", "coordinator-kill", "trainer-kill")
 # The smallest tiny campaign that still exercises every path: 2 groups of 4 per step, 2 engines (so
 # a killed one's requests have somewhere to go), a checkpoint and trainer state every step (so a
-# resume restarts from the step before the fault), no held-out eval.
+# resume restarts from the step before the fault), held-out eval of one task at steps 0, 2 and 4
+# (a resumed run evaluates the same steps; this run is also the combination matrix's cell
+# sync x 1 rank x disk, chaos.matrix.STANDS_IN).
 DETERMINISTIC = [f"run.steps={STEPS}", "run.num_cpus=2", "run.mode=sync", "engine.num_engines=2",
                  "engine.batch_invariant=true", "rollout.seed_requests=true", "rollout.batch_size=8",
                  "rollout.n_samples_per_prompt=4", "rollout.max_turns=2", "rollout.max_new_tokens=32",
                  "trainer.warm_start_steps=120", "trainer.ppo_epochs=1", "trainer.save_every=1",
-                 "eval.every_steps=0", "tracking.tensorboard=false"]
+                 "eval.every_steps=2", "eval.samples_per_task=1", "eval.tasks=['count-0016']",
+                 "tracking.tensorboard=false"]
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Record:
 
     name: str
     steps: list[dict] = field(default_factory=list)   # step, reward_mean, policy_loss, value_loss
+    evals: list[int] = field(default_factory=list)    # the steps held-out eval ran at
     checksum: str | None = None
     fired: str = ""                                   # what the fault did ("" for the clean run)
     rcs: list[int | None] = field(default_factory=list)
@@ -81,6 +85,8 @@ def differences(clean: Record, other: Record) -> list[str]:
         for key in ("reward_mean", "policy_loss", "value_loss"):
             if a[key] != b[key]:
                 out.append(f"step {a['step']} {key} {b[key]!r} != {a[key]!r}")
+    if other.evals != clean.evals:
+        out.append(f"evaluated steps {other.evals} != {clean.evals}")
     if other.checksum != clean.checksum or clean.checksum is None:
         out.append(f"final actor {other.checksum} != {clean.checksum}")
     return out
@@ -210,6 +216,7 @@ def run_one(name: str, tmp: Path, overrides: list[str], plan: list[tuple[str, in
     run_dir = _run_dir(out)
     if run_dir is not None:
         rec.steps, rec.checksum = fingerprint(run_dir)
+        rec.evals = sorted({e["step"] for e in _summary(run_dir).get("eval", [])})
         rec.run_dir = str(run_dir)
     rec.duration_s = round(time.monotonic() - t0, 1)
     return rec

@@ -22,22 +22,31 @@ def _run_here() -> list[Cell]:
     return [c for c in pairwise() if (c.mode, c.trainer, c.sync) not in STANDS_IN]
 
 
-def test_a_scenario_that_stands_in_for_a_cell_runs_that_cell_killed_and_resumed_with_eval():
-    """coordinator-crash is the pairwise cell fully_async x dp=2 x distributed: its own overrides
-    make that combination, with held-out eval on, and it SIGKILLs and resumes the run."""
+def _stand_in_config(name: str):
+    """The configuration a stand-in runs, from its own module's constants."""
+    from chaos import recovery
     from chaos.scenarios import coordinator_crash
     from t1ops.config import load_toml
     from t1ops.overrides import parse_assignments
 
+    base, overrides = {"coordinator-crash": (coordinator_crash.RECIPE, coordinator_crash.OVERRIDES),
+                       "verify-recovery": (recovery.CONFIG, recovery.DETERMINISTIC)}[name]
+    return load_toml(base, overrides=parse_assignments(overrides))
+
+
+def test_each_stand_in_runs_its_cell_with_eval_and_the_cover_stays_whole():
+    """A run that stands in for a cell makes that combination with held-out eval on (both SIGKILL the
+    coordinator and resume: coordinator-crash by definition, verify-recovery's combined run in
+    tests/chaos/test_verify_recovery.py), and the cells run here plus the stand-ins cover every pair."""
     assert covers_all_pairs(_run_here() + [Cell(*key) for key in STANDS_IN])
     assert len(_run_here()) == len(pairwise()) - len(STANDS_IN)
-    (key, scenario), = STANDS_IN.items()
-    assert scenario == "coordinator-crash" and Cell(*key) in pairwise()
-    cfg = load_toml(coordinator_crash.RECIPE, overrides=parse_assignments(coordinator_crash.OVERRIDES))
-    p = cfg.trainer.parallel
-    trainer = "1 rank" if p.world_size == 1 else "dp=2" if (p.dp, p.tp, p.ep) == (2, 1, 1) else "other"
-    assert (cfg.run.mode, trainer, cfg.engine.weight_sync) == key
-    assert cfg.eval.every_steps > 0 and coordinator_crash.KILL_AT_STEP <= coordinator_crash.STEPS
+    for key, name in STANDS_IN.items():
+        assert Cell(*key) in pairwise()
+        cfg = _stand_in_config(name)
+        p = cfg.trainer.parallel
+        trainer = "1 rank" if p.world_size == 1 else "dp=2" if (p.dp, p.tp, p.ep) == (2, 1, 1) else "other"
+        assert (cfg.run.mode, trainer, cfg.engine.weight_sync) == key, name
+        assert cfg.eval.every_steps > 0, name
 
 
 def _fully_async_books(run_dir: Path) -> None:

@@ -32,6 +32,7 @@ def test_every_fault_plus_recovery_equals_the_clean_run(tmp_path):
     ok, records, text = verify(tmp_path, FAULTS, combined=True)
     assert len(records) == 2 and records[1].fired.count("SIGKILL") == 3, text
     assert ok, text
+    assert records[0].evals == records[1].evals == [0, 2, 4], text  # eval across both resumes
 
 
 def test_cli_refuses_an_unknown_fault(capsys):
