@@ -218,11 +218,6 @@ def _prune(role_dir: Path, keep) -> list[str]:
     return [f"{role_dir.name}/{step_dir_name(step)}" for step in gone]
 
 
-def _combine(name: str, *results):
-    """Rank 0's answer; ``train`` also carries every rank's timing (per-rank telemetry)."""
-    if name == "train":
-        return {**results[0], "ranks": [r.pop("rank_info", None) for r in results]}
-    return results[0]
 
 
 class _Broadcast:
@@ -244,7 +239,9 @@ class RankGroup:
         import ray
 
         self.actors, self.placement = actors, placement
-        self.combine = ray.remote(num_cpus=0)(_combine)
+        from t1ops.campaign.rank_combine import combine
+
+        self.combine = ray.remote(num_cpus=0)(combine)
 
     def __getattr__(self, name: str) -> _Broadcast:
         if name.startswith("_"):
