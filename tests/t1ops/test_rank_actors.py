@@ -58,8 +58,8 @@ def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
 
     from rl.agent.tasks import load_pool
     from rl.chat import ChatRenderer
-    from rl.engines.ports import free_port
     from t1ops.campaign.launch import build_vocab, warm_start_examples
+    from t1ops.guards.rendezvous import plan_rendezvous
     from t1ops.guards.sharded_checkpoints import load_full, shard_dir
 
     tasks = load_pool(str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "tasks"))
@@ -69,7 +69,7 @@ def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
     examples = warm_start_examples(tasks, 0.5, 0)[:8]
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    init = f"tcp://127.0.0.1:{free_port()}"
+    init = plan_rendezvous("127.0.0.1")  # a fresh port per attempt (a single free_port() can be taken first)
     procs = [ctx.Process(target=_rank_host, args=(r, init, str(tmp_path), str(tmp_path / "vocab.json"), examples,
                                                   out)) for r in range(2)]
     for p in procs:
