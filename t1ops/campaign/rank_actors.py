@@ -229,7 +229,7 @@ class _Broadcast:
 
         args = [ray.put(a) for a in args]  # once in the object store, whatever the rank count
         refs = [getattr(a, self.name).remote(*args, **kwargs) for a in self.group.actors]
-        return self.group.combine.remote(self.name, *refs)
+        return self.group.combiner.combine.remote(self.name, *refs)
 
 
 class RankGroup:
@@ -239,9 +239,9 @@ class RankGroup:
         import ray
 
         self.actors, self.placement = actors, placement
-        from t1ops.campaign.rank_combine import combine
+        from t1ops.campaign.rank_combine import Combiner
 
-        self.combine = ray.remote(num_cpus=0)(combine)
+        self.combiner = ray.remote(Combiner).options(num_cpus=0).remote()
 
     def __getattr__(self, name: str) -> _Broadcast:
         if name.startswith("_"):

@@ -1,10 +1,11 @@
-"""The one Ray task of a multi-rank trainer call: rank 0's answer once every rank has answered.
+"""Where a multi-rank trainer call becomes one answer: rank 0's, once every rank has answered.
 
 :class:`t1ops.campaign.rank_actors.RankGroup` sends a call to every rank and returns one reference to
-this task's result, so the step loop waits on one reference for 1 rank or N. It lives in a module of
-its own, importing nothing, because a Ray task's worker imports the module that defines the function:
-defined in ``rank_actors`` (torch, megatron-core's trainer) each worker that ran it paid about
-2.6 CPU-s of imports, and a two-rank campaign started three such workers.
+:meth:`Combiner.combine`'s result, so the step loop waits on one reference for 1 rank or N. The
+combiner is one small actor per rank group, in a module that imports nothing. It was a Ray task
+defined in ``rank_actors`` before: every worker that ran it imported torch and the trainer (about
+2.6 CPU-s), and a two-rank campaign started three such workers, since calls overlap at start-up.
+One actor runs the combines in the order they were sent, as the ranks run the calls themselves.
 """
 from __future__ import annotations
 
@@ -14,3 +15,10 @@ def combine(name: str, *results):
     if name == "train":
         return {**results[0], "ranks": [r.pop("rank_info", None) for r in results]}
     return results[0]
+
+
+class Combiner:
+    """The rank group's actor: :func:`combine` on the results of one broadcast call."""
+
+    def combine(self, name: str, *results):
+        return combine(name, *results)
