@@ -131,6 +131,11 @@ def test_wandb_offline_holds_the_metrics_and_resume_appends_to_the_same_run(tmp_
     first = _campaign(tmp_path, offline, range(1, 4), fire_at=2)
     run_id = json.loads((tmp_path / "tracking.json").read_text())["wandb_run_id"]
     _campaign(tmp_path, offline, range(3, 5), resume_step=2)
+    import wandb
+
+    # run.finish() returns before wandb-core has written the session's file (seen under load: the
+    # second file still lacked its run record); teardown waits for the service to finish writing
+    wandb.teardown()
     files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 2 and all(f.name == f"run-{run_id}.wandb" for f in files)  # one run, two sessions
     (id1, rows1), (id2, rows2) = run_history(files[0]), run_history(files[1])
