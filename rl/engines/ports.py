@@ -6,7 +6,7 @@ client socket a port from its ephemeral range (``net.ipv4.ip_local_port_range``,
 and a port found by binding port 0 comes from that same range. With many HTTP clients, Ray and gloo
 connections on the host, the two met (seen in CI: an engine and a rank-0 TCPStore died of
 EADDRINUSE). So the port is drawn at random below the ephemeral range, where the kernel never hands
-out client ports, and only another ``free_port`` caller can pick it too (1 in ~20,000 per pair).
+out client ports, and only another ``free_port`` caller can pick it too (1 in ~12,000 per pair).
 Launchers still start an engine again on a fresh port when it exits with :data:`PORT_TAKEN_EXIT`.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import random
 import socket
 
 _RANDOM = random.SystemRandom()  # not the random module's state, which a forked child shares
-_FLOOR = 10_000                   # below: well-known and registered services' ports
+_FLOOR = 20_000                   # above Ray's worker ports (10002-19999 by default) and the well-known ones
 
 
 def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
