@@ -94,7 +94,7 @@ def pytest_make_collect_report(collector):
         _fail_ci_skip(report)
 
 
-# --- parallel runs (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml) ----------------------
+# --- parallel runs (pytest-xdist, `-n 3 --dist loadgroup` in pyproject.toml) ----------------------
 # Tests that read one session fixture (a shared campaign: tests/t1ops/conftest.py) run on one
 # worker, so it runs once. Otherwise a fast test stays with the other tests of its module on one
 # worker, so a module-scoped fixture (an engine process, a built model) is set up once, not once
