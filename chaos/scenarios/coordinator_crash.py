@@ -173,7 +173,9 @@ def run(tmp: Path) -> Outcome:
                   f"restart began a new run at step 1 (steps {plain_steps}, a fresh warm start): the "
                   f"{len(steps_before)} completed steps were lost",
         guarded=Guarded(caught=caught, detection_s=detection_s,
-                        error=(resumes[-1]["message"] if resumes else "no resume recorded")
+                        error=(resumes[-1]["message"] if resumes else
+                               f"no resume recorded (resume exit {rc_resume}; its log ends: "
+                               + " | ".join(_tail(tmp / "resume.log", 6)) + ")")
                         + f"; summary steps after resume {steps_after}"),
         invariants=invariants, details=details)
 
