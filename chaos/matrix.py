@@ -36,11 +36,6 @@ TRAINERS = {"1 rank": [], "dp=2": ["trainer.parallel.dp=2"],
 SYNCS = ("disk", "distributed")
 # Refusals that are physics, not code (none today: every combination runs on this host).
 PHYSICS: tuple[str, ...] = ()
-# Cells a chaos scenario already runs killed and resumed with held-out eval on, asserting more than a
-# cell does: the test suite runs the scenario, not the cell a second time (`python -m chaos.matrix`
-# still runs every cell). tests/chaos/test_matrix.py checks the scenario's overrides make the cell.
-STANDS_IN = {("fully_async", "dp=2", "distributed"): "coordinator-crash",   # chaos/scenarios/coordinator_crash.py
-             ("sync", "1 rank", "disk"): "verify-recovery"}                 # chaos/recovery.py
 SMALL = ["run.steps=2", "run.num_cpus=2", "trainer.warm_start_steps=10", "trainer.ppo_epochs=1",
          "trainer.save_every=1", "rollout.batch_size=4", "rollout.n_samples_per_prompt=2", "rollout.max_turns=1",
          "rollout.max_new_tokens=16", "fully_async.num_parallel_generation_workers=4",
@@ -57,6 +52,13 @@ class Cell:
 
     def overrides(self) -> list[str]:
         return [*SMALL, f"run.mode={self.mode}", *TRAINERS[self.trainer], f"engine.weight_sync={self.sync}"]
+
+
+# Cells a chaos scenario already runs killed and resumed with held-out eval on, asserting more than a
+# cell does: the test suite runs the scenario, not the cell a second time (`python -m chaos.matrix`
+# still runs every cell). tests/chaos/test_matrix.py checks the scenario's overrides make the cell.
+STANDS_IN = {Cell("fully_async", "dp=2", "distributed"): "coordinator-crash",   # chaos/scenarios/coordinator_crash.py
+             Cell("sync", "1 rank", "disk"): "verify-recovery"}                 # chaos/recovery.py
 
 
 @dataclass

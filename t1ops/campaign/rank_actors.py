@@ -218,8 +218,6 @@ def _prune(role_dir: Path, keep) -> list[str]:
     return [f"{role_dir.name}/{step_dir_name(step)}" for step in gone]
 
 
-
-
 class _Broadcast:
     def __init__(self, group: "RankGroup", name: str) -> None:
         self.group, self.name = group, name

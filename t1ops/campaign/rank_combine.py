@@ -10,15 +10,11 @@ One actor runs the combines in the order they were sent, as the ranks run the ca
 from __future__ import annotations
 
 
-def combine(name: str, *results):
-    """Rank 0's answer; ``train`` also carries every rank's timing (per-rank telemetry)."""
-    if name == "train":
-        return {**results[0], "ranks": [r.pop("rank_info", None) for r in results]}
-    return results[0]
-
-
 class Combiner:
-    """The rank group's actor: :func:`combine` on the results of one broadcast call."""
+    """The rank group's actor, combining the results of one broadcast call."""
 
     def combine(self, name: str, *results):
-        return combine(name, *results)
+        """Rank 0's answer; ``train`` also carries every rank's timing (per-rank telemetry)."""
+        if name == "train":
+            return {**results[0], "ranks": [r.pop("rank_info", None) for r in results]}
+        return results[0]

@@ -119,15 +119,14 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
 
     ctx = mp.get_context("spawn")
     out = os.path.join(tempfile.mkdtemp(prefix="t1ops-ranks-"), "rank0.pt")
-    job = {"layout": layout, "batch": batch, "spec": spec, "settings": settings, "seed": seed,
-           "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to,
-           "behaviour": behaviour, "own_shard": own_shard}
     # One fresh port per rendezvous attempt, as a campaign's ranks meet (group-init-race): a single
     # free_port() can be taken by another process before rank 0 binds it, and then rank 1 waits out
     # the whole window for a rank 0 that died of EADDRINUSE. A minute per attempt: the ranks build
     # their initial weights first, seconds apart on a loaded host.
     guards = GuardsConfig(field=FieldGuardsConfig(group_init_timeout_s=60.0))
-    job["guards"] = guards
+    job = {"layout": layout, "batch": batch, "spec": spec, "settings": settings, "seed": seed,
+           "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to,
+           "behaviour": behaviour, "own_shard": own_shard, "guards": guards}
     init_method = plan_rendezvous("127.0.0.1", guards.field)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     procs = [ctx.Process(target=_one_step, args=(r, layout.world_size, init_method, job, out), daemon=True)

@@ -19,7 +19,7 @@ def test_pairwise_cover_has_every_pair_of_values_and_the_check_can_fail():
 
 
 def _run_here() -> list[Cell]:
-    return [c for c in pairwise() if (c.mode, c.trainer, c.sync) not in STANDS_IN]
+    return [c for c in pairwise() if c not in STANDS_IN]
 
 
 def _stand_in_config(name: str):
@@ -38,14 +38,14 @@ def test_each_stand_in_runs_its_cell_with_eval_and_the_cover_stays_whole():
     """A run that stands in for a cell makes that combination with held-out eval on (both SIGKILL the
     coordinator and resume: coordinator-crash by definition, verify-recovery's combined run in
     tests/chaos/test_verify_recovery.py), and the cells run here plus the stand-ins cover every pair."""
-    assert covers_all_pairs(_run_here() + [Cell(*key) for key in STANDS_IN])
+    assert covers_all_pairs(_run_here() + list(STANDS_IN))
     assert len(_run_here()) == len(pairwise()) - len(STANDS_IN)
-    for key, name in STANDS_IN.items():
-        assert Cell(*key) in pairwise()
+    for cell, name in STANDS_IN.items():
+        assert cell in pairwise()
         cfg = _stand_in_config(name)
         p = cfg.trainer.parallel
         trainer = "1 rank" if p.world_size == 1 else "dp=2" if (p.dp, p.tp, p.ep) == (2, 1, 1) else "other"
-        assert (cfg.run.mode, trainer, cfg.engine.weight_sync) == key, name
+        assert Cell(cfg.run.mode, trainer, cfg.engine.weight_sync) == cell, name
         assert cfg.eval.every_steps > 0, name
 
 
@@ -87,12 +87,12 @@ def _per_rank_telemetry(run_dir: Path) -> None:
 # What a cell's resumed run must also show, beyond steps [1, 2] once each and evals [0, 1, 2]: the
 # fully_async books and the per-rank telemetry are read from these cells' runs rather than from
 # campaigns of their own.
-OUTPUT_CHECKS = {("fully_async", "1 rank", "disk"): _fully_async_books,
-                 ("one_step", "dp=2", "disk"): _per_rank_telemetry}
+OUTPUT_CHECKS = {Cell("fully_async", "1 rank", "disk"): _fully_async_books,
+                 Cell("one_step", "dp=2", "disk"): _per_rank_telemetry}
 
 
 def test_every_output_check_reads_a_cell_the_suite_runs():
-    assert set(OUTPUT_CHECKS) <= {(c.mode, c.trainer, c.sync) for c in _run_here()}
+    assert set(OUTPUT_CHECKS) <= set(_run_here())
 
 
 @pytest.mark.slow
@@ -100,7 +100,7 @@ def test_every_output_check_reads_a_cell_the_suite_runs():
 def test_cell_runs_with_eval_and_resumes_after_a_kill(cell, tmp_path):
     result = run_cell(cell, tmp_path)
     assert result.ok, result.detail
-    check = OUTPUT_CHECKS.get((cell.mode, cell.trainer, cell.sync))
+    check = OUTPUT_CHECKS.get(cell)
     if check is not None:
         check(result.run_dir)
 

@@ -1,6 +1,8 @@
 """Rank-actor helpers that need no Ray: retention of sharded steps, rank 0's answer with every rank's timing."""
 from t1ops.campaign.rank_actors import _prune
-from t1ops.campaign.rank_combine import combine as _combine  # the combiner actor's function
+from t1ops.campaign.rank_combine import Combiner
+
+_combine = Combiner().combine  # the combiner actor's method, called in process
 from t1ops.campaign.retention import Retention
 
 
