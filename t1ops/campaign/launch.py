@@ -8,6 +8,7 @@ the step loop.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -74,13 +75,46 @@ def _init_ray(cfg: CampaignConfig):
             # /tmp/ray/ray_current_cluster (ray.init(address=None) would join that one)
             address = "local"
         _quiet_auth_notice()
-        # A cluster of our own starts no idle workers for the driver: every actor of a campaign has
-        # its own runtime_env, so prestarted workers only imported ray and waited (0.8 CPU-s each run).
-        own = {"_system_config": {"prestart_worker_first_driver": False}} if address == "local" else {}
-        ray.init(address=address, num_cpus=None if cfg.run.ray_address else cfg.run.num_cpus,
-                 include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env=ray_runtime_env({"env_vars": {"OMP_NUM_THREADS": "1"}}), **own)
+        own = address == "local"
+        with _environ(WORKER_ENV if own else {}):
+            ray.init(address=address, num_cpus=None if cfg.run.ray_address else cfg.run.num_cpus,
+                     include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     **_cluster_kwargs(own))
     return ray
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """``values`` in this process's environment for the block (what a child started in it inherits)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+WORKER_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def _cluster_kwargs(own: bool) -> dict:
+    """How every Ray worker of the campaign gets one OpenMP thread and the raised nofile limit.
+
+    On a cluster of our own, by inheritance: the raylet is started by ``ray.init`` from this process,
+    whose soft nofile limit is already raised (:func:`run_campaign`) and whose environment carries
+    :data:`WORKER_ENV` while Ray starts, so every worker it spawns has both; and no idle workers are
+    prestarted (the campaign's actors start their own; idle ones only imported ray). A job-level ``runtime_env`` would start each
+    worker through Ray's ``setup_worker.py``, one more interpreter per actor (0.6 CPU-s each,
+    ``bench/bench_ray_start.py``). On a cluster someone else started (``run.ray_address``), whose
+    raylets we did not spawn, the job's ``runtime_env`` carries the same settings to every node
+    (docs/campaign.md, "Ray's lifetime")."""
+    if not own:
+        return {"runtime_env": ray_runtime_env({"env_vars": dict(WORKER_ENV)})}
+    return {"_system_config": {"prestart_worker_first_driver": False}}
 
 
 _AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"

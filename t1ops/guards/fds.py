@@ -5,8 +5,9 @@ exception: 320 concurrent trials pushed the coordinator's raylet past the
 1024 soft-nofile wall and result deliveries were dropped silently. Three
 defences, each usable alone:
 
-- :func:`raise_nofile_limit` at start-up (and :func:`worker_setup_hook` in every
-  Ray worker: ``ray.init(runtime_env=ray_runtime_env())``);
+- :func:`raise_nofile_limit` at start-up: the workers of the campaign's own Ray cluster inherit
+  it from the raylet ``ray.init`` starts; on a cluster it did not start, :func:`worker_setup_hook`
+  runs in every Ray worker (``ray.init(runtime_env=ray_runtime_env())``; docs/campaign.md);
 - :class:`FdGuard` samples open fds of the coordinator and workers (psutil),
   warns at ``GuardsConfig.fd_warn_fraction`` and keeps a high-water mark;
 - :class:`StallDetector`: work in flight and zero completions for longer than

@@ -38,3 +38,53 @@ def test_a_campaign_starts_its_own_cluster_unless_told_otherwise(monkeypatch, ad
     cfg = CampaignConfig.model_validate({"run": {"ray_address": address}})
     launch._init_ray(cfg)
     assert seen["address"] == expected
+
+
+_PROBE = """
+import os, resource, ray
+from t1ops.campaign import launch
+from t1ops.config import CampaignConfig
+from t1ops.guards.fds import raise_nofile_limit
+raise_nofile_limit()                      # what run_campaign does before Ray starts
+launch._init_ray(CampaignConfig.model_validate({"run": {"num_cpus": 2}}))
+
+@ray.remote(num_cpus=2)  # Ray would give it OMP_NUM_THREADS=2 by its own default
+class Probe:
+    def seen(self):
+        return os.environ.get("OMP_NUM_THREADS"), resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+print(ray.get(Probe.remote().seen.remote()), os.environ.get("OMP_NUM_THREADS"))
+ray.shutdown()
+"""
+
+
+def test_workers_of_its_own_cluster_inherit_one_omp_thread_and_the_raised_nofile_limit() -> None:
+    """No job-level runtime_env on a cluster of our own (launch._cluster_kwargs): a worker still runs
+    one OpenMP thread and has the raised soft nofile limit, and the driver's own environment is as it was."""
+    import ast
+    import resource
+    import subprocess
+    import sys
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(soft, 256)
+
+    def lower() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "3"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, preexec_fn=lower, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = out.stdout.strip().splitlines()[-1]
+    worker, driver_omp = line.rsplit(" ", 1)
+    assert ast.literal_eval(worker) == ("1", hard)
+    assert driver_omp == "3"
+
+
+def test_a_cluster_it_did_not_start_gets_the_settings_through_the_runtime_env() -> None:
+    assert "runtime_env" not in launch._cluster_kwargs(own=True)
+    env = launch._cluster_kwargs(own=False)["runtime_env"]
+    assert env["env_vars"] == launch.WORKER_ENV
+    assert env["worker_process_setup_hook"] == "t1ops.guards.fds.worker_setup_hook"
