@@ -28,10 +28,9 @@ own = sys.argv[1] == "own"
 cfg = CampaignConfig.model_validate({"run": {"num_cpus": 2}})
 if own:
     launch._init_ray(cfg)
-else:
-    with launch._environ({}):
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, **launch._cluster_kwargs(own=False))
+else:  # as _init_ray starts a cluster it did not start, on a local one
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False, **launch._cluster_kwargs(own=False))
 
 @ray.remote(num_cpus=0)
 class Probe:

@@ -8,10 +8,10 @@ the step loop.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
+from unittest.mock import patch
 
 from rl.agent.loop import sft_example, solution_command
 from rl.agent.settings import AgentLimits, AgentSettings
@@ -76,26 +76,12 @@ def _init_ray(cfg: CampaignConfig):
             address = "local"
         _quiet_auth_notice()
         own = address == "local"
-        with _environ(WORKER_ENV if own else {}):
+        # WORKER_ENV in this process's environment while Ray starts: what the raylet inherits
+        with patch.dict(os.environ, WORKER_ENV if own else {}):
             ray.init(address=address, num_cpus=None if cfg.run.ray_address else cfg.run.num_cpus,
                      include_dashboard=False, log_to_driver=False, configure_logging=False,
                      **_cluster_kwargs(own))
     return ray
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]):
-    """``values`` in this process's environment for the block (what a child started in it inherits)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 WORKER_ENV = {"OMP_NUM_THREADS": "1"}
@@ -107,11 +93,11 @@ def _cluster_kwargs(own: bool) -> dict:
     On a cluster of our own, by inheritance: the raylet is started by ``ray.init`` from this process,
     whose soft nofile limit is already raised (:func:`run_campaign`) and whose environment carries
     :data:`WORKER_ENV` while Ray starts, so every worker it spawns has both; and no idle workers are
-    prestarted (the campaign's actors start their own; idle ones only imported ray). A job-level ``runtime_env`` would start each
-    worker through Ray's ``setup_worker.py``, one more interpreter per actor (0.6 CPU-s each,
-    ``bench/bench_ray_start.py``). On a cluster someone else started (``run.ray_address``), whose
-    raylets we did not spawn, the job's ``runtime_env`` carries the same settings to every node
-    (docs/campaign.md, "Ray's lifetime")."""
+    prestarted (the campaign starts its own actors; idle ones only imported ray). A job-level
+    ``runtime_env`` would start each worker through Ray's ``setup_worker.py``, one more interpreter
+    per actor (0.6 CPU-s each, ``bench/bench_ray_start.py``). On a cluster someone else started
+    (``run.ray_address``), whose raylets we did not spawn, the job's ``runtime_env`` carries the
+    same settings to every node (docs/campaign.md, "Ray's lifetime")."""
     if not own:
         return {"runtime_env": ray_runtime_env({"env_vars": dict(WORKER_ENV)})}
     return {"_system_config": {"prestart_worker_first_driver": False}}

@@ -62,6 +62,7 @@ def test_workers_of_its_own_cluster_inherit_one_omp_thread_and_the_raised_nofile
     """No job-level runtime_env on a cluster of our own (launch._cluster_kwargs): a worker still runs
     one OpenMP thread and has the raised soft nofile limit, and the driver's own environment is as it was."""
     import ast
+    import os
     import resource
     import subprocess
     import sys
@@ -72,7 +73,7 @@ def test_workers_of_its_own_cluster_inherit_one_omp_thread_and_the_raised_nofile
     def lower() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
 
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "3"}
+    env = {**os.environ, "OMP_NUM_THREADS": "3"}
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run([sys.executable, "-c", _PROBE], env=env, preexec_fn=lower, capture_output=True,
                          text=True, timeout=300)
