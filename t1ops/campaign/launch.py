@@ -8,10 +8,10 @@ the step loop.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
-from unittest.mock import patch
 
 from rl.agent.loop import sft_example, solution_command
 from rl.agent.settings import AgentLimits, AgentSettings
@@ -76,12 +76,32 @@ def _init_ray(cfg: CampaignConfig):
             address = "local"
         _quiet_auth_notice()
         own = address == "local"
-        # WORKER_ENV in this process's environment while Ray starts: what the raylet inherits
-        with patch.dict(os.environ, WORKER_ENV if own else {}):
+        with worker_env_while_ray_starts(WORKER_ENV if own else {}):
             ray.init(address=address, num_cpus=None if cfg.run.ray_address else cfg.run.num_cpus,
                      include_dashboard=False, log_to_driver=False, configure_logging=False,
                      **_cluster_kwargs(own))
     return ray
+
+
+@contextlib.contextmanager
+def worker_env_while_ray_starts(values: dict[str, str]):
+    """``values`` in this process's environment while Ray starts (what the raylet it spawns inherits),
+    then those keys as they were, and only those: ``ray.init`` itself sets ``RAY_AUTH_MODE=token``
+    here, and its token authentication stays on in this process after ``ray.shutdown``. Restoring
+    the whole environment (``unittest.mock.patch.dict``) dropped that variable, so the next cluster
+    this process started (a ``ray.cluster_utils.Cluster``) ran without tokens, the driver refused its
+    GCS's calls ("Missing authorization header") and the GCS destroyed every actor the driver created
+    before it ran ("all references to the actor were removed ... never ran"; docs/testing.md, "Flakes")."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 WORKER_ENV = {"OMP_NUM_THREADS": "1"}

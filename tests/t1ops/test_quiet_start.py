@@ -89,3 +89,52 @@ def test_a_cluster_it_did_not_start_gets_the_settings_through_the_runtime_env() 
     env = launch._cluster_kwargs(own=False)["runtime_env"]
     assert env["env_vars"] == launch.WORKER_ENV
     assert env["worker_process_setup_hook"] == "t1ops.guards.fds.worker_setup_hook"
+
+
+_NEXT_CLUSTER = """
+import ray
+from ray.cluster_utils import Cluster
+from t1ops.campaign import launch
+from t1ops.config import CampaignConfig
+launch._init_ray(CampaignConfig.model_validate({"run": {"num_cpus": 1}}))  # a campaign's own cluster
+ray.shutdown()
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+
+@ray.remote(num_cpus=0)
+class Role:
+    def ping(self):
+        return "pong"
+
+try:
+    print(ray.get(Role.remote().ping.remote(), timeout=120))
+finally:
+    ray.shutdown()
+    cluster.shutdown()
+"""
+
+
+def test_a_later_cluster_in_the_same_process_still_starts_actors() -> None:
+    """Ray's own environment survives a campaign's start (launch.worker_env_while_ray_starts): with the
+    whole environment restored, the next cluster this process started ran without token authentication
+    while the process kept it on, and Ray destroyed each new actor before it ran ("all references to
+    the actor were removed ... never ran"), the shared two-node campaign's trainer in CI."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # a fresh process's Ray settings
+    out = subprocess.run([sys.executable, "-c", _NEXT_CLUSTER], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "pong", out.stderr[-2000:]
+
+
+def test_worker_env_sets_only_its_keys_and_keeps_what_the_block_added(monkeypatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv("T1OPS_TEST_ADDED", raising=False)
+    with launch.worker_env_while_ray_starts({"OMP_NUM_THREADS": "1"}):
+        import os
+
+        assert os.environ["OMP_NUM_THREADS"] == "1"
+        os.environ["T1OPS_TEST_ADDED"] = "kept"  # as ray.init sets RAY_AUTH_MODE
+    assert os.environ["OMP_NUM_THREADS"] == "3" and os.environ.pop("T1OPS_TEST_ADDED") == "kept"
