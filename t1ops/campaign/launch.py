@@ -86,12 +86,10 @@ def _init_ray(cfg: CampaignConfig):
 @contextlib.contextmanager
 def worker_env_while_ray_starts(values: dict[str, str]):
     """``values`` in this process's environment while Ray starts (what the raylet it spawns inherits),
-    then those keys as they were, and only those: ``ray.init`` itself sets ``RAY_AUTH_MODE=token``
-    here, and its token authentication stays on in this process after ``ray.shutdown``. Restoring
-    the whole environment (``unittest.mock.patch.dict``) dropped that variable, so the next cluster
-    this process started (a ``ray.cluster_utils.Cluster``) ran without tokens, the driver refused its
-    GCS's calls ("Missing authorization header") and the GCS destroyed every actor the driver created
-    before it ran ("all references to the actor were removed ... never ran"; docs/testing.md, "Flakes")."""
+    then those keys as they were, and only those. ``ray.init`` itself sets ``RAY_AUTH_MODE=token``
+    here and keeps token authentication on in this process: restoring the whole environment
+    (``unittest.mock.patch.dict``) dropped it, and the next cluster this process started destroyed
+    every actor before it ran (docs/testing.md, "Flakes")."""
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -133,8 +134,6 @@ def test_worker_env_sets_only_its_keys_and_keeps_what_the_block_added(monkeypatc
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.delenv("T1OPS_TEST_ADDED", raising=False)
     with launch.worker_env_while_ray_starts({"OMP_NUM_THREADS": "1"}):
-        import os
-
         assert os.environ["OMP_NUM_THREADS"] == "1"
         os.environ["T1OPS_TEST_ADDED"] = "kept"  # as ray.init sets RAY_AUTH_MODE
     assert os.environ["OMP_NUM_THREADS"] == "3" and os.environ.pop("T1OPS_TEST_ADDED") == "kept"
