@@ -19,7 +19,8 @@ unpublished version, or spanning two, takes its engine out of rotation and is
 resubmitted. A trajectory's next turn goes to the engine that served its
 previous turn (its K/V prefix is there) unless that engine carries more than
 ``AFFINITY_SLACK`` more of this worker's requests than the least loaded one.
-Failures are reported to the pool (``report_failure``), which
+Failures are reported to the pool (``report_failure``, a call that returns once the pool has
+judged) and a resubmit reads a fresh view before it picks; the pool
 owns the processes: it declares an exited process or a wrong-version engine
 dead, kills it, and recreates it at the next weight sync.
 """
@@ -87,6 +88,22 @@ class DirectEngines:
                     t.wake.set()  # abandon and resubmit, as the pool does for a dead engine
             self._cond.notify_all()
 
+    def _refresh_quietly(self) -> None:
+        """A resubmit reads the pool's view first: a view up to ``refresh_s`` old still shows the engine
+        that just failed as live, and the loop spent every resubmit on it in milliseconds (the seeded
+        schedule's lost step, docs/testing.md "Flakes")."""
+        try:
+            self.refresh()
+        except Exception as err:  # the router is busy or gone: the refresher keeps trying
+            telemetry.event("engine.view_refresh_failed", severity="warning", error=repr(err)[:200])
+
+    def _report(self, *args, **kw) -> None:
+        """Tell the pool (it owns the processes); returns once it has judged, so the next view shows it."""
+        try:
+            self.report(*args, **kw)
+        except Exception as err:  # the router is busy or gone: the pinger still judges the engine
+            telemetry.event("engine.report_failed", severity="warning", slot=args[0], error=repr(err)[:200])
+
     def _live(self) -> list[tuple[int, str]]:
         return [(i, url) for i, url, status in self._view["engines"] if status == "live"]
 
@@ -103,6 +120,8 @@ class DirectEngines:
         """Wait for an open gate and a live engine; pick the least loaded (from this worker's view),
         or the engine of the trajectory's previous turn (its K/V prefix) while it is not much busier."""
         previous = self._affinity.get(_trajectory_key(rid))
+        if avoid:  # a resubmit: the pool has judged the engine that failed it (report_failure); read its verdict
+            self._refresh_quietly()
         deadline = time.monotonic() + self.cfg.generate_timeout_s
         with self._cond:
             while not (self._view["gate_open"] and self._live()):
@@ -136,10 +155,7 @@ class DirectEngines:
     def engine_failed(self, t: Ticket, err: Exception, engine_reports_failed: bool) -> None:
         """The pool owns the process: it declares an exited or self-reported failed engine dead."""
         why = f"{type(err).__name__}: {err}"[:300]
-        if engine_reports_failed:
-            self.report(t.slot, t.url, why, engine_failed=True)
-        else:
-            self.report(t.slot, t.url, why)
+        self._report(t.slot, t.url, why, engine_failed=engine_reports_failed)
 
     def check_versions(self, t: Ticket, resp: P.GenerateResponse) -> str | None:
         if _versions_ok_in(self._view, t.version, resp):
@@ -148,7 +164,7 @@ class DirectEngines:
         if _versions_ok_in(self._view, t.version, resp):
             return None
         why = requests.missed_sync_reason(resp, t.version, self._view["version"])
-        self.report(t.slot, t.url, why, wrong_version=True)
+        self._report(t.slot, t.url, why, wrong_version=True)
         return why
 
     def syncs_since(self, t: Ticket) -> int:

@@ -57,3 +57,36 @@ def test_turns_stay_on_their_engine_and_aborts_follow_the_barrier_count():
         assert reports and reports[-1][0] == 0 and "missed a weight sync" in reports[-1][2]
     finally:
         direct.close()
+
+
+def test_a_resubmit_waits_for_the_pools_verdict_rather_than_reusing_the_engine_that_failed():
+    """The seeded schedule's lost step: the pool killed engine 1 (the only live one) and the worker's
+    view, up to ``refresh_s`` old, still showed it live, so the loop spent every resubmit on it in
+    milliseconds and the trial failed while the pool was starting replacements."""
+    import threading
+
+    import httpx
+
+    log, reports = [], []
+    view = {"version": "v0", "num_syncs": 0, "gate_open": True,
+            "engines": [(0, "http://e0", "dead"), (1, "http://e1", "live")]}
+
+    class Killed(FakeClient):
+        def generate(self, request):
+            self.log.append((self.url, request.rid))
+            raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    def judge(index, url, reason, **kw):  # the pool: the process exited, so the slot is dead now
+        reports.append((index, url))
+        view["engines"] = [(0, "http://e0", "dead"), (1, "http://e1", "dead")]
+        # the pinger finds none left and recreates: the replacement is admitted a little later
+        threading.Timer(0.3, lambda: view.update(engines=[(0, "http://e0b", "live"), (1, "http://e1", "dead")])).start()
+
+    clients = {"http://e1": Killed("http://e1", log, view), "http://e0b": FakeClient("http://e0b", log, view)}
+    direct = DirectEngines(lambda: dict(view), judge, EngineConfig(max_resubmits=3, generate_timeout_s=30),
+                           refresh_s=0.1, make_client=lambda url: clients[url])
+    try:
+        assert direct.generate(req("x-t0")).weight_version == "v0"
+        assert log == [("http://e1", "x-t0"), ("http://e0b", "x-t0")] and reports == [(1, "http://e1")]
+    finally:
+        direct.close()
