@@ -115,7 +115,8 @@ def _is_long(item) -> bool:
     return item.get_closest_marker("slow") is not None or item.get_closest_marker("chaos") is not None
 
 
-def pytest_collection_modifyitems(config, items):
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into "@group" node ids:
+def pytest_collection_modifyitems(config, items):  # tests/conftest.py loads before xdist's worker plugin
     # the long tests first: a 3-minute campaign handed out last keeps one worker busy while the
     # other idles (the order of independent tests is free; a module's fast tests keep their order)
     items.sort(key=lambda item: not _is_long(item))
