@@ -115,11 +115,26 @@ def _is_long(item) -> bool:
     return item.get_closest_marker("slow") is not None or item.get_closest_marker("chaos") is not None
 
 
+# The heaviest long tests, heaviest first (each 1.5-3 min on the 2-core CI host, docs/testing.md "Where
+# the time goes"): handed out first so that none of them starts last and runs alone. A test missing
+# here only starts later among the long ones; nothing else depends on this list.
+HEAVIEST = ("test_verify_recovery.py::test_every_fault", "[coordinator-crash]", "[long-tail-stall]",
+            "test_schedule.py::test_seeded", "test_matrix.py::test_cell", "test_sglang_campaign.py::",
+            "[summary-overflow]")
+
+
+def _order(item) -> tuple[bool, int]:
+    rank = next((i for i, key in enumerate(HEAVIEST) if key in item.nodeid), len(HEAVIEST))
+    return not _is_long(item), rank
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into "@group" node ids:
 def pytest_collection_modifyitems(config, items):  # tests/conftest.py loads before xdist's worker plugin
-    # the long tests first: a 3-minute campaign handed out last keeps one worker busy while the
-    # other idles (the order of independent tests is free; a module's fast tests keep their order)
-    items.sort(key=lambda item: not _is_long(item))
+    # the long tests first, heaviest first: a 3-minute campaign handed out last keeps one worker busy
+    # while the others idle (the order of independent tests is free; a module's fast tests keep their
+    # order). xdist keeps this order only with --no-loadscope-reorder (pyproject.toml): by default it
+    # hands out the groups with the most tests first, so every single-test campaign started last.
+    items.sort(key=_order)
     for item in items:
         shared = _shared_session_fixture(item)
         if shared is not None:

@@ -3,10 +3,13 @@
 T1 report, section 09 (the off-by-717 incident): "The same incident also had a
 global timeout override silently halving task-declared budgets."
 
-Fault: a task declares ``agent.timeout_sec = 5`` (scaled from the report's
-3600 s wall); a campaign-wide override of 2.5 s (half) is set. The agent's
-command is slow but valid: ``sleep 3 && sort in.txt > out.txt`` (3 s, inside
-the task's own budget).
+Fault: a task declares ``agent.timeout_sec = 12`` (scaled from the report's
+3600 s wall); a campaign-wide override of 6 s (half) is set. The agent's
+command is slow but valid: ``sleep 7 && sort in.txt > out.txt`` (7 s, inside
+the task's own budget). The sleep is a lower bound whatever the load, so the
+halved budget always kills it; the 5 s left of the task's budget is for the
+jail's start on a loaded host (a 2 s margin failed once in CI at a load
+average over 20, docs/testing.md "Flakes").
 
 - Unguarded: the override is applied as given (``allow_lower_timeout=True``,
   the legacy behaviour). Observed: the command is killed by the trial budget
@@ -27,7 +30,7 @@ from rl.agent.tasks import load_task
 from rl.agent.verifier import verify
 
 POOL = Path(__file__).resolve().parents[2] / "examples" / "tasks"
-TASK_BUDGET_S, OVERRIDE_S, COMMAND = 5.0, 2.5, "sleep 3 && sort in.txt > out.txt"
+TASK_BUDGET_S, OVERRIDE_S, COMMAND = 12.0, 6.0, "sleep 7 && sort in.txt > out.txt"
 
 
 class _Capture(logging.Handler):
