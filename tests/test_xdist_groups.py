@@ -5,6 +5,7 @@ shared two-node campaign ran twice, once per worker, because xdist's hook turned
 ignore xdist 3.8's rewrite (pytest-xdist#1386). docs/testing.md, "Flakes"."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_a_modules_fast_tests_share_one_worker_and_carry_their_group():
     module = "tests/t1ops/test_quiet_start.py"
     out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider", module,
-                          "-k", "auth_notice or worker_env"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                          "-k", "auth_notice or worker_env"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})
     ran = re.findall(r"\[(gw\d+)\].*PASSED (\S+)", out.stdout)
     assert len(ran) == 2, out.stdout[-2000:]
     assert all(nodeid.endswith(f"@{module}") for _, nodeid in ran), ran  # xdist read our group

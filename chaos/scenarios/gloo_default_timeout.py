@@ -6,9 +6,8 @@ step; then rank 1 is 45 "minutes" late at the weight-update gather (the
 ``RankTrainer.full_state`` collective that ``publish`` runs every step to hand
 the engines their weights) while rank 0 waits inside it. Time is scaled
 8 s : 30 min: torch's built-in Gloo default of 30 min is 8 s, the report's
-60 min control-group timeout is 16 s, the stall 12 s. The stall is a lower bound of
-rank 0's wait; the 4 s left of the configured timeout is for rank 1 finishing its step
-later than rank 0 on a loaded host (at 4 s : 30 min a 2 s margin failed once in CI with
+60 min control-group timeout is 16 s, the stall 12 s: 4 s either side, for either
+rank finishing its training step later than the other on a loaded host (at 4 s : 30 min a 2 s margin failed once in CI with
 the suite and 50 pause tests on the 2 cores, docs/testing.md "Flakes").
 
 Unguarded: the groups are created without a timeout argument, so torch's

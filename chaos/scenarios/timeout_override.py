@@ -14,7 +14,7 @@ average over 20, docs/testing.md "Flakes").
 - Unguarded: the override is applied as given (``allow_lower_timeout=True``,
   the legacy behaviour). Observed: the command is killed by the trial budget
   (``budget_exhausted``) before ``sort`` runs; the real verifier scores 0/4.
-- Guarded: the default sandbox keeps the task's 5 s, logs the ignored
+- Guarded: the default sandbox keeps the task's 12 s, logs the ignored
   override, the command finishes and the verifier scores 4/4.
 """
 from __future__ import annotations

@@ -80,11 +80,14 @@ def test_a_resubmit_waits_for_the_pools_verdict_rather_than_reusing_the_engine_t
         reports.append((index, url))
         view["engines"] = [(0, "http://e0", "dead"), (1, "http://e1", "dead")]
         # the pinger finds none left and recreates: the replacement is admitted a little later
-        threading.Timer(0.3, lambda: view.update(engines=[(0, "http://e0b", "live"), (1, "http://e1", "dead")])).start()
+        def replacement_live():
+            view.update(engines=[(0, "http://e0b", "live"), (1, "http://e1", "dead")])
+            direct.refresh()  # as the background refresher would: wakes the waiting request
+        threading.Timer(0.3, replacement_live).start()
 
     clients = {"http://e1": Killed("http://e1", log, view), "http://e0b": FakeClient("http://e0b", log, view)}
     direct = DirectEngines(lambda: dict(view), judge, EngineConfig(max_resubmits=3, generate_timeout_s=30),
-                           refresh_s=0.1, make_client=lambda url: clients[url])
+                           refresh_s=60.0, make_client=lambda url: clients[url])  # only the test refreshes
     try:
         assert direct.generate(req("x-t0")).weight_version == "v0"
         assert log == [("http://e1", "x-t0"), ("http://e0b", "x-t0")] and reports == [(1, "http://e1")]
