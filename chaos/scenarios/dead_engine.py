@@ -133,6 +133,13 @@ def _guarded(procs: list[subprocess.Popen], tmp: Path) -> dict:
             killed_at = time.time()
             os.kill(victim.process.pid, signal.SIGKILL)
             results = [f.result() for f in futures]  # an error here is a lost sample: it propagates
+        # The samples can all finish on engine 1 before the victim's exit shows (a refused connection
+        # of a process still dying is resubmitted, not a death): its death is the pinger's, within
+        # two ping intervals of the kill. Wait for it (bounded) rather than read it at once: on a
+        # loaded host the read came first once (docs/testing.md "Flakes").
+        deadline = killed_at + 2 * PING_S + 10.0
+        while pool.live_slots() != [1] and time.time() < deadline:
+            time.sleep(0.05)
         dead = [e for e in telemetry.recent_events("engine.dead", since=killed_at) if e.get("url") == victim.url]
         live_after_kill = pool.live_slots()
         rotated: list[str] = []
