@@ -88,7 +88,8 @@ def direct_engines(router, max_concurrency: int) -> DirectEngines:
     http = BoundedHttp.from_config(cfg)
     view_timeout_s = cfg.request_timeout_s * cfg.request_attempts
     return DirectEngines(lambda: ray.get(router.view.remote(), timeout=view_timeout_s),
-                         lambda *args, **kw: ray.get(router.report_failure.remote(*args, **kw), timeout=view_timeout_s), cfg,
+                         lambda *args, **kw: ray.get(router.report_failure.remote(*args, **kw),  # the pool's verdict
+                                                     timeout=view_timeout_s), cfg,
                          make_client=lambda url: EngineClient(url, http, **conf["client_kw"]),
                          max_concurrency=max(8, max_concurrency))
 

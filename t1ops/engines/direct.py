@@ -72,10 +72,7 @@ class DirectEngines:
     # --- membership -------------------------------------------------------------------
     def _refresh_loop(self) -> None:
         while not self._stop.wait(self.refresh_s):
-            try:
-                self.refresh()
-            except Exception as err:  # the router is busy or gone: keep the last view, say so
-                telemetry.event("engine.view_refresh_failed", severity="warning", error=repr(err)[:200])
+            self._refresh_quietly()
 
     def refresh(self) -> None:
         """Fetch the pool's view; wake requests whose engine left rotation."""
@@ -89,12 +86,13 @@ class DirectEngines:
             self._cond.notify_all()
 
     def _refresh_quietly(self) -> None:
-        """A resubmit reads the pool's view first: a view up to ``refresh_s`` old still shows the engine
+        """:meth:`refresh`, or the last view kept and a warning when the router is busy or gone. The
+        refresher calls it, and so does a resubmit: a view up to ``refresh_s`` old still shows the engine
         that just failed as live, and the loop spent every resubmit on it in milliseconds (the seeded
         schedule's lost step, docs/testing.md "Flakes")."""
         try:
             self.refresh()
-        except Exception as err:  # the router is busy or gone: the refresher keeps trying
+        except Exception as err:  # keep the last view, say so
             telemetry.event("engine.view_refresh_failed", severity="warning", error=repr(err)[:200])
 
     def _report(self, *args, **kw) -> None:
