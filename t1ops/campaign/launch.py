@@ -28,6 +28,7 @@ from t1ops.campaign.evaluation import Evaluator, eval_task_names
 from t1ops.campaign.resume import open_for_resume, resumed_summary
 from t1ops.campaign.guarding import CampaignGuards
 from t1ops.campaign.progress import Progress
+from t1ops.campaign.ray_start import start_with_retry
 from t1ops.campaign.rollouts import Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.runner import Campaign, step_loop
@@ -76,10 +77,16 @@ def _init_ray(cfg: CampaignConfig):
             address = "local"
         _quiet_auth_notice()
         own = address == "local"
-        with worker_env_while_ray_starts(WORKER_ENV if own else {}):
-            ray.init(address=address, num_cpus=None if cfg.run.ray_address else cfg.run.num_cpus,
-                     include_dashboard=False, log_to_driver=False, configure_logging=False,
-                     **_cluster_kwargs(own))
+        def start() -> None:
+            with worker_env_while_ray_starts(WORKER_ENV if own else {}):
+                ray.init(address=address, num_cpus=None if cfg.run.ray_address else cfg.run.num_cpus,
+                         include_dashboard=False, log_to_driver=False, configure_logging=False,
+                         **_cluster_kwargs(own))
+
+        if own:  # a node of our own whose start timed out under load is started again (ray_start.py)
+            start_with_retry(start)
+        else:
+            start()
     return ray
 
 
