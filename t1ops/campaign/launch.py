@@ -77,6 +77,7 @@ def _init_ray(cfg: CampaignConfig):
             address = "local"
         _quiet_auth_notice()
         own = address == "local"
+
         def start() -> None:
             with worker_env_while_ray_starts(WORKER_ENV if own else {}):
                 ray.init(address=address, num_cpus=None if cfg.run.ray_address else cfg.run.num_cpus,

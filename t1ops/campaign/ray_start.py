@@ -4,8 +4,8 @@ A local ``ray.init`` starts the GCS, then a raylet that waits for its dashboard 
 process with a heavy import) to write its port files. On a loaded host the agent can take longer
 than the raylet waits: the raylet exits with "Timed out waiting for file .../metrics_agent_port_..."
 in its ``raylet.err``, and ``ray.init`` raises only "The current node timed out during startup"
-(ray-project/ray#65983, open; both waits are fixed in Ray 2.60, none is a setting ``ray.init``
-takes). Seen here with a full test suite and one more campaign on 2 cores (docs/testing.md,
+(ray-project/ray#65983, open; both waits are hard-coded in Ray 2.60, neither is a setting
+``ray.init`` takes). Seen here with a full test suite and one more campaign on 2 cores (docs/testing.md,
 "Flakes"). Nothing of the campaign has started then, so the start is tried again (tenacity), after
 the half-started node's processes are killed; every retry is a ``ray.start_retry`` telemetry event.
 Any other error of ``ray.init`` is raised at once.
@@ -47,14 +47,15 @@ def kill_ray_children(since: float) -> int:
 def start_with_retry(start: Callable[[], object], attempts: int | None = None) -> None:
     """``start()`` (a local ``ray.init``), up to ``attempts`` times while it fails with Ray's
     start-up timeout (default :data:`ATTEMPTS`); the last error is raised as it came."""
-    began = [time.time()]
+    began = time.time()  # when the attempt now failing started its processes
 
     def before_retry(state: tenacity.RetryCallState) -> None:
-        killed = kill_ray_children(began[0])
+        nonlocal began
+        killed = kill_ray_children(began)
         telemetry.event("ray.start_retry", severity="warn", attempt=state.attempt_number,
                         error=str(state.outcome.exception()).splitlines()[0][:200], killed=killed,
                         known_issue="ray-project/ray#65983")
-        began[0] = time.time()
+        began = time.time()
 
     for attempt in tenacity.Retrying(stop=tenacity.stop_after_attempt(attempts or ATTEMPTS),
                                      retry=tenacity.retry_if_exception(is_startup_timeout),
