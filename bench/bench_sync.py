@@ -27,7 +27,7 @@ import httpx
 import torch
 
 from rl.engines.client import EngineClient
-from rl.engines.embedded import spawn
+from rl.engines.embedded_spawn import spawn
 from rl.engines.ports import free_port
 from rl.megatron_cpu import init_single_process
 from rl.model import ModelSpec, build_policy, weights_state_dict

@@ -52,7 +52,7 @@ def tiny_spec():
 
 def spawn_engines(tmp: Path, num: int) -> list[subprocess.Popen]:
     """Start ``num`` real embedded engines concurrently; each is healthy on return (``proc.url``)."""
-    from rl.engines.embedded import spawn
+    from rl.engines.embedded_spawn import spawn
     spec = tiny_spec()
     ports = [free_port() for _ in range(num)]
     with cf.ThreadPoolExecutor(num) as ex:

@@ -94,7 +94,7 @@ def _guarded(procs, tmp: Path) -> dict:
 
 @register("engine-left-paused", "an engine acknowledges the barrier's continue and stays paused")
 def run(tmp: Path) -> Outcome:
-    from rl.engines.embedded import spawn
+    from rl.engines.embedded_spawn import spawn
 
     with cf.ThreadPoolExecutor(2) as ex:  # the faulty engine and a clean spare (the replacement)
         faulty_f = ex.submit(spawn, free_port(), tiny_spec(), log_path=tmp / "faulty.log",

@@ -57,7 +57,7 @@ def _start(tmp: Path):
     from rl.agent.tasks import load_pool
     from rl.chat import ChatRenderer
     from rl.engines.client import EngineClient
-    from rl.engines.embedded import spawn
+    from rl.engines.embedded_spawn import spawn
     from rl.model import ModelSpec
     from t1ops.campaign.launch import build_vocab
     from t1ops.config import EngineConfig

@@ -68,7 +68,7 @@ def _engine_batch(tmp: Path, actor) -> tuple[TrainBatch, list[np.ndarray]]:
     import httpx
 
     from rl.engines.client import EngineClient
-    from rl.engines.embedded import spawn
+    from rl.engines.embedded_spawn import spawn
     from rl.engines.ports import free_port
     from rl.engines.protocol import GenerateRequest, SamplingParams
     from t1ops.guards.checkpoints import save_checkpoint

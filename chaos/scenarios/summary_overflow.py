@@ -7,7 +7,7 @@ attempts failed". Reproduced at 1/336 scale (context 256, summary request 24,
 separate reserve 12) through the production agent loop's own compaction
 (``rl.agent.compaction``, docs/compaction.md):
 
-- a real embedded engine (``rl.engines.embedded.spawn``, context window 256)
+- a real embedded engine (``rl.engines.embedded_spawn.spawn``, context window 256)
   serves every turn and every summary, and refuses (HTTP 400) any request whose
   prompt + max_new_tokens exceeds its window, as SGLang does;
 - the real ``run_episode`` with a real execute: each trial is a real
@@ -150,7 +150,7 @@ def _start(tmp: Path):
     from rl.agent.loop import tool_call_text
     from rl.agent.tasks import load_pool, load_task
     from rl.chat import ChatRenderer
-    from rl.engines.embedded import spawn
+    from rl.engines.embedded_spawn import spawn
     from rl.engines.ports import free_port
     from rl.model import ModelSpec
     from t1ops.campaign.launch import build_vocab

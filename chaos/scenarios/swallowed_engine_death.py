@@ -50,7 +50,7 @@ def _request(i: int) -> P.GenerateRequest:
 
 
 def _spawn_faulty(tmp: Path, name: str, *extra: str):
-    from rl.engines.embedded import spawn
+    from rl.engines.embedded_spawn import spawn
     return spawn(free_port(), tiny_spec(), log_path=tmp / f"{name}.log",
                  extra_args=["--chaos", "--chaos-fail-batcher-after", str(FAIL_AFTER), *extra])
 

@@ -98,7 +98,7 @@ def _pool(proc, sync, version: str, verify: bool, owned: bool) -> EnginePool:
 def run(tmp: Path) -> Outcome:
     import torch.distributed as dist
 
-    from rl.engines.embedded import spawn
+    from rl.engines.embedded_spawn import spawn
 
     had_world = dist.is_initialized()
     trainer = _trainer(tmp)

@@ -14,30 +14,24 @@ Endpoints: ``POST /generate``, ``GET /health``, ``GET /health_generate``,
 
 The pieces: the model host :mod:`rl.engines.embedded_engine` (semantics a caller relies on:
 its docstring), the HTTP server :mod:`rl.engines.embedded_http`; this module holds the process
-entry points: the serve flags, :func:`build_engine`, :func:`serve`, ``main`` and :func:`spawn`.
+entry points: the serve flags, :func:`build_engine`, :func:`serve` and ``main``
+(:func:`rl.engines.embedded_spawn.spawn` starts this process and waits for its health).
 """
 from __future__ import annotations
 
 import argparse
 import errno
 import json
-import os
 import re
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from http.server import ThreadingHTTPServer
-from pathlib import Path
 
 import torch
 
 from rl.engines.ports import PORT_TAKEN_EXIT
-from rl.engines import protocol as P
 from rl.engines.embedded_engine import EmbeddedEngine
 from rl.engines.embedded_http import make_handler
-from rl.errors import EngineError, InputError
+from rl.errors import InputError
 from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 
@@ -175,55 +169,6 @@ def main(argv: list[str] | None = None) -> int:
               "launcher starts it again on a fresh port", file=sys.stderr, flush=True)
         return PORT_TAKEN_EXIT
     return 0
-
-
-def spawn(port: int, spec: ModelSpec, *, checkpoint: str | Path | None = None, vocab_path: str | Path | None = None,
-          dtype: str = "bf16", seed: int = 0, host: str = "127.0.0.1", startup_timeout_s: float = 180.0,
-          log_path: str | Path | None = None, batching: bool = True, batch_invariant: bool = False,
-          extra_args: list[str] | None = None, emission_dir: str | Path | None = None) -> subprocess.Popen:
-    """Start an engine process and return it once ``GET /health`` answers 200.
-
-    The process's base URL is set as ``proc.url``. Output goes to
-    ``log_path`` (else discarded). ``extra_args`` are more serve flags (e.g. the chaos
-    harness's ``--chaos --chaos-omit-routing-for RID_REGEX``). Raises EngineError (and kills the child)
-    if it exits or stays unhealthy past ``startup_timeout_s``.
-    """
-    command = [sys.executable, "-m", "rl.engines.embedded", "--host", host, "--port", str(port),
-               "--spec-json", json.dumps(spec.to_dict()), "--dtype", dtype, "--seed", str(seed)]
-    if checkpoint is not None:
-        command += ["--checkpoint", str(checkpoint)]
-    if vocab_path is not None:
-        command += ["--vocab", str(vocab_path)]
-    if not batching:
-        command.append("--recompute")
-    if batch_invariant:
-        command.append("--batch-invariant")
-    if emission_dir is not None:  # the engine's own record of emitted ids, one file per engine process
-        command += ["--emission-log", str(Path(emission_dir) / f"engine-{port}-{os.getpid()}-{time.time_ns()}.jsonl")]
-    command += list(extra_args or [])
-    log = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
-    try:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=Path(__file__).resolve().parents[2])
-    finally:
-        if log_path is not None:
-            log.close()  # the child holds its own descriptor
-    proc.url = f"http://{host}:{port}"
-    deadline = time.monotonic() + startup_timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise EngineError(f"embedded engine on port {port} exited with {proc.returncode} during startup"
-                              + (f"; see {log_path}" if log_path else ""), port=port, returncode=proc.returncode)
-        try:
-            with urllib.request.urlopen(proc.url + P.HEALTH, timeout=2.0) as resp:
-                if resp.status == 200:
-                    return proc
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.2)
-    proc.kill()
-    proc.wait()
-    raise EngineError(f"embedded engine on port {port} not healthy after {startup_timeout_s} s", port=port,
-                      startup_timeout_s=startup_timeout_s)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import subprocess
 from functools import partial
 from pathlib import Path
 
+from rl.engines.embedded_spawn import spawn  # torch-free: the router only starts engines (docs/testing.md)
 from t1ops import telemetry
 from t1ops.config import EngineConfig
 from t1ops.engines.slots import spawn_factory, url_factory
@@ -48,10 +49,7 @@ class EngineRouter:
         client_kw = dict(num_moe_layers=num_moe_layers, topk=topk, num_experts=num_experts)
         self.client_kw = client_kw
         if self.cfg.kind == "embedded":
-            from rl.engines.embedded import spawn
-            from rl.model import ModelSpec
-
-            launch = partial(spawn, spec=ModelSpec(**spec), vocab_path=vocab_path,
+            launch = partial(spawn, spec=spec, vocab_path=vocab_path,
                              dtype=self.cfg.dtype, log_path=log_path, batching=self.cfg.batching,
                              batch_invariant=self.cfg.batch_invariant,
                              emission_dir=None if run_dir is None else str(Path(run_dir) / "emissions"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rl.engines.client import EngineClient
-from rl.engines.embedded import spawn
+from rl.engines.embedded_spawn import spawn
 from rl.engines.ports import free_port
 from rl.engines.protocol import GenerateRequest, SamplingParams
 from rl.errors import EngineError

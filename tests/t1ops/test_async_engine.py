@@ -30,7 +30,7 @@ def spec():
 
 @pytest.fixture
 def pool(spec, tmp_path):
-    from rl.engines.embedded import spawn
+    from rl.engines.embedded_spawn import spawn
     from rl.model import build_policy, weights_state_dict
     from t1ops.guards.checkpoints import save_checkpoint
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def pool_and_direct(spec, tmp_path):
-    from rl.engines.embedded import spawn
+    from rl.engines.embedded_spawn import spawn
 
     cfg = _cfg()
     http = BoundedHttp.from_config(cfg)

@@ -1,6 +1,6 @@
 """EnginePool against real embedded engines: pings, grace, SIGKILL, resubmission, the barrier.
 
-Engine processes are real (``rl.engines.embedded.spawn``: megatron-core MoE on CPU),
+Engine processes are real (``rl.engines.embedded_spawn.spawn``: megatron-core MoE on CPU),
 so these tests are few and each covers a whole story; pool logic that needs no
 process (resubmission budget) runs against an httpx MockTransport.
 """
@@ -62,7 +62,7 @@ class FakeClock:
 
 @pytest.fixture
 def make_pool(spec, tmp_path):
-    from rl.engines.embedded import spawn
+    from rl.engines.embedded_spawn import spawn
     pools = []
 
     def make(cfg: EngineConfig, *, pinger: bool = True, clock=time.monotonic) -> EnginePool:

@@ -79,3 +79,15 @@ def test_the_rollout_side_of_the_results_never_imports_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_the_engine_router_never_imports_torch():
+    """The router actor only starts engine processes and routes requests: loading the model's
+    libraries there would cost every campaign about 1.7 CPU-s for nothing (docs/testing.md)."""
+    import subprocess
+    import sys
+
+    code = "import sys, t1ops.campaign.engines; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

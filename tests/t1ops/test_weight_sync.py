@@ -13,7 +13,7 @@ import torch
 
 from rl.engines import protocol as P
 from rl.engines.client import EngineClient
-from rl.engines.embedded import spawn
+from rl.engines.embedded_spawn import spawn
 from rl.engines.ports import free_port
 from rl.megatron_cpu import init_single_process
 from rl.model import ModelSpec, build_policy, token_logprobs, weights_state_dict
