@@ -240,5 +240,15 @@ def _step_of(trial: str) -> int:
 
 def _stop_for(pid: int, seconds: float, what: str) -> str:
     os.kill(pid, signal.SIGSTOP)
-    threading.Timer(seconds, os.kill, (pid, signal.SIGCONT)).start()
+    timer = threading.Timer(seconds, _resume, (pid,))
+    timer.daemon = True
+    timer.start()
     return f"{what} SIGSTOPped for {seconds:g} s"
+
+
+def _resume(pid: int) -> None:
+    """SIGCONT a stalled process; one the guardrail has already killed and replaced is fine."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
