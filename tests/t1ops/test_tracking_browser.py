@@ -20,7 +20,10 @@ import pytest
 
 TAG = "reward/reward_mean"
 # Walks the page through every shadow root (TensorBoard's dashboards are web components): is there a
-# scalar card for the tag, and has its chart drawn a line (an SVG path with points)?
+# scalar card for the tag, and has its chart drawn a line (an SVG path with points)? The card names
+# its tag as "tag: reward/reward_mean" when the Rust data server reads the files, and as its title
+# alone when TensorBoard's Python reader does (no server binary: what uv installed, "Flakes" in
+# docs/testing.md), so the tag is matched anywhere in the card's text.
 _FIND_CHART = """(() => {
   const tag = %s;
   const deep = (root, visit) => { for (const el of root.querySelectorAll('*')) { visit(el);
@@ -30,7 +33,7 @@ _FIND_CHART = """(() => {
       add(el); if (el.shadowRoot) add(el.shadowRoot); return t; };
   let card = false, drawn = false;
   deep(document, (el) => {
-    if (el.tagName.toLowerCase() !== 'tf-scalar-card' || !text(el).includes('tag: ' + tag)) return;
+    if (el.tagName.toLowerCase() !== 'tf-scalar-card' || !text(el).includes(tag)) return;
     card = true;
     deep(el.shadowRoot || el, (e) => { if (e.tagName.toLowerCase() === 'path' && (e.getAttribute('d') || '').length > 10
         && (e.getAttribute('class') || '').split(' ').includes('line')) drawn = true; });
