@@ -22,7 +22,7 @@ TAG = "reward/reward_mean"
 # Walks the page through every shadow root (TensorBoard's dashboards are web components): is there a
 # scalar card for the tag, and has its chart drawn a line (an SVG path with points)? The card names
 # its tag as "tag: reward/reward_mean" when the Rust data server reads the files, and as its title
-# alone when TensorBoard's Python reader does (no server binary: what uv installed, "Flakes" in
+# alone when TensorBoard's Python reader does (a data-server wheel without its binary, "Flakes" in
 # docs/testing.md), so the tag is matched anywhere in the card's text.
 _FIND_CHART = """(() => {
   const tag = %s;
@@ -70,8 +70,7 @@ def chromium() -> str:
 
 
 async def _screenshot_when_drawn(url: str, out: Path, tag: str, timeout_s: float) -> dict:
-    """Navigate to ``url``, poll the page until ``tag``'s chart is drawn; reload a page that has
-    shown no card for ``RELOAD_AFTER_S`` (its first data request may have raced the server)."""
+    """Navigate to ``url`` and poll the page until ``tag``'s chart is drawn (or ``timeout_s``)."""
     import aiohttp
 
     with tempfile.TemporaryDirectory() as profile:
@@ -100,17 +99,11 @@ async def _screenshot_when_drawn(url: str, out: Path, tag: str, timeout_s: float
                         return msg["result"]
 
                     await call("Page.navigate", url=url)
-                    found = {"card": False, "drawn": False, "reloads": 0}
-                    deadline = loaded_at = time.monotonic()
-                    deadline += timeout_s
+                    found, deadline = {"card": False, "drawn": False}, time.monotonic() + timeout_s
                     while not found["drawn"] and time.monotonic() < deadline:
                         await asyncio.sleep(0.5)
                         r = await call("Runtime.evaluate", expression=_FIND_CHART % json.dumps(tag), returnByValue=True)
-                        found.update(json.loads(r["result"]["value"]))
-                        if not found["card"] and time.monotonic() - loaded_at > RELOAD_AFTER_S:
-                            await call("Page.reload", ignoreCache=True)
-                            found["reloads"] += 1
-                            loaded_at = time.monotonic()
+                        found = json.loads(r["result"]["value"])
                     await asyncio.sleep(1.0)  # let the chart's transition finish before the picture
                     shot = await call("Page.captureScreenshot", format="png")
                     out.write_bytes(base64.b64decode(shot["data"]))
@@ -119,12 +112,9 @@ async def _screenshot_when_drawn(url: str, out: Path, tag: str, timeout_s: float
             _stop_browser(proc)
 
 
-RELOAD_AFTER_S = 30.0
-
-
 def _wait_until_served(url: str, tag: str, timeout_s: float, log: Path) -> None:
-    """TensorBoard loads the event files in a background thread after it starts listening; a page
-    opened before ``tag`` is served shows an empty dashboard (the CI failure of 2344052, under load)."""
+    """TensorBoard loads the event files in a background thread after it starts listening: wait
+    until it serves ``tag``, so a missing chart is the dashboard's fault, not a slow load's."""
     import urllib.request
 
     deadline, tags = time.monotonic() + timeout_s, {}
@@ -174,5 +164,5 @@ def screenshot_scalars(logdir: Path, out: Path, tag: str = TAG, tag_filter: str 
 def test_tensorboard_shows_the_campaign_reward_chart_in_chromium(tiny_campaign, tmp_path):
     chromium()
     found = screenshot_scalars(tiny_campaign.run_dir, tmp_path / "tensorboard.png")
-    assert found["card"] and found["drawn"], f"no drawn {TAG} chart on the scalars dashboard: {found}"
+    assert found == {"card": True, "drawn": True}, f"no drawn {TAG} chart on the scalars dashboard: {found}"
     assert (tmp_path / "tensorboard.png").stat().st_size > 20_000  # a picture of a dashboard, not a blank page
