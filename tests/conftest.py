@@ -116,14 +116,11 @@ def _is_long(item) -> bool:
 
 
 # The heaviest long tests, heaviest first (each 1.5-3 min on the 2-core CI host, docs/testing.md "Where
-# the time goes"): handed out first so that none of them starts last and runs alone. The Ray start
-# retry is not heavy (13 CPU-s in 75 s: two of Ray's own 30 s waits), but handed out among them it
-# fills a core they leave idle; after them, it waited beside the other waiting scenarios with both
-# cores half idle (docs/testing.md, 2026-12-05). A test missing here only starts later among the
-# long ones; nothing else depends on this list.
+# the time goes"): handed out first so that none of them starts last and runs alone. A test missing
+# here only starts later among the long ones; nothing else depends on this list.
 HEAVIEST = ("test_verify_recovery.py::test_every_fault", "[coordinator-crash]", "[long-tail-stall]",
-            "test_schedule.py::test_seeded", "test_ray_start_retry.py::test_a_stalled_agent",
-            "test_matrix.py::test_cell", "test_sglang_campaign.py::", "[summary-overflow]")
+            "test_schedule.py::test_seeded", "test_matrix.py::test_cell", "test_sglang_campaign.py::",
+            "[summary-overflow]")
 
 
 def _order(item) -> tuple[bool, int]:
