@@ -3,12 +3,15 @@
 # `t1ops images seed`) on a Debian/Ubuntu host. Idempotent; .ci/run calls it before the tests.
 # Exit 0 with a message on hosts where it cannot install (not root, no apt): the container
 # tests then skip, printing why. docs/containers.md.
+# `--missing` prints the Debian packages it would install and exits (.ci/run installs them together
+# with its own, then calls this script to configure them).
 set -u
 say() { echo "setup-container-runtime: $*" >&2; }
-if [ "$(id -u)" != 0 ]; then say "not root: skipped (run as root to enable the container backend)"; exit 0; fi
-if ! command -v apt-get >/dev/null; then say "no apt-get: install podman + runc by hand"; exit 0; fi
 need=""
 for p in podman runc mmdebstrap; do command -v "$p" >/dev/null || need="$need $p"; done
+if [ "${1:-}" = --missing ]; then echo "$need"; exit 0; fi
+if [ "$(id -u)" != 0 ]; then say "not root: skipped (run as root to enable the container backend)"; exit 0; fi
+if ! command -v apt-get >/dev/null; then say "no apt-get: install podman + runc by hand"; exit 0; fi
 if [ -n "$need" ]; then
   say "installing$need"
   for i in 1 2 3 4 5 6 7 8 9 10 11 12; do   # another apt may hold the lock for a while
