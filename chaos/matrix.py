@@ -5,7 +5,8 @@
     python -m chaos.matrix --markdown docs/matrix.md
 
 Every cell is the tiny campaign (examples/tiny/campaign.toml) set with ``--set`` to 2 steps, the
-smallest batches and held-out evaluation every step, run as its own ``t1ops run`` process,
+smallest batches, no supervised warm start (a cell checks the path, not the policy) and held-out
+evaluation every step, run as its own ``t1ops run`` process,
 SIGKILLed once step 1 is recorded and step 2 is training, then ``--resume``d: the cell passes when
 the resumed run ends with steps [1, 2] once each, and evaluations of steps 0..2. A cell the
 code refuses fails the matrix unless its refusal is one of :data:`PHYSICS` (a reason of physics,
@@ -36,7 +37,7 @@ TRAINERS = {"1 rank": [], "dp=2": ["trainer.parallel.dp=2"],
 SYNCS = ("disk", "distributed")
 # Refusals that are physics, not code (none today: every combination runs on this host).
 PHYSICS: tuple[str, ...] = ()
-SMALL = ["run.steps=2", "run.num_cpus=2", "trainer.warm_start_steps=10", "trainer.ppo_epochs=1",
+SMALL = ["run.steps=2", "run.num_cpus=2", "trainer.warm_start_steps=0", "trainer.ppo_epochs=1",
          "trainer.save_every=1", "rollout.batch_size=4", "rollout.n_samples_per_prompt=2", "rollout.max_turns=1",
          "rollout.max_new_tokens=16", "fully_async.num_parallel_generation_workers=4",
          "fully_async.zero_variance_filter=false", "eval.every_steps=1", "eval.samples_per_task=1",

@@ -121,20 +121,50 @@ def _is_long(item) -> bool:
 HEAVIEST = ("test_verify_recovery.py::test_every_fault", "[coordinator-crash]", "[long-tail-stall]",
             "test_schedule.py::test_seeded", "test_matrix.py::test_cell", "test_sglang_campaign.py::",
             "[summary-overflow]")
+# The other long tests are spread over this share of the fast modules (the first part of them): most
+# of them wait on purpose (a stalled rank, a sleeping verifier, Ray's start-up timeouts) and, handed
+# out together after the heaviest, left both cores half idle for over a minute; beside fast modules,
+# whose tests keep a core busy, nothing waits for them.
+SPREAD_OVER = 0.6
+# Of those, the ones that wait longest go first, so that none of them starts near the end: the Ray start
+# retry waits out two of Ray's 30 s start-up timeouts (75 s).
+LONGEST_WAITS = ("test_ray_start_retry.py::test_a_stalled", "[gloo-default-timeout]", "[engine-warmup-grace]")
 
 
-def _order(item) -> tuple[bool, int]:
-    rank = next((i for i, key in enumerate(HEAVIEST) if key in item.nodeid), len(HEAVIEST))
-    return not _is_long(item), rank
+def _rank(item, keys: tuple[str, ...]) -> int:
+    return next((i for i, key in enumerate(keys) if key in item.nodeid), len(keys))
+
+
+def _heavy_rank(item) -> int:
+    return _rank(item, HEAVIEST)
+
+
+def schedule(items: list) -> list:
+    """The order xdist hands the tests out in: the heaviest long tests, heaviest first; then the fast
+    tests module by module (collection order), with the other long tests (the longest waits first),
+    one at a time, between modules over the first :data:`SPREAD_OVER` of them."""
+    heavy = sorted((i for i in items if _is_long(i) and _heavy_rank(i) < len(HEAVIEST)), key=_heavy_rank)
+    waits = sorted((i for i in items if _is_long(i) and _heavy_rank(i) == len(HEAVIEST)),
+                   key=lambda i: _rank(i, LONGEST_WAITS))
+    modules: dict[str, list] = {}
+    for item in items:
+        if not _is_long(item):
+            modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    span = max(1, int(len(modules) * SPREAD_OVER))
+    slot = {j: j * span // max(1, len(waits)) for j in range(len(waits))}  # module index each goes before
+    out = list(heavy)
+    for m, tests in enumerate(modules.values()):
+        out += [w for j, w in enumerate(waits) if slot[j] == m]
+        out += tests
+    return out
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into "@group" node ids:
 def pytest_collection_modifyitems(config, items):  # tests/conftest.py loads before xdist's worker plugin
-    # the long tests first, heaviest first: a 3-minute campaign handed out last keeps one worker busy
-    # while the others idle (the order of independent tests is free; a module's fast tests keep their
-    # order). xdist keeps this order only with --no-loadscope-reorder (pyproject.toml): by default it
-    # hands out the groups with the most tests first, so every single-test campaign started last.
-    items.sort(key=_order)
+    # The order of independent tests is free (a module's fast tests keep theirs). xdist keeps this
+    # order only with --no-loadscope-reorder (pyproject.toml): by default it hands out the groups with
+    # the most tests first, so every single-test campaign started last.
+    items[:] = schedule(items)
     for item in items:
         shared = _shared_session_fixture(item)
         if shared is not None:

@@ -102,7 +102,7 @@ def test_2_no_trial_sees_another_trials_processes_or_files(sandbox, tmp_path):
     hide = lambda s: f"$(echo {base64.b64encode(s.encode()).decode()} | base64 -d)"   # noqa: E731
     r = a.exec(f"ps ax -o args; cat /proc/[0-9]*/cmdline; cat {hide(str(b.workspace))}/note.txt "
                f"{hide(str(b.dir))}/trial.json; ls {hide(str(b.dir))} {sandbox.run_dir}; "
-               f"grep -rs {hide(secret)} / --exclude-dir=proc --exclude-dir=sys", timeout_s=60)
+               f"grep -rsI {hide(secret)} / --exclude-dir=proc --exclude-dir=sys", timeout_s=60)
     t.join()
     assert secret not in r.stdout + r.stderr and b.trial_id not in r.stdout
     a.close()
