@@ -70,7 +70,9 @@ def value_for(info: FieldInfo, out_of_range: bool = False) -> st.SearchStrategy 
                       exclude_min="gt" in b, exclude_max="lt" in b, allow_nan=False, allow_infinity=False)
     elif ann is str:
         pattern = next((m.pattern for m in info.metadata if getattr(m, "pattern", None)), None)
-        s = st.from_regex(pattern, fullmatch=True) if pattern else st.text(max_size=10)
+        lo = next((m.min_length for m in info.metadata if isinstance(m, at.MinLen)), 0)
+        hi = next((m.max_length for m in info.metadata if isinstance(m, at.MaxLen)), max(10, lo))
+        s = st.from_regex(pattern, fullmatch=True) if pattern else st.text(min_size=lo, max_size=hi)
     elif typing.get_origin(ann) is typing.Literal:
         s = st.sampled_from(typing.get_args(ann))
     elif typing.get_origin(ann) is list:
