@@ -121,13 +121,14 @@ def _is_long(item) -> bool:
 HEAVIEST = ("test_verify_recovery.py::test_every_fault", "[coordinator-crash]", "[long-tail-stall]",
             "test_schedule.py::test_seeded", "test_matrix.py::test_cell", "test_sglang_campaign.py::",
             "[summary-overflow]")
-# The other long tests are spread over this share of the fast modules (the first part of them): most
+# The other long tests are spread over this share of the fast tests (the first part of them): most
 # of them wait on purpose (a stalled rank, a sleeping verifier, Ray's start-up timeouts) and, handed
 # out together after the heaviest, left both cores half idle for over a minute; beside fast modules,
 # whose tests keep a core busy, nothing waits for them.
 SPREAD_OVER = 0.6
-# Of those, the ones that wait longest go first, so that none of them starts near the end: the Ray start
-# retry waits out two of Ray's 30 s start-up timeouts (75 s).
+# Of those, the ones that wait longest are set apart from each other (run together, they idled the
+# cores again): the Ray start retry waits out two of Ray's 30 s start-up timeouts (75 s), the other two
+# stall ranks and engines for 35 s.
 LONGEST_WAITS = ("test_ray_start_retry.py::test_a_stalled", "[gloo-default-timeout]", "[engine-warmup-grace]")
 
 
@@ -141,22 +142,28 @@ def _heavy_rank(item) -> int:
 
 def schedule(items: list) -> list:
     """The order xdist hands the tests out in: the heaviest long tests, heaviest first; then the fast
-    tests module by module (collection order), with the other long tests (the longest waits first),
-    one at a time, between modules over the first :data:`SPREAD_OVER` of them."""
+    tests module by module (collection order), with the other long tests between modules, one every
+    so many fast tests over the first :data:`SPREAD_OVER` of them, the longest waits far apart."""
     heavy = sorted((i for i in items if _is_long(i) and _heavy_rank(i) < len(HEAVIEST)), key=_heavy_rank)
-    waits = sorted((i for i in items if _is_long(i) and _heavy_rank(i) == len(HEAVIEST)),
-                   key=lambda i: _rank(i, LONGEST_WAITS))
+    rest = [i for i in items if _is_long(i) and _heavy_rank(i) == len(HEAVIEST)]
+    longest = sorted((i for i in rest if _rank(i, LONGEST_WAITS) < len(LONGEST_WAITS)),
+                     key=lambda i: _rank(i, LONGEST_WAITS))
+    waits = [i for i in rest if i not in longest]
+    for k, item in enumerate(longest):  # at 0, 1/3, 2/3 ... of the list
+        waits.insert(k * (len(rest)) // len(longest), item)
     modules: dict[str, list] = {}
     for item in items:
         if not _is_long(item):
             modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    span = max(1, int(len(modules) * SPREAD_OVER))
-    slot = {j: j * span // max(1, len(waits)) for j in range(len(waits))}  # module index each goes before
-    out = list(heavy)
-    for m, tests in enumerate(modules.values()):
-        out += [w for j, w in enumerate(waits) if slot[j] == m]
+    every = SPREAD_OVER * sum(map(len, modules.values())) / max(1, len(waits))  # fast tests between two
+    out, handed, j = list(heavy), 0, 0
+    for tests in modules.values():
+        if j < len(waits) and handed >= j * every:  # one at a time: two handed out together wait together
+            out.append(waits[j])
+            j += 1
         out += tests
-    return out
+        handed += len(tests)
+    return out + waits[j:]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into "@group" node ids:
