@@ -42,7 +42,7 @@ FAULTS = ("engine-kill", "coordinator-kill", "trainer-kill")
 DETERMINISTIC = [f"run.steps={STEPS}", "run.num_cpus=2", "run.mode=sync", "engine.num_engines=2",
                  "engine.batch_invariant=true", "rollout.seed_requests=true", "rollout.batch_size=8",
                  "rollout.n_samples_per_prompt=4", "rollout.max_turns=2", "rollout.max_new_tokens=32",
-                 "trainer.warm_start_steps=120", "trainer.ppo_epochs=1", "trainer.save_every=1",
+                 "trainer.warm_start_steps=60", "trainer.ppo_epochs=1", "trainer.save_every=1",
                  "eval.every_steps=2", "eval.samples_per_task=1", "eval.tasks=['count-0016']",
                  "tracking.tensorboard=false"]
 
