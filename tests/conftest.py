@@ -136,21 +136,18 @@ def _rank(item, keys: tuple[str, ...]) -> int:
     return next((i for i, key in enumerate(keys) if key in item.nodeid), len(keys))
 
 
-def _heavy_rank(item) -> int:
-    return _rank(item, HEAVIEST)
-
-
 def schedule(items: list) -> list:
     """The order xdist hands the tests out in: the heaviest long tests, heaviest first; then the fast
     tests module by module (collection order), with the other long tests between modules, one every
     so many fast tests over the first :data:`SPREAD_OVER` of them, the longest waits far apart."""
-    heavy = sorted((i for i in items if _is_long(i) and _heavy_rank(i) < len(HEAVIEST)), key=_heavy_rank)
-    rest = [i for i in items if _is_long(i) and _heavy_rank(i) == len(HEAVIEST)]
+    heavy = sorted((i for i in items if _is_long(i) and _rank(i, HEAVIEST) < len(HEAVIEST)),
+                   key=lambda i: _rank(i, HEAVIEST))
+    rest = [i for i in items if _is_long(i) and _rank(i, HEAVIEST) == len(HEAVIEST)]
     longest = sorted((i for i in rest if _rank(i, LONGEST_WAITS) < len(LONGEST_WAITS)),
                      key=lambda i: _rank(i, LONGEST_WAITS))
     waits = [i for i in rest if i not in longest]
     for k, item in enumerate(longest):  # at 0, 1/3, 2/3 ... of the list
-        waits.insert(k * (len(rest)) // len(longest), item)
+        waits.insert(k * len(rest) // len(longest), item)
     modules: dict[str, list] = {}
     for item in items:
         if not _is_long(item):
