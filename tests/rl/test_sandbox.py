@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 import uuid
 from pathlib import Path
@@ -227,11 +228,14 @@ def test_two_trials_of_one_task_share_no_tmp_or_logs(sandbox):
     mark = uuid.uuid4().hex
     assert a.exec(f"echo {mark} > /tmp/x; echo {mark} > /dev/shm/x; echo {mark} > /logs/agent/x; "
                   "cat /tmp/x /dev/shm/x /logs/agent/x").stdout.split() == [mark] * 3
-    r = b.exec("cat /tmp/x /var/tmp/x /dev/shm/x /logs/agent/x; find /tmp /var/tmp /dev/shm /logs/agent -mindepth 1")
     # an interpreter/venv living under /tmp (a CI checkout there) is bound read-only on top of the
-    # private /tmp: its mount point and contents are expected, nothing else is
+    # private /tmp: its mount point is expected, nothing else is. `find` does not descend into it: a
+    # venv's thousands of paths overflowed the trial's output cap, and the cut last line read as a leak.
     from rl.agent.sandbox.jail import interpreter_dirs
 
+    prune = " ".join(f"-path {shlex.quote(d)} -prune -o" for d in interpreter_dirs())
+    r = b.exec(f"cat /tmp/x /var/tmp/x /dev/shm/x /logs/agent/x; "
+               f"find /tmp /var/tmp /dev/shm /logs/agent -mindepth 1 {prune} -print")
     def interpreter(line: str) -> bool:
         return any(line == d or line.startswith(d + "/") or d.startswith(line + "/") for d in interpreter_dirs())
 
