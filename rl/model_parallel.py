@@ -22,9 +22,15 @@ def parallel_sizes() -> tuple[int, int]:
 
 
 def layer_spec(spec):
-    """megatron's local layer spec with :class:`SequenceParallelNorm` as every norm (same params)."""
+    """megatron's local layer spec with :class:`SequenceParallelNorm` as every norm (same params);
+    the Qwen3.5 hybrid's per-layer specs and zero-centred norms come from :mod:`rl.model.qwen35`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    if spec.hybrid:
+        from rl.model import qwen35  # imports flash-linear-attention (and Triton): only for this architecture
+
+        return TransformerBlockSubmodules(layer_specs=qwen35.layer_specs(spec), layer_norm=qwen35.ZeroCentredNorm)
 
     layer = get_gpt_layer_local_spec(num_experts=spec.num_experts, qk_layernorm=True, normalization="RMSNorm")
     layer.submodules.input_layernorm = SequenceParallelNorm

@@ -115,7 +115,7 @@ def build_engine(args: argparse.Namespace, spec: ModelSpec | None = None) -> Emb
 def _build_engine(args: argparse.Namespace, spec: ModelSpec | None) -> EmbeddedEngine:
     if getattr(args, "model_path", None):
         from rl.hf.checkpoint import read_config
-        from rl.hf.qwen3_moe import spec_from_config
+        from rl.hf.layout import spec_from_config
 
         spec = spec_from_config(read_config(args.model_path))
         torch.set_num_threads(max(1, args.num_threads))

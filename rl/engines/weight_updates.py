@@ -6,7 +6,7 @@
 - ``/init_weights_update_group``, ``/update_weights_from_distributed``,
   ``/destroy_weights_update_group`` (:mod:`rl.engines.protocol_weights`): join the trainer's
   group (:mod:`rl.weights.group`, gloo on CPU), receive one broadcast per Hugging Face tensor,
-  convert with :mod:`rl.hf.qwen3_moe` and load.
+  convert with :mod:`rl.hf.layout` and load.
 
 Loading is all-or-nothing per request: names, units and shapes are checked before any copy,
 and the copy happens under the engine's model lock, so no token step sees half a bucket.
@@ -31,7 +31,7 @@ import torch
 from rl.engines import protocol_control as PC
 from rl.engines import protocol_weights as PW
 from rl.errors import CheckpointError, InputError, T1OpsError
-from rl.hf import qwen3_moe
+from rl.hf import layout
 from rl.hf.checkpoint import check_actor_export, import_hf
 from rl.model import weights_state_dict
 from rl.weights.checksums import state_checksums
@@ -102,8 +102,8 @@ class WeightReceiver:
         self.num_buckets += 1
         if self.num_buckets in self.chaos_corrupt_buckets:
             hf = _chaos_reorder(hf, self.num_buckets)
-        qwen3_moe.check_shapes(hf, self.engine.spec)
-        state = qwen3_moe.from_hf(hf, self.engine.spec, partial=True)
+        layout.check_shapes(hf, self.engine.spec)
+        state = layout.from_hf(hf, self.engine.spec, partial=True)
         if request.abort_all_requests:
             self.engine.abort("", abort_all=True)
         load_partial(self.engine, state)

@@ -1,9 +1,9 @@
-"""Export / import the policy as a Hugging Face Qwen3-MoE checkpoint directory.
+"""Export / import the policy as a Hugging Face checkpoint directory (Qwen3-MoE or Qwen3.5-MoE).
 
 Layout written by :func:`export_hf` (what ``AutoModelForCausalLM.from_pretrained`` and SGLang's
 ``--model-path`` / ``/update_weights_from_disk`` read)::
 
-    config.json              Qwen3MoeConfig (rl.hf.qwen3_moe.config_dict)
+    config.json              Qwen3MoeConfig or Qwen3_5MoeTextConfig (rl.hf.layout.config_dict)
     generation_config.json   eos = <|im_end|>, <|endoftext|>
     model.safetensors        tensors by their Hugging Face names (one file: tiny models)
     tokenizer.json, tokenizer_config.json   (full-vocabulary exports only, rl.hf.tokenizer)
@@ -27,7 +27,7 @@ import torch
 from rl.atomic import publish_dir
 from rl.chat import ENDOFTEXT_ID, IM_END_ID
 from rl.errors import CheckpointError, CheckpointRoleError
-from rl.hf import qwen3_moe
+from rl.hf import layout
 from rl.model import ModelSpec
 
 CONFIG_FILE = "config.json"
@@ -56,11 +56,11 @@ def export_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec, out_dir: str |
         raise CheckpointError(f"{out_dir} exists and is not empty; export into a new directory", path=str(out_dir))
     if dtype not in DTYPES:
         raise CheckpointError(f"export dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    hf = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in qwen3_moe.to_hf(state, spec).items()}
+    hf = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in layout.to_hf(state, spec).items()}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
 
     def fill(tmp: Path) -> None:
-        config = qwen3_moe.config_dict(spec, dtype, bos_token_id=None, eos_token_id=IM_END_ID)
+        config = layout.config_dict(spec, dtype, bos_token_id=None, eos_token_id=IM_END_ID)
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
                                                                 "pad_token_id": ENDOFTEXT_ID}))
@@ -111,35 +111,14 @@ def read_config(path: str | Path) -> dict:
     return config
 
 
-def load_hf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of every ``*.safetensors`` file in ``path`` (a name in two files raises)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"no *.safetensors in {path}", path=str(path))
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            tensors = load_file(str(f))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise CheckpointError(f"cannot read {f}: {exc} (truncated or not safetensors)", path=str(f)) from exc
-        twice = sorted(set(out) & set(tensors))
-        if twice:
-            raise CheckpointError(f"{f} repeats tensor(s) {twice[:3]} of another file", path=str(f))
-        out.update(tensors)
-    return out
-
-
 def import_hf(path: str | Path, spec: ModelSpec | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """Read an export back: its ModelSpec (from ``config.json``) and the megatron state.
 
     ``spec`` (optional) must equal the directory's. Tensors keep the file's dtype.
     """
-    found = qwen3_moe.spec_from_config(read_config(path))
-    if spec is not None and spec != found:
-        raise CheckpointError(f"{path} holds a model of {found}, expected {spec}", path=str(path))
-    hf = load_hf_tensors(path)
-    qwen3_moe.check_shapes(hf, found)
-    return found, qwen3_moe.from_hf(hf, found)
+    from rl.hf.reader import HFCheckpoint
+
+    checkpoint = HFCheckpoint(path)
+    if spec is not None and spec != checkpoint.spec:
+        raise CheckpointError(f"{path} holds a model of {checkpoint.spec}, expected {spec}", path=str(path))
+    return checkpoint.spec, checkpoint.mcore_state(dtype=None)

@@ -22,19 +22,16 @@ Layouts: megatron's fused ``linear_qkv`` is grouped by query group, ``[G, (H/G +
 ``q_proj`` ``[H*D, hidden]``, ``k_proj``/``v_proj`` ``[G*D, hidden]``. megatron's SwiGLU
 ``linear_fc1`` is ``[gate; up]`` stacked on dim 0. The checkpoint uses the per-expert names
 Qwen3-MoE checkpoints ship with (SGLang's loader reads them; ``transformers`` 5 fuses them into
-``experts.gate_up_proj`` on load). Every conversion is a reshape/split/concat: bit-exact both ways.
-
-A :class:`Unit` is one megatron tensor and the Hugging Face tensors it becomes; a weight transfer
-that is split into buckets never splits a unit, so each bucket converts on its own.
+``experts.gate_up_proj`` on load and writes them back per expert). Every conversion is a
+reshape/split/concat (:mod:`rl.hf.units`): bit-exact both ways. The architecture-independent
+functions (``to_hf``, ``from_hf``, ``check_shapes``) are :mod:`rl.hf.layout`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
-
-import torch
+from typing import Mapping
 
 from rl.errors import CheckpointError, InputError
+from rl.hf.units import Unit, grouped_qkv, plain, swiglu
 from rl.model import RMS_NORM_EPS, ROPE_THETA, ModelSpec
 
 ARCHITECTURE = "Qwen3MoeForCausalLM"
@@ -42,15 +39,46 @@ MODEL_TYPE = "qwen3_moe"
 
 
 def head_dim(spec: ModelSpec) -> int:
-    return spec.hidden_size // spec.num_attention_heads
+    return spec.kv_channels
+
+
+def rope_theta(config: Mapping) -> float:
+    """``rope_parameters.rope_theta`` (transformers 5) or the older top-level ``rope_theta``."""
+    rope = config.get("rope_parameters") or {}
+    return float(rope.get("rope_theta", config.get("rope_theta", ROPE_THETA)))
+
+
+def field(config: Mapping, key: str, where: str = "config.json"):
+    """``config[key]``, or a CheckpointError naming the missing key."""
+    if key not in config:
+        raise CheckpointError(f"{where} has no {key!r}: not a checkpoint of this architecture, or truncated",
+                              missing=key)
+    return config[key]
+
+
+def check_common(config: Mapping, where: str) -> dict:
+    """The settings rl.model builds for both architectures; anything else is refused by name."""
+    wrong = {}
+    if config.get("hidden_act", "silu") != "silu":
+        wrong["hidden_act"] = config["hidden_act"]
+    if config.get("attention_bias", False):
+        wrong["attention_bias"] = config["attention_bias"]
+    if config.get("tie_word_embeddings", False):
+        wrong["tie_word_embeddings"] = config["tie_word_embeddings"]
+    if float(config.get("rms_norm_eps", RMS_NORM_EPS)) != RMS_NORM_EPS:
+        wrong["rms_norm_eps"] = config["rms_norm_eps"]
+    rope_type = (config.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope_type != "default" or config.get("rope_scaling"):
+        wrong["rope_type"] = rope_type
+    return wrong
 
 
 def config_dict(spec: ModelSpec, torch_dtype: str = "float32", bos_token_id: int | None = None,
                 eos_token_id: int | None = None) -> dict:
     """``config.json`` of the Qwen3-MoE model equal to ``spec`` (every layer sparse, no shared expert)."""
-    if spec.hidden_size % spec.num_attention_heads:
-        raise InputError(f"hidden_size ({spec.hidden_size}) must be a multiple of num_attention_heads "
-                         f"({spec.num_attention_heads})", hidden_size=spec.hidden_size)
+    if spec.arch != MODEL_TYPE:
+        raise InputError(f"a {spec.arch} spec has no Qwen3-MoE config.json", arch=spec.arch)
+    theta = spec.rope_theta
     return {
         "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
         "vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
@@ -59,8 +87,8 @@ def config_dict(spec: ModelSpec, torch_dtype: str = "float32", bos_token_id: int
         "num_key_value_heads": spec.num_query_groups, "head_dim": head_dim(spec),
         "num_experts": spec.num_experts, "num_experts_per_tok": spec.moe_router_topk,
         "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
-        "hidden_act": "silu", "rms_norm_eps": RMS_NORM_EPS, "rope_theta": ROPE_THETA,
-        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "hidden_act": "silu", "rms_norm_eps": RMS_NORM_EPS, "rope_theta": theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
         "max_position_embeddings": spec.max_seq_len, "attention_bias": False, "attention_dropout": 0.0,
         "tie_word_embeddings": False, "use_cache": True, "output_router_logits": False,
         "router_aux_loss_coef": 0.0, "use_sliding_window": False, "sliding_window": None,
@@ -69,142 +97,71 @@ def config_dict(spec: ModelSpec, torch_dtype: str = "float32", bos_token_id: int
     }
 
 
-def spec_from_config(config: Mapping) -> ModelSpec:
-    """The :class:`ModelSpec` of a Qwen3-MoE ``config.json``; refuses what the tiny model cannot express."""
-    where = "config.json"
+def spec_from_config(config: Mapping, where: str = "config.json") -> ModelSpec:
+    """The :class:`ModelSpec` of a Qwen3-MoE ``config.json``; refuses what rl.model cannot express."""
     if config.get("model_type") != MODEL_TYPE:
         raise CheckpointError(f"{where}: model_type {config.get('model_type')!r} is not {MODEL_TYPE!r}")
-    expected = {"norm_topk_prob": True, "decoder_sparse_step": 1, "hidden_act": "silu",
-                "attention_bias": False, "tie_word_embeddings": False}
-    wrong = {k: config.get(k, v if k != "norm_topk_prob" else False) for k, v in expected.items()
-             if config.get(k, v) != v}
-    if config.get("mlp_only_layers"):
-        wrong["mlp_only_layers"] = config["mlp_only_layers"]
-    heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
-    if int(config.get("head_dim", hidden // heads)) != hidden // heads:
-        wrong["head_dim"] = config["head_dim"]
+    wrong = check_common(config, where)
+    if not config.get("norm_topk_prob", False):
+        wrong["norm_topk_prob"] = config.get("norm_topk_prob", False)
+    if int(config.get("decoder_sparse_step", 1)) != 1 or config.get("mlp_only_layers"):
+        wrong["mlp_only_layers"] = config.get("mlp_only_layers")
     if wrong:
-        raise CheckpointError(f"{where}: {wrong} differ from the layout rl.model builds ({expected}, "
-                              "head_dim = hidden_size / num_attention_heads, no dense layers)", fields=sorted(wrong))
-    return ModelSpec(num_layers=int(config["num_hidden_layers"]), hidden_size=hidden, num_attention_heads=heads,
-                     ffn_hidden_size=int(config["intermediate_size"]), num_experts=int(config["num_experts"]),
-                     moe_router_topk=int(config["num_experts_per_tok"]),
-                     moe_ffn_hidden_size=int(config["moe_intermediate_size"]),
-                     max_seq_len=int(config["max_position_embeddings"]), vocab_size=int(config["vocab_size"]),
-                     num_query_groups=int(config["num_key_value_heads"]))
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One megatron tensor <-> its Hugging Face tensors (``split`` then ``merge`` is the identity)."""
-
-    mcore: str
-    hf: tuple[str, ...]
-    split: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
-    merge: Callable[[tuple[torch.Tensor, ...]], torch.Tensor]
-
-
-def _same(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return (t,)
-
-
-def _one(ts: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    return ts[0]
-
-
-def _qkv_split(spec: ModelSpec):
-    groups, per_group, dim = spec.num_query_groups, spec.num_attention_heads // spec.num_query_groups, head_dim(spec)
-
-    def split(qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        w = qkv.reshape(groups, per_group + 2, dim, -1)
-        hidden = w.shape[-1]
-        return (w[:, :per_group].reshape(groups * per_group * dim, hidden).contiguous(),
-                w[:, per_group].reshape(groups * dim, hidden).contiguous(),
-                w[:, per_group + 1].reshape(groups * dim, hidden).contiguous())
-
-    def merge(qkv: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        q, k, v = qkv
-        hidden = q.shape[-1]
-        w = torch.cat([q.reshape(groups, per_group, dim, hidden), k.reshape(groups, 1, dim, hidden),
-                       v.reshape(groups, 1, dim, hidden)], dim=1)
-        return w.reshape(groups * (per_group + 2) * dim, hidden).contiguous()
-
-    return split, merge
-
-
-def _swiglu_split(fc1: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    gate, up = fc1.chunk(2, dim=0)
-    return gate.contiguous(), up.contiguous()
-
-
-def _swiglu_merge(gate_up: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    return torch.cat(gate_up, dim=0).contiguous()
+        raise CheckpointError(f"{where}: {wrong} differ from the layout rl.model builds (silu, no attention bias, "
+                              "untied embeddings, rms_norm_eps 1e-6, default RoPE, normalised top-k, no dense layers)",
+                              fields=sorted(wrong))
+    heads, hidden = int(field(config, "num_attention_heads", where)), int(field(config, "hidden_size", where))
+    return ModelSpec(num_layers=int(field(config, "num_hidden_layers", where)), hidden_size=hidden,
+                     num_attention_heads=heads, ffn_hidden_size=int(config.get("intermediate_size", 4 * hidden)),
+                     num_experts=int(field(config, "num_experts", where)),
+                     moe_router_topk=int(field(config, "num_experts_per_tok", where)),
+                     moe_ffn_hidden_size=int(field(config, "moe_intermediate_size", where)),
+                     max_seq_len=int(field(config, "max_position_embeddings", where)),
+                     vocab_size=int(field(config, "vocab_size", where)),
+                     num_query_groups=int(config.get("num_key_value_heads", heads)),
+                     arch=MODEL_TYPE, head_dim=int(config.get("head_dim") or hidden // heads),
+                     rope_theta=rope_theta(config))
 
 
 def units(spec: ModelSpec) -> list[Unit]:
     """Every conversion unit of ``spec``'s policy, in checkpoint order."""
-    qkv_split, qkv_merge = _qkv_split(spec)
-    out = [Unit("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), _same, _one)]
+    groups, dim = spec.num_query_groups, head_dim(spec)
+    out = [plain("embedding.word_embeddings.weight", "model.embed_tokens.weight")]
     for layer in range(spec.num_layers):
         m, h = f"decoder.layers.{layer}.", f"model.layers.{layer}."
         out += [
-            Unit(m + "input_layernorm.weight", (h + "input_layernorm.weight",), _same, _one),
-            Unit(m + "self_attention.linear_qkv.weight",
-                 tuple(h + f"self_attn.{p}_proj.weight" for p in "qkv"), qkv_split, qkv_merge),
-            Unit(m + "self_attention.q_layernorm.weight", (h + "self_attn.q_norm.weight",), _same, _one),
-            Unit(m + "self_attention.k_layernorm.weight", (h + "self_attn.k_norm.weight",), _same, _one),
-            Unit(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), _same, _one),
-            Unit(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), _same, _one),
-            Unit(m + "mlp.router.weight", (h + "mlp.gate.weight",), _same, _one),
+            plain(m + "input_layernorm.weight", h + "input_layernorm.weight"),
+            grouped_qkv(m + "self_attention.linear_qkv.weight", tuple(h + f"self_attn.{p}_proj.weight" for p in "qkv"),
+                        groups, spec.num_attention_heads // groups, dim, gated=False),
+            plain(m + "self_attention.q_layernorm.weight", h + "self_attn.q_norm.weight"),
+            plain(m + "self_attention.k_layernorm.weight", h + "self_attn.k_norm.weight"),
+            plain(m + "self_attention.linear_proj.weight", h + "self_attn.o_proj.weight"),
+            plain(m + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight"),
         ]
-        for e in range(spec.num_experts):
-            me, he = m + f"mlp.experts.local_experts.{e}.", h + f"mlp.experts.{e}."
-            out += [Unit(me + "linear_fc1.weight", (he + "gate_proj.weight", he + "up_proj.weight"),
-                         _swiglu_split, _swiglu_merge),
-                    Unit(me + "linear_fc2.weight", (he + "down_proj.weight",), _same, _one)]
-    out += [Unit("decoder.final_layernorm.weight", ("model.norm.weight",), _same, _one),
-            Unit("output_layer.weight", ("lm_head.weight",), _same, _one)]
+        out += moe_units(spec, m, h)
+    out += [plain("decoder.final_layernorm.weight", "model.norm.weight"), plain("output_layer.weight", "lm_head.weight")]
     return out
 
 
-def to_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """megatron state (``rl.model.weights_state_dict``) -> Hugging Face checkpoint tensors."""
-    all_units = units(spec)
-    wrong = sorted(set(state) ^ {u.mcore for u in all_units})
-    if wrong:
-        raise CheckpointError(f"state does not match the policy of this ModelSpec: {len(wrong)} name(s) differ "
-                              f"(first: {wrong[:3]}): a critic, another ModelSpec, or a policy saved before the Qwen3-MoE layout "
-                              "(LayerNorm with biases, no q/k norm), which has no exact Hugging Face equivalent",
-                              mismatched=wrong[:10])
-    out: dict[str, torch.Tensor] = {}
-    for unit in all_units:
-        out.update(zip(unit.hf, unit.split(state[unit.mcore])))
+def moe_units(spec: ModelSpec, m: str, h: str) -> list[Unit]:
+    """The router and routed experts of one layer (Qwen3-MoE's names; Qwen3.5 adds its shared expert)."""
+    out = [plain(m + "mlp.router.weight", h + "mlp.gate.weight")]
+    for e in range(spec.num_experts):
+        me, he = m + f"mlp.experts.local_experts.{e}.", h + f"mlp.experts.{e}."
+        out += [swiglu(me + "linear_fc1.weight", he, spec.moe_ffn_hidden_size),
+                plain(me + "linear_fc2.weight", he + "down_proj.weight")]
     return out
 
 
-def from_hf(hf_state: Mapping[str, torch.Tensor], spec: ModelSpec, *, partial: bool = False) -> dict[str, torch.Tensor]:
-    """Hugging Face tensors -> megatron state. ``partial``: convert only the units ``hf_state`` covers.
-
-    A unit given in part (``q_proj`` without ``k_proj``), or a name that belongs to no unit, raises.
-    """
-    all_units = units(spec)
-    known = {name for u in all_units for name in u.hf}
-    unknown = sorted(set(hf_state) - known)
-    if unknown:
-        raise CheckpointError(f"{len(unknown)} tensor name(s) are not part of the Qwen3-MoE layout of this "
-                              f"ModelSpec (first: {unknown[:3]})", unknown=unknown[:10])
-    out: dict[str, torch.Tensor] = {}
-    missing: list[str] = []
-    for unit in all_units:
-        present = [name in hf_state for name in unit.hf]
-        if all(present):
-            out[unit.mcore] = unit.merge(tuple(hf_state[name] for name in unit.hf))
-        elif any(present) or not partial:
-            missing += [name for name, here in zip(unit.hf, present) if not here]
-    if missing:
-        raise CheckpointError(f"{len(missing)} Hugging Face tensor(s) missing (first: {missing[:3]}); a weight "
-                              "update must carry every tensor of a unit", missing=missing[:10])
-    return out
+def moe_shapes(spec: ModelSpec, h: str) -> dict[str, tuple[int, ...]]:
+    hidden = spec.hidden_size
+    shapes = {h + "mlp.gate.weight": (spec.num_experts, hidden)}
+    for e in range(spec.num_experts):
+        he = h + f"mlp.experts.{e}."
+        shapes.update({he + "gate_proj.weight": (spec.moe_ffn_hidden_size, hidden),
+                       he + "up_proj.weight": (spec.moe_ffn_hidden_size, hidden),
+                       he + "down_proj.weight": (hidden, spec.moe_ffn_hidden_size)})
+    return shapes
 
 
 def hf_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
@@ -219,21 +176,6 @@ def hf_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
                        h + "self_attn.k_proj.weight": (spec.num_query_groups * dim, hidden),
                        h + "self_attn.v_proj.weight": (spec.num_query_groups * dim, hidden),
                        h + "self_attn.o_proj.weight": (hidden, spec.num_attention_heads * dim),
-                       h + "self_attn.q_norm.weight": (dim,), h + "self_attn.k_norm.weight": (dim,),
-                       h + "mlp.gate.weight": (spec.num_experts, hidden)})
-        for e in range(spec.num_experts):
-            he = h + f"mlp.experts.{e}."
-            shapes.update({he + "gate_proj.weight": (spec.moe_ffn_hidden_size, hidden),
-                           he + "up_proj.weight": (spec.moe_ffn_hidden_size, hidden),
-                           he + "down_proj.weight": (hidden, spec.moe_ffn_hidden_size)})
+                       h + "self_attn.q_norm.weight": (dim,), h + "self_attn.k_norm.weight": (dim,)})
+        shapes.update(moe_shapes(spec, h))
     return shapes
-
-
-def check_shapes(hf_state: Mapping[str, torch.Tensor], spec: ModelSpec, names: Iterable[str] | None = None) -> None:
-    """Raise CheckpointError naming every tensor whose shape differs from ``spec``'s layout."""
-    expected = hf_shapes(spec)
-    wrong = [f"{n}: {tuple(hf_state[n].shape)} != {expected.get(n)}" for n in (names or hf_state)
-             if n in hf_state and tuple(hf_state[n].shape) != expected.get(n)]
-    if wrong:
-        raise CheckpointError(f"{len(wrong)} tensor(s) have the wrong shape for this ModelSpec (first: {wrong[:3]})",
-                              mismatched=wrong[:10])

@@ -5,7 +5,7 @@ import torch
 
 from rl.errors import InputError
 from rl.megatron_cpu import init_single_process
-from rl.model.spec import ROPE_THETA, ModelSpec, transformer_config
+from rl.model.spec import ModelSpec, transformer_config
 from rl.model_parallel import ReplicatedValueHead, layer_spec, parallel_sizes
 
 
@@ -26,10 +26,15 @@ def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: b
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.max_seq_len,
         position_embedding_type="rope",
-        rotary_base=ROPE_THETA,
+        rotary_percent=spec.partial_rotary_factor,
+        rotary_base=spec.rope_theta,
         share_embeddings_and_output_weights=False,
     )
     model.t1_spec = spec
+    if spec.hybrid:
+        from rl.model.qwen35 import mark_sections
+
+        mark_sections(model, spec)
     if torch.cuda.is_available():  # megatron puts its own layers there; the torch norms start on the CPU
         model.cuda(torch.cuda.current_device())
     return model

@@ -44,8 +44,10 @@ def _all_reduce_flat(tensors: list[torch.Tensor], group, size: int) -> None:
 
 def _tp_partial(name: str, param: torch.Tensor) -> bool:
     """Replicated over TP but fed only part of the work per TP rank: sequence-parallel replicas, and the
-    per-head q/k norms (each TP rank normalises its own heads), as megatron's finalize_model_grads."""
-    return getattr(param, "sequence_parallel", False) or "q_layernorm" in name or "k_layernorm" in name
+    per-head q/k norms and GatedDeltaNet's output norm (each TP rank normalises its own heads), as megatron's
+    finalize_model_grads."""
+    return (getattr(param, "sequence_parallel", False) or "q_layernorm" in name or "k_layernorm" in name
+            or "self_attention.out_norm" in name)  # GatedDeltaNet's per-head output norm (rl.model.qwen35)
 
 
 def reduce_grads(model: torch.nn.Module) -> None:

@@ -2,7 +2,7 @@
 
 A bucket is what one ``/update_weights_from_distributed`` request carries (SGLang loads each
 request on its own, so memory on both sides is bounded by the bucket, not the model). Buckets
-hold whole conversion units (:class:`rl.hf.qwen3_moe.Unit`), so a receiver that keeps
+hold whole conversion units (:class:`rl.hf.units.Unit`), so a receiver that keeps
 megatron's layout (the embedded engine) converts every bucket on its own.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Mapping
 
 import torch
 
-from rl.hf import qwen3_moe
+from rl.hf import layout
 from rl.model import ModelSpec
 from rl.weights.group import dtype_name
 
@@ -41,7 +41,7 @@ def hf_buckets(state: Mapping[str, torch.Tensor], spec: ModelSpec, dtype: torch.
                                tuple(tuple(t.shape) for t in tensors), size), tensors))
         names, tensors, size = [], [], 0
 
-    for unit in qwen3_moe.units(spec):
+    for unit in layout.units(spec):
         pieces = [p.to(dtype).contiguous() for p in unit.split(state[unit.mcore].detach())]
         unit_bytes = sum(p.numel() * p.element_size() for p in pieces)
         if names and size + unit_bytes > bucket_bytes:

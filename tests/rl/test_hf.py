@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rl.errors import CheckpointError, CheckpointRoleError
-from rl.hf import qwen3_moe
+from rl.hf import layout
 from rl.hf.checkpoint import check_actor_export, export_hf, import_hf
 from rl.model import ModelSpec, build_policy, policy_forward, record_routing, weights_state_dict
 
@@ -82,23 +82,23 @@ def test_export_import_round_trip_is_bit_exact(tmp_path):
 
 def test_map_is_a_bijection_with_exact_shapes():
     state = weights_state_dict(_policy(1))
-    hf = qwen3_moe.to_hf(state, SPEC)
-    assert {k: tuple(v.shape) for k, v in hf.items()} == qwen3_moe.hf_shapes(SPEC)
-    assert len({n for u in qwen3_moe.units(SPEC) for n in u.hf}) == len(hf)
-    back = qwen3_moe.from_hf(hf, SPEC)
+    hf = layout.to_hf(state, SPEC)
+    assert {k: tuple(v.shape) for k, v in hf.items()} == layout.hf_shapes(SPEC)
+    assert len({n for u in layout.units(SPEC) for n in u.hf}) == len(hf)
+    back = layout.from_hf(hf, SPEC)
     assert all(torch.equal(back[k], v) for k, v in state.items())
 
 
 def test_import_refuses_wrong_shapes_partial_units_and_other_roles(tmp_path):
     state = weights_state_dict(_policy(2))
-    hf = qwen3_moe.to_hf(state, SPEC)
+    hf = layout.to_hf(state, SPEC)
     with pytest.raises(CheckpointError, match="missing"):
-        qwen3_moe.from_hf({"model.layers.0.self_attn.q_proj.weight": hf["model.layers.0.self_attn.q_proj.weight"]},
+        layout.from_hf({"model.layers.0.self_attn.q_proj.weight": hf["model.layers.0.self_attn.q_proj.weight"]},
                           SPEC, partial=True)
     with pytest.raises(CheckpointError, match="not part of"):
-        qwen3_moe.from_hf({"model.layers.9.mlp.gate.weight": torch.zeros(1)}, SPEC, partial=True)
+        layout.from_hf({"model.layers.9.mlp.gate.weight": torch.zeros(1)}, SPEC, partial=True)
     with pytest.raises(CheckpointError, match="wrong shape"):
-        qwen3_moe.check_shapes({"lm_head.weight": torch.zeros(3, 64)}, SPEC)
+        layout.check_shapes({"lm_head.weight": torch.zeros(3, 64)}, SPEC)
     export_hf(state, SPEC, tmp_path / "critic", tokenizer=False, meta={"role": "critic"})
     with pytest.raises(CheckpointRoleError):
         check_actor_export(tmp_path / "critic")
