@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from rl.errors import CheckpointError, InputError
-from rl.hf.qwen3_moe import check_common, field, moe_shapes, moe_units, rope_theta
+from rl.hf.qwen3_moe import check_common, field, moe_shapes, moe_units, num_experts, rope_theta
 from rl.hf.units import Unit, concat, grouped_qkv, plain, swiglu
 from rl.model import RMS_NORM_EPS, ModelSpec
 
@@ -89,7 +89,7 @@ def spec_from_config(config: Mapping, where: str = "config.json") -> ModelSpec:
         num_attention_heads=heads, num_query_groups=int(text.get("num_key_value_heads", heads)),
         head_dim=int(text.get("head_dim") or hidden // heads),
         ffn_hidden_size=int(text.get("intermediate_size") or 4 * hidden),
-        num_experts=int(field(text, "num_experts", where)),
+        num_experts=num_experts(text, where),
         moe_router_topk=int(field(text, "num_experts_per_tok", where)),
         moe_ffn_hidden_size=int(field(text, "moe_intermediate_size", where)),
         shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size") or 0),

@@ -56,6 +56,11 @@ def field(config: Mapping, key: str, where: str = "config.json"):
     return config[key]
 
 
+def num_experts(config: Mapping, where: str) -> int:
+    """``num_experts`` (the checkpoints' key), or ``num_local_experts`` (transformers 5's name for Qwen3-MoE)."""
+    return int(config["num_experts"] if "num_experts" in config else field(config, "num_local_experts", where))
+
+
 def check_common(config: Mapping, where: str) -> dict:
     """The settings rl.model builds for both architectures; anything else is refused by name."""
     wrong = {}
@@ -113,7 +118,7 @@ def spec_from_config(config: Mapping, where: str = "config.json") -> ModelSpec:
     heads, hidden = int(field(config, "num_attention_heads", where)), int(field(config, "hidden_size", where))
     return ModelSpec(num_layers=int(field(config, "num_hidden_layers", where)), hidden_size=hidden,
                      num_attention_heads=heads, ffn_hidden_size=int(config.get("intermediate_size", 4 * hidden)),
-                     num_experts=int(field(config, "num_experts", where)),
+                     num_experts=num_experts(config, where),
                      moe_router_topk=int(field(config, "num_experts_per_tok", where)),
                      moe_ffn_hidden_size=int(field(config, "moe_intermediate_size", where)),
                      max_seq_len=int(field(config, "max_position_embeddings", where)),

@@ -11,6 +11,11 @@ One rank of a megatron layout holds (docs/parallelism.md):
   ``e * E/ep + j``, whole (expert tensor parallelism is 1);
 - everything else whole (norms, router, the critic's replicated value head).
 
+A tensor that stacks several sections along its split dim (GatedDeltaNet's ``in_proj`` is
+``[q; k; v; z; b; a]``, its ``conv1d`` ``[q; k; v]``; ``t1_sections`` on the parameter, set by
+``rl.model.qwen35``) is split section by section: rank r holds ``[q_r; k_r; ...]``, the layout
+megatron's GatedDeltaNet computes with.
+
 The rules read the live parameters' own megatron attributes, so a layout the
 model builds is a layout this module can shard and gather.
 """
@@ -34,6 +39,25 @@ class Placement:
     dim: int | None      # split dim (None: whole)
     index: int = 0       # this rank's chunk
     count: int = 1       # chunks along dim
+    sections: tuple[int, ...] = ()  # sizes of stacked sections, each split on its own (empty: one block)
+
+    def cut(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's piece of the full tensor."""
+        blocks = torch.split(full, list(self.sections), dim=self.dim) if self.sections else (full,)
+        for block in blocks:
+            if block.shape[self.dim] % self.count:
+                raise CheckpointError(f"{self.full_name} {tuple(full.shape)} does not split in {self.count} along "
+                                      f"dim {self.dim} (sections {self.sections})", path=self.full_name)
+        return torch.cat([b.chunk(self.count, dim=self.dim)[self.index] for b in blocks], dim=self.dim)
+
+    def join(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The full tensor from every rank's piece (``parts[i]`` from rank i)."""
+        if not self.sections:
+            return torch.cat(parts, dim=self.dim)
+        local = [s // self.count for s in self.sections]
+        split = [torch.split(p, local, dim=self.dim) for p in parts]
+        return torch.cat([torch.cat([split[r][k] for r in range(self.count)], dim=self.dim)
+                          for k in range(len(local))], dim=self.dim)
 
 
 def is_expert(name: str) -> bool:
@@ -55,7 +79,7 @@ def placements(model, *, tp_rank: int, tp: int, ep_rank: int, ep: int, num_exper
             continue
         p = params.get(name)
         if p is not None and getattr(p, "tensor_model_parallel", False) and tp > 1:
-            out[name] = Placement(name, int(p.partition_dim), tp_rank, tp)
+            out[name] = Placement(name, int(p.partition_dim), tp_rank, tp, tuple(getattr(p, "t1_sections", ())))
         else:
             out[name] = Placement(name, None)
     return out
@@ -70,12 +94,7 @@ def local_from_full(full: dict[str, torch.Tensor], where: dict[str, Placement]) 
     out = {}
     for name, pl in where.items():
         t = full[pl.full_name]
-        if pl.dim is not None:
-            if t.shape[pl.dim] % pl.count:
-                raise CheckpointError(f"{pl.full_name} {tuple(t.shape)} does not split in {pl.count} along dim "
-                                      f"{pl.dim}", path=pl.full_name)
-            t = t.chunk(pl.count, dim=pl.dim)[pl.index]
-        out[name] = t.detach().clone()
+        out[name] = (t if pl.dim is None else pl.cut(t)).detach().clone()
     return out
 
 
@@ -83,18 +102,18 @@ def assemble(pieces: list[tuple[dict[str, Placement], dict[str, torch.Tensor]]])
     """The full state from every rank's (placements, local state); duplicates must agree in shape."""
     chunks: dict[str, dict[int, torch.Tensor]] = {}
     whole: dict[str, torch.Tensor] = {}
-    dims: dict[str, tuple[int, int]] = {}
+    dims: dict[str, Placement] = {}
     for where, state in pieces:
         for name, pl in where.items():
             if pl.dim is None:
                 whole.setdefault(pl.full_name, state[name])
             else:
                 chunks.setdefault(pl.full_name, {})[pl.index] = state[name]
-                dims[pl.full_name] = (pl.dim, pl.count)
+                dims[pl.full_name] = pl
     for name, parts in chunks.items():
-        dim, count = dims[name]
-        if sorted(parts) != list(range(count)):
-            raise CheckpointError(f"{name}: shards {sorted(parts)} of {count} present; a rank's shard is missing",
+        pl = dims[name]
+        if sorted(parts) != list(range(pl.count)):
+            raise CheckpointError(f"{name}: shards {sorted(parts)} of {pl.count} present; a rank's shard is missing",
                                   path=name)
-        whole[name] = torch.cat([parts[i] for i in range(count)], dim=dim)
+        whole[name] = pl.join([parts[i] for i in range(pl.count)])
     return whole
