@@ -100,7 +100,7 @@ class SlotPool:
         slot = self.free.pop() if self.free else self._evict(keep=best)
         if slot is None:
             return None
-        if best is not None and match >= MIN_SHARED_PREFIX:
+        if best is not None and match >= MIN_SHARED_PREFIX and self.cache.partial_prefix:
             self.cache.copy_prefix(best, slot, match)
             self.rows[slot][:match] = self.rows[best][:match]
             self.routed[slot] = min(match, self.routed[best])

@@ -22,6 +22,12 @@ A batch holds B sequences, each feeding ``len(new_ids[b])`` tokens after its
 ``start`` cached positions (a prefill feeds many, a decode step one); shorter
 ones are right-padded. Padded tokens are computed but never written to the
 cache nor reported.
+
+The Qwen3.5 hybrid: its gated attention layers cache K/V as above (the output gate and partial RoPE
+are megatron's own ``get_query_key_value_tensors(output_gate=True)``, ``_apply_output_gate`` and
+``apply_rotary_pos_emb``); its GatedDeltaNet layers keep a recurrent and a convolution state per
+sequence instead (:mod:`rl.engines.linear_state`), so ``partial_prefix`` is False: a slot's state can be
+extended or copied whole, not cut at a shorter shared prefix.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rl.engines.linear_state import LinearState, gdn_forward
 from rl.errors import InputError
 from rl.model.forward import masked_logits
 from rl.model.routing import router_replays
@@ -45,8 +52,14 @@ class ForwardOut:
     rows: list[np.ndarray]  # B arrays int32 [n_b, L, K]
 
 
+def is_linear(layer) -> bool:
+    """A GatedDeltaNet layer (megatron's ``GatedDeltaNet`` as its token mixer)."""
+    return hasattr(layer.self_attention, "A_log")
+
+
 class KVCache:
-    """K/V tensors of ``num_slots`` sequences of up to ``max_seq_len`` positions, per layer."""
+    """Per layer and slot (``num_slots`` sequences of up to ``max_seq_len`` positions): K/V of an attention
+    layer, the states of a GatedDeltaNet layer (``linear``, by layer index)."""
 
     def __init__(self, model, num_slots: int, max_seq_len: int) -> None:
         cfg = model.config
@@ -55,8 +68,12 @@ class KVCache:
         self.head_dim = cfg.kv_channels or cfg.hidden_size // heads
         dtype = next(model.parameters()).dtype
         shape = (num_slots, max_seq_len, self.groups, self.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype) for _ in model.decoder.layers]
-        self.values = [torch.zeros(shape, dtype=dtype) for _ in model.decoder.layers]
+        layers = list(model.decoder.layers)
+        self.keys = {i: torch.zeros(shape, dtype=dtype) for i, layer in enumerate(layers) if not is_linear(layer)}
+        self.values = {i: torch.zeros(shape, dtype=dtype) for i in self.keys}
+        self.linear = {i: LinearState(layer.self_attention, num_slots, dtype)
+                       for i, layer in enumerate(layers) if is_linear(layer)}
+        self.partial_prefix = not self.linear  # a recurrent state cannot be cut at a shorter prefix
         self.num_slots, self.max_seq_len = num_slots, max_seq_len
 
     @staticmethod
@@ -65,12 +82,18 @@ class KVCache:
         groups = cfg.num_query_groups or cfg.num_attention_heads
         head_dim = cfg.kv_channels or cfg.hidden_size // cfg.num_attention_heads
         itemsize = next(model.parameters()).element_size()
-        return 2 * len(model.decoder.layers) * max_seq_len * groups * head_dim * itemsize
+        layers = list(model.decoder.layers)
+        attention = sum(not is_linear(layer) for layer in layers)
+        linear = sum(LinearState.bytes_per_slot(layer.self_attention, itemsize) for layer in layers if is_linear(layer))
+        return 2 * attention * max_seq_len * groups * head_dim * itemsize + linear
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
-        for k, v in zip(self.keys, self.values):
-            k[dst, :length] = k[src, :length]
-            v[dst, :length] = v[src, :length]
+        """Copy ``src``'s first ``length`` positions; with GatedDeltaNet layers only all of them."""
+        for i in self.keys:
+            self.keys[i][dst, :length] = self.keys[i][src, :length]
+            self.values[i][dst, :length] = self.values[i][src, :length]
+        for state in self.linear.values():
+            state.copy(src, dst)
 
 
 class CachedForward:
@@ -128,8 +151,12 @@ class CachedForward:
         try:
             hidden_TBH = self.model.embedding(input_ids=ids_BT, position_ids=positions_BT)
             for index, layer in enumerate(self.layers):
-                hidden_TBH = self._attention_block(layer, index, hidden_TBH, freqs_TB1D, mask_B1TK, slots_B,
-                                                   num_keys, write, valid_BT)
+                if index in self.cache.linear:
+                    hidden_TBH = hidden_TBH + gdn_forward(layer.self_attention, self.cache.linear[index],
+                                                          layer.input_layernorm(hidden_TBH), slots, starts, lengths)
+                else:
+                    hidden_TBH = self._attention_block(layer, index, hidden_TBH, freqs_TB1D, mask_B1TK, slots_B,
+                                                       num_keys, write, valid_BT)
                 hidden_TBH = layer._forward_mlp(hidden_TBH)
             hidden_TBH = self.model.decoder.final_layernorm(hidden_TBH)
             last_1BH = hidden_TBH[lengths_B - 1, torch.arange(batch)].unsqueeze(0)
@@ -146,13 +173,17 @@ class CachedForward:
     def _attention_block(self, layer, index: int, hidden_TBH, freqs_TB1D, mask_B1TK, slots_B, num_keys: int,
                          write, valid_BT) -> torch.Tensor:
         attn = layer.self_attention
-        query, key, value = attn.get_query_key_value_tensors(layer.input_layernorm(hidden_TBH), None)[:3]
+        gated = bool(self.config.attention_output_gate)
+        qkv = attn.get_query_key_value_tensors(layer.input_layernorm(hidden_TBH), None, output_gate=gated)
+        query, key, value = qkv[:3]
         query = self._rope(query, freqs_TB1D, config=self.config)
         key = self._rope(key, freqs_TB1D, config=self.config)
         keys, values = self.cache.keys[index], self.cache.values[index]
         keys[write] = key.transpose(0, 1)[valid_BT]
         values[write] = value.transpose(0, 1)[valid_BT]
         context_TBX = self._attend(query, keys[slots_B, :num_keys], values[slots_B, :num_keys], mask_B1TK)
+        if gated:  # Qwen3.5's gated attention: context * sigmoid(gate), megatron's own arithmetic
+            context_TBX = attn._apply_output_gate(context_TBX, qkv[3])
         out, bias = attn.linear_proj(context_TBX)
         if bias is not None:
             out = out + bias

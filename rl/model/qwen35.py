@@ -14,8 +14,9 @@ the same arithmetic. On a host without CUDA, FLA's Triton ``l2norm`` cannot run,
 :func:`apply_cpu_l2norm` puts the torch twin of FLA's formula in its place (the deterministic
 torch gated delta rule is selected by ``TransformerConfig.deterministic_mode``, rl.model.spec).
 
-Tensor parallelism: ``in_proj`` (``[q; k; v; z; b; a]``) and ``conv1d`` (``[q; k; v]``) are split per
-section, not as one block: TP rank r holds ``[q_r; k_r; ...]``. :func:`mark_sections` records the
+Tensor parallelism: ``in_proj`` (``[q; k; v; z; b; a]``), ``conv1d`` (``[q; k; v]``) and the shared
+expert's SwiGLU ``linear_fc1`` (``[gate; up]``) are split per section, not as one block: TP rank r holds
+``[q_r; k_r; ...]``. :func:`mark_sections` records the
 sections on the parameters, where :mod:`rl.trainer.shard` reads them.
 """
 from __future__ import annotations
@@ -128,6 +129,10 @@ def mark_sections(model, spec) -> None:
     v = spec.linear_value_head_dim * spec.linear_num_value_heads
     heads = spec.linear_num_value_heads
     for layer in model.decoder.layers:
+        shared = getattr(layer.mlp, "shared_experts", None)
+        if shared is not None:  # a TP-split SwiGLU: rank r holds [gate_r; up_r]
+            size = spec.shared_expert_intermediate_size
+            shared.linear_fc1.weight.t1_sections = (size, size)
         gdn = layer.self_attention
         if not hasattr(gdn, "A_log"):
             continue
