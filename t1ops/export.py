@@ -39,7 +39,7 @@ def export_actor_checkpoint(step_dir: str | Path, out_dir: str | Path, *, config
     step_dir = Path(step_dir)
     state, manifest = load_checkpoint(step_dir, "actor")
     cfg, run_dir = _campaign_config(step_dir, config)
-    spec = ModelSpec.from_config(cfg.model)
+    spec = cfg.model.model_spec()
     vocab_size = state["embedding.word_embeddings.weight"].shape[0]
     meta = {"role": "actor", "step": manifest["step"], "source": str(step_dir.resolve()), "vocab": "full"}
     full = vocab_size == spec.vocab_size

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import torch
 
@@ -178,3 +178,33 @@ def compact_rows(rows_VH: torch.Tensor, vocab) -> torch.Tensor:
     if out.shape[0] < vocab.size:  # padded to a multiple of tp: rows never indexed
         out = torch.cat([out, out.new_zeros(vocab.size - out.shape[0], out.shape[1])])
     return out.contiguous()
+
+
+class CheckpointState(Mapping):
+    """A role's full (world-of-1) megatron state read from an :class:`HFCheckpoint` on demand: a trainer
+    rank that loads its shard (:func:`rl.trainer.shard.local_from_full`) reads only the units it holds.
+
+    ``role = "critic"``: the checkpoint's trunk and a fresh value head (zeros: a fresh critic predicts
+    0, rl.model.build), as the report warm-starts its critic from the policy's weights.
+    """
+
+    _HEAD = {"output_layer.weight", "output_layer.bias"}
+
+    def __init__(self, checkpoint: HFCheckpoint, vocab=None, role: str = "actor") -> None:
+        self.checkpoint, self.vocab, self.role = checkpoint, vocab, role
+        names = [u.mcore for u in layout.units(checkpoint.spec)]
+        self._names = names if role == "actor" else [n for n in names if n not in self._HEAD] + sorted(self._HEAD)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if self.role == "critic" and name in self._HEAD:
+            hidden = self.checkpoint.spec.hidden_size
+            return torch.zeros(1, hidden) if name.endswith("weight") else torch.zeros(1)
+        if name not in self._names:
+            raise KeyError(name)
+        return self.checkpoint.mcore_state([name], vocab=self.vocab)[name]

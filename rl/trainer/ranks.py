@@ -136,7 +136,7 @@ class RankTrainer:
                           ep=self.layout.ep, num_experts=self.spec.num_experts)
 
     def _load(self, model, full: Mapping[str, torch.Tensor]) -> None:
-        rmodel.load_state(model, local_from_full(dict(full), self._placements(model)), source="full state")
+        rmodel.load_state(model, local_from_full(full, self._placements(model)), source="full state")
 
     def full_state(self, role: str) -> dict[str, torch.Tensor] | None:
         """The whole model of ``role`` gathered from every rank (a collective); the full state on rank 0."""

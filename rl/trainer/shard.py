@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 
@@ -85,7 +86,7 @@ def placements(model, *, tp_rank: int, tp: int, ep_rank: int, ep: int, num_exper
     return out
 
 
-def local_from_full(full: dict[str, torch.Tensor], where: dict[str, Placement]) -> dict[str, torch.Tensor]:
+def local_from_full(full: Mapping[str, torch.Tensor], where: dict[str, Placement]) -> dict[str, torch.Tensor]:
     """This rank's state from a full state; a missing name or a shape that does not split is an error."""
     missing = sorted({pl.full_name for pl in where.values()} - set(full))
     if missing:

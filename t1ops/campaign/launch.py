@@ -18,7 +18,6 @@ from rl.agent.settings import AgentLimits, AgentSettings
 from rl.agent.sandbox import require_isolation
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
-from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.barrier import engine_barrier
@@ -162,7 +161,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         vocab.save(run.vocab)
     else:  # the run's own ids: its checkpoints index them
         vocab = CompactVocab.load(run.vocab)
-    spec = {**ModelSpec.from_config(cfg.model).to_dict(), "vocab_size": vocab.size}
+    spec = {**cfg.model.model_spec().to_dict(), "vocab_size": vocab.size}
     progress.log(f"run {run.run_id}: {len(tasks)} tasks, {'compact' if cfg.engine.compact_vocab else 'full'} "
                  f"vocabulary {vocab.size} ids, dir {run.path}")
     rank_watch = None
@@ -178,7 +177,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
             ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
             telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
             temperature=cfg.rollout.temperature, retention=cfg.checkpoints,
-            reward_policy=RewardPolicy.from_config(cfg))
+            reward_policy=RewardPolicy.from_config(cfg), model_path=cfg.model.path)
     # The engines start now, from the model's seeded weights (as SGLang starts from the base model),
     # while the trainer warm-starts or loads the resumed checkpoint; version 0 (or the resumed step)
     # reaches them through the normal weight sync below. Calls on the trainer actor run in order. (The

@@ -34,7 +34,7 @@ from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.dataplane import batch_rows, fetch_shard, shard_trials
 from t1ops.campaign.reward_policy import RewardPolicy
-from t1ops.campaign.trainer_host import TrainerHost, load_rank_state, rank_state, resumed
+from t1ops.campaign.trainer_host import pretrained_states, TrainerHost, load_rank_state, rank_state, resumed
 from t1ops.campaign.trainer_rank import join_world
 from t1ops.campaign.trials import TrialResult, require_results
 from t1ops.config import CampaignConfig, CheckpointsConfig, GuardsConfig, TrainerConfig
@@ -52,8 +52,9 @@ class TrainerRankHost(TrainerHost):
     def __init__(self, *, rank: int, layout: Layout, spec: dict, settings: TrainerConfig, vocab_path: str,
                  ckpt_base: str, seed: int, run_dir: str, guards: GuardsConfig, telemetry_cfg: dict | None = None,
                  temperature: float = 1.0, num_threads: int = 1, retention: CheckpointsConfig | None = None,
-                 reward_policy: RewardPolicy | None = None) -> None:
+                 reward_policy: RewardPolicy | None = None, model_path: str | None = None) -> None:
         torch.set_num_threads(num_threads)
+        self.model_path = model_path
         self.reward_policy, self.last_policy_counts = reward_policy or RewardPolicy(), {}
         self.rank, self.layout, self.run_dir = rank, layout, Path(run_dir)
         telemetry.setup(run_dir, role=f"trainer-rank{rank}", **(telemetry_cfg or {}))
@@ -85,7 +86,10 @@ class TrainerRankHost(TrainerHost):
 
     def join(self, init_method: str) -> int:
         """Initial weights (world of 1), then the real world and megatron's groups; returns the pid."""
-        actor, critic = full_initial_states(self.spec, self.settings, self.seed, self.vocab.unk_id)
+        if self.model_path:  # [model] path: each rank reads the units of its own shard (rl.hf.reader)
+            actor, critic = pretrained_states(self.model_path, self.vocab, self.settings.mode == "ppo")
+        else:
+            actor, critic = full_initial_states(self.spec, self.settings, self.seed, self.vocab.unk_id)
         timeout = join_world(self.rank, self.layout.world_size, init_method, self.layout, guards=self.guards,
                              seed=self.seed)
         self.beacon = ProgressBeacon(self.run_dir / "ranks" / f"rank{self.rank}.progress")
@@ -273,7 +277,7 @@ def start_ranks(cfg: CampaignConfig, run, spec: dict) -> tuple[RankGroup, RankWa
         telemetry_cfg={"otlp_endpoint": cfg.telemetry.otlp_endpoint,
                        "export_interval_s": cfg.telemetry.export_interval_s},
         temperature=cfg.rollout.temperature, retention=cfg.checkpoints,
-        reward_policy=RewardPolicy.from_config(cfg))
+        reward_policy=RewardPolicy.from_config(cfg), model_path=cfg.model.path)
         for r in range(layout.world_size)]
     init_method = ray.get(actors[0].address.remote())
     pids = ray.get([a.join.remote(init_method) for a in actors])

@@ -31,11 +31,24 @@ from t1ops.config import CheckpointsConfig, TrainerConfig
 from t1ops.guards.checkpoints import CheckpointManager
 
 
+def pretrained_states(model_path: str, vocab: CompactVocab, with_critic: bool):
+    """(actor, critic or None) full states read on demand from a Hugging Face checkpoint (``[model] path``):
+    the actor is the checkpoint, the critic its trunk with a fresh value head (docs/model.md)."""
+    from rl.hf.reader import CheckpointState, HFCheckpoint
+
+    checkpoint = HFCheckpoint(model_path)
+    if checkpoint.set_aside:  # said once: the vision tower and MTP layers are not part of the policy
+        print(f"model.path: {len(checkpoint.set_aside)} tensor(s) outside the policy set aside "
+              f"(first: {checkpoint.set_aside[0]})", flush=True)
+    return (CheckpointState(checkpoint, vocab), CheckpointState(checkpoint, vocab, role="critic") if with_critic else None)
+
+
 class TrainerHost(WeightSender, WeightPush):
     def __init__(self, *, spec: dict, settings: TrainerConfig, vocab_path: str, ckpt_base: str, seed: int,
                  num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
                  gloo_timeout_s: float = 3600.0, temperature: float = 1.0,
-                 retention: CheckpointsConfig | None = None, reward_policy: RewardPolicy | None = None) -> None:
+                 retention: CheckpointsConfig | None = None, reward_policy: RewardPolicy | None = None,
+                 model_path: str | None = None) -> None:
         torch.set_num_threads(num_threads)
         if run_dir is not None:
             from t1ops import telemetry
@@ -56,6 +69,9 @@ class TrainerHost(WeightSender, WeightPush):
         self.seed = seed
         self.reward_policy = reward_policy or RewardPolicy()
         self.last_policy_counts: dict = {}
+        if model_path:  # [model] path: start from the checkpoint a team brings (actor; critic trunk)
+            actor, critic = pretrained_states(model_path, self.vocab, self.trainer.critic is not None)
+            self.trainer.warm_load(actor_state=actor, critic_state=critic)
         if self.settings.critic_warm_load:
             self.warm_load_critic(self.settings.critic_warm_load)
         from t1ops.campaign.retention import Retention
@@ -98,6 +114,12 @@ class TrainerHost(WeightSender, WeightPush):
         if self.trainer.critic is None:
             raise ConfigError("trainer.critic_warm_load is set but trainer.mode = 'grpo' has no critic",
                               key="trainer.critic_warm_load")
+        from rl.hf.checkpoint import is_hf_dir
+
+        if is_hf_dir(path):  # a Hugging Face directory: its trunk, a fresh value head
+            self.trainer.warm_load(critic_state=pretrained_states(path, self.vocab, True)[1])
+            self.warm_loaded_critic = str(path)
+            return str(path)
         step_dir = Path(path)
         if not (step_dir / "manifest.json").exists() and step_dir.is_dir() and list_steps(step_dir):
             step_dir = step_dir / step_dir_name(list_steps(step_dir)[-1])

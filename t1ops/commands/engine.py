@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     spec = None
     if args.spec_json is None and args.config is not None:
-        spec = ModelSpec.from_config(load_toml(args.config).model)
+        spec = load_toml(args.config).model.model_spec()
     elif args.spec_json is not None:
         spec = ModelSpec(**json.loads(args.spec_json))
     engine = build_engine(args, spec=spec)

@@ -1,0 +1,62 @@
+"""`[model] path`: the checkpoint's config.json decides the architecture and the shape; a contradicting
+hand-typed field and a broken directory are refused at load, naming the key or the file; `t1ops model
+init` writes the checkpoint through transformers' own save_pretrained, and a trainer started from it
+holds the checkpoint's weights (actor) and trunk (critic, with a fresh value head)."""
+import json
+
+import pytest
+import torch
+
+from rl.hf.reader import HFCheckpoint
+from rl.model import weights_state_dict
+from rl.vocab import CompactVocab
+from t1ops.commands.model import init_checkpoint
+from t1ops.config import load_toml
+from t1ops.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return init_checkpoint("qwen3_5_moe", str(tmp_path_factory.mktemp("m") / "ckpt"), vocab_size=320, max_seq_len=512)
+
+
+def _cfg(tmp_path, model: str):
+    f = tmp_path / "c.toml"
+    f.write_text(f"[model]\n{model}\n[rollout]\ncontext_window = 256\n")
+    return load_toml(f)
+
+
+def test_path_fills_the_shape_from_config_json(ckpt, tmp_path):
+    cfg = _cfg(tmp_path, f'path = "{ckpt}"')
+    spec = cfg.model.model_spec()
+    assert spec.arch == "qwen3_5_moe" and spec.layer_types == ("linear_attention",) * 3 + ("full_attention",)
+    assert (cfg.model.num_layers, cfg.model.vocab_size, cfg.model.max_seq_len) == (4, 320, 512)
+    assert json.loads(open(ckpt + "/config.json").read())["model_type"] == "qwen3_5_moe_text"
+
+
+def test_a_contradicting_shape_field_and_a_bad_directory_are_refused(ckpt, tmp_path):
+    with pytest.raises(ConfigError, match=r"remove model.num_layers = 2 \(checkpoint: 4\)"):
+        _cfg(tmp_path, f'path = "{ckpt}"\nnum_layers = 2')
+    with pytest.raises(ConfigError, match="model.path"):
+        _cfg(tmp_path, f'path = "{tmp_path}"')
+
+
+def test_trainer_starts_from_the_checkpoint(ckpt):
+    from rl.trainer import Trainer, TrainerSettings
+    from t1ops.campaign.trainer_host import pretrained_states
+
+    checkpoint = HFCheckpoint(ckpt)
+    vocab = CompactVocab(range(0, 300, 3), 320)  # a compact vocabulary: the checkpoint's rows of its ids
+    spec = type(checkpoint.spec)(**{**checkpoint.spec.to_dict(), "vocab_size": vocab.size})
+    trainer = Trainer(spec, TrainerSettings(mode="ppo"), seed=5, unk_id=vocab.unk_id)
+    actor, critic = pretrained_states(ckpt, vocab, with_critic=True)
+    trainer.warm_load(actor_state=actor, critic_state=critic)
+    full = checkpoint.mcore_state()
+    got = weights_state_dict(trainer.actor)
+    assert torch.equal(got["decoder.layers.0.self_attention.in_proj.weight"],
+                       full["decoder.layers.0.self_attention.in_proj.weight"])
+    assert torch.equal(got["output_layer.weight"][:vocab.num_known], full["output_layer.weight"][0:300:3])
+    crit = weights_state_dict(trainer.critic)
+    assert torch.equal(crit["decoder.layers.3.self_attention.linear_qkv.weight"],
+                       full["decoder.layers.3.self_attention.linear_qkv.weight"])
+    assert not crit["output_layer.weight"].any()  # a fresh value head
