@@ -29,6 +29,7 @@ from rl.chat import ENDOFTEXT_ID, IM_END_ID
 from rl.errors import CheckpointError, CheckpointRoleError
 from rl.hf import layout
 from rl.model import ModelSpec
+from rl.vocab import CompactVocab
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -87,6 +88,19 @@ def read_meta(path: str | Path) -> dict:
     if not isinstance(meta, dict):
         raise CheckpointError(f"{meta_path} is not a JSON object", path=str(meta_path))
     return meta
+
+
+def export_vocab(path: str | Path):
+    """The compact vocabulary (:class:`rl.vocab.CompactVocab`) a t1ops export carries in ``t1ops.json``,
+    or None for a full-vocabulary checkpoint (any third-party one)."""
+    meta = read_meta(path)
+    if meta.get("vocab") != "compact":
+        return None
+    try:
+        return CompactVocab.from_dict(meta["compact_vocab"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{Path(path) / META_FILE} says vocab 'compact' but its compact_vocab is unreadable: "
+                              f"{exc!r}", path=str(path)) from exc
 
 
 def check_actor_export(path: str | Path) -> dict:

@@ -18,6 +18,7 @@ from rl.agent.settings import AgentLimits, AgentSettings
 from rl.agent.sandbox import require_isolation
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
+from rl.hf.checkpoint import export_vocab as checkpoint_vocab
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.barrier import engine_barrier
@@ -156,8 +157,11 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     c.eval_tasks = held_out_tasks(cfg, tasks)  # refused before any role starts when not held out
     renderer = ChatRenderer.default()
     if c.resume_from is None:
-        vocab = build_vocab(tasks, renderer, cfg.model.vocab_size, multiple=cfg.trainer.parallel.tp) \
-            if cfg.engine.compact_vocab else CompactVocab.identity(cfg.model.vocab_size)  # a real server samples all
+        # a checkpoint written with a compact vocabulary (a t1ops export) brings its own ids (docs/model.md)
+        vocab = checkpoint_vocab(cfg.model.path) if cfg.model.path else None
+        if vocab is None:
+            vocab = build_vocab(tasks, renderer, cfg.model.vocab_size, multiple=cfg.trainer.parallel.tp) \
+                if cfg.engine.compact_vocab else CompactVocab.identity(cfg.model.vocab_size)  # a real server samples all
         vocab.save(run.vocab)
     else:  # the run's own ids: its checkpoints index them
         vocab = CompactVocab.load(run.vocab)

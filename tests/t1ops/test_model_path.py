@@ -60,3 +60,25 @@ def test_trainer_starts_from_the_checkpoint(ckpt):
     assert torch.equal(crit["decoder.layers.3.self_attention.linear_qkv.weight"],
                        full["decoder.layers.3.self_attention.linear_qkv.weight"])
     assert not crit["output_layer.weight"].any()  # a fresh value head
+
+
+def test_a_compact_export_starts_a_run_bit_identically(ckpt, tmp_path):
+    """A warm start exported with its compact vocabulary (`t1ops export`'s t1ops.json) is a [model] path:
+    the run takes its ids, and the trainer holds exactly the exported weights (not re-initialised)."""
+    from rl.hf.checkpoint import export_hf, export_vocab
+    from rl.trainer import Trainer, TrainerSettings
+    from t1ops.campaign.trainer_host import pretrained_states
+
+    spec = HFCheckpoint(ckpt).spec
+    vocab = CompactVocab(range(0, 300, 3), 320)
+    compact = type(spec)(**{**spec.to_dict(), "vocab_size": vocab.size})
+    warm = Trainer(compact, TrainerSettings(mode="grpo"), seed=1, unk_id=vocab.unk_id)
+    export_hf(weights_state_dict(warm.actor), compact, tmp_path / "warm", tokenizer=False,
+              meta={"role": "actor", "vocab": "compact", "compact_vocab": vocab.to_dict()})
+    assert export_vocab(tmp_path / "warm") == vocab
+    fresh = Trainer(compact, TrainerSettings(mode="grpo"), seed=9, unk_id=vocab.unk_id)
+    fresh.warm_load(actor_state=pretrained_states(str(tmp_path / "warm"), vocab, with_critic=False)[0])
+    mine, theirs = weights_state_dict(fresh.actor), weights_state_dict(warm.actor)
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    with pytest.raises(Exception, match="another compact vocabulary"):
+        pretrained_states(str(tmp_path / "warm"), CompactVocab(range(0, 200, 2), 320), with_critic=False)
