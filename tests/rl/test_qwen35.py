@@ -64,20 +64,31 @@ def test_the_reports_routing_row_bytes_from_the_checkpoint_config():
     assert spec.num_moe_layers * spec.moe_router_topk * 4 == 1536
 
 
-def test_export_round_trip_loads_in_transformers_with_the_trainers_logits(tmp_path):
+def test_checkpoint_ppo_step_export_round_trip(tmp_path):
+    """checkpoint -> t1ops -> one PPO step -> export -> transformers loads it with the trainer's logits."""
     from transformers import AutoModelForCausalLM
 
-    write_checkpoint("qwen3_5_moe", tmp_path / "ckpt")
-    ckpt, policy = _trainer_model(tmp_path / "ckpt")
-    with torch.no_grad():  # a training step's worth of change, so the export is not the input file
-        for p in policy.parameters():
-            p.add_(1e-3 * torch.randn_like(p))
-    export_hf(weights_state_dict(policy), ckpt.spec, tmp_path / "out", tokenizer=False, meta={"role": "actor"})
+    from rl.trainer import Trainer, TrainerSettings, rollout_batch, sample_responses
+    from t1ops.campaign.trainer_host import pretrained_states
+    from rl.vocab import CompactVocab
+
+    path = write_checkpoint("qwen3_5_moe", tmp_path / "ckpt")
+    spec = HFCheckpoint(path).spec
+    trainer = Trainer(spec, TrainerSettings(mode="ppo", ppo_epochs=1, actor_lr=1e-3), seed=0)
+    actor, critic = pretrained_states(str(path), CompactVocab.identity(spec.vocab_size), with_critic=True)
+    trainer.warm_load(actor_state=actor, critic_state=critic)
+    before = {k: v.clone() for k, v in weights_state_dict(trainer.actor).items()}
+    seqs = sample_responses(trainer.actor, [[1, 2, 3, 4]] * 4, 8, generator=torch.Generator().manual_seed(0))
+    batch = rollout_batch(trainer.actor, seqs, [4] * 4, [0.0, 1.0, 0.5, 0.2], [0, 0, 1, 1], [0, 0, 1, 1])
+    trainer.train_step(batch)
+    after = weights_state_dict(trainer.actor)
+    assert any(not torch.equal(before[k], after[k]) for k in after)  # the step moved the weights
+    export_hf(after, spec, tmp_path / "out", tokenizer=False, meta={"role": "actor"})
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
     assert type(back).__name__ == "Qwen3_5MoeForCausalLM"
     with torch.no_grad():
-        err = float((policy_forward(policy, IDS).float() - hf_logits(back, IDS)).abs().max())
-    print(f"export round trip: max |logit difference| {err:.3e}")
+        err = float((policy_forward(trainer.actor.eval(), IDS).float() - hf_logits(back, IDS)).abs().max())
+    print(f"checkpoint -> PPO step -> export -> transformers: max |logit difference| {err:.3e}")
     assert err <= LOGIT_ATOL
 
 
