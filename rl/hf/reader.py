@@ -54,6 +54,7 @@ class HFCheckpoint:
         self._where: dict[str, tuple[Path, str]] = {}  # canonical name -> (file, name in the file)
         self._handles: dict[Path, object] = {}
         self.set_aside: list[str] = []
+        self.units = {u.mcore: u for u in layout.units(self.spec)}  # megatron name -> its conversion unit
         self._index()
         self._check_tensors()
         self.check_tokenizer()
@@ -151,19 +152,16 @@ class HFCheckpoint:
                     dtype: torch.dtype | None = torch.float32) -> dict[str, torch.Tensor]:
         """megatron tensors (world-of-1 layout) by name: all, or only ``names``; ``vocab`` a CompactVocab;
         ``dtype`` None keeps the file's."""
-        wanted = None if names is None else set(names)
+        unknown = [] if names is None else [n for n in names if n not in self.units]
+        if unknown:
+            raise CheckpointError(f"{unknown[:3]} are not tensors of the {self.spec.arch} policy", path=str(self.path))
         out: dict[str, torch.Tensor] = {}
-        for unit in layout.units(self.spec):
-            if wanted is not None and unit.mcore not in wanted:
-                continue
+        for unit in (self.units.values() if names is None else [self.units[n] for n in names]):
             tensor = unit.merge(tuple(self.read(n) for n in unit.hf))
             tensor = tensor if dtype is None else tensor.to(dtype)
             if vocab is not None and unit.mcore in _VOCAB_ROWS:
                 tensor = compact_rows(tensor, vocab)
             out[unit.mcore] = tensor
-        if wanted is not None and wanted - set(out):
-            raise CheckpointError(f"{sorted(wanted - set(out))[:3]} are not tensors of the {self.spec.arch} policy",
-                                  path=str(self.path))
         return out
 
 
@@ -192,7 +190,7 @@ class CheckpointState(Mapping):
 
     def __init__(self, checkpoint: HFCheckpoint, vocab=None, role: str = "actor") -> None:
         self.checkpoint, self.vocab, self.role = checkpoint, vocab, role
-        names = [u.mcore for u in layout.units(checkpoint.spec)]
+        names = list(checkpoint.units)
         self._names = names if role == "actor" else [n for n in names if n not in self._HEAD] + sorted(self._HEAD)
 
     def __iter__(self):

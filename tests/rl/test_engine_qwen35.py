@@ -38,9 +38,11 @@ def test_cached_forward_with_linear_states_equals_full_forward(tmp_path):
     errs = [(out.logits_BV[0] - full(a[:70])).abs().max(), (out.logits_BV[1] - full(b[:20])).abs().max()]
     out = fwd.forward([0, 1], [70, 20], [a[70:85], b[20:21]])   # extend from the states; one decode step
     errs += [(out.logits_BV[0] - full(a[:85])).abs().max(), (out.logits_BV[1] - full(b[:21])).abs().max()]
-    for i in range(85, 90):
-        out = fwd.forward([0], [i], [a[i:i + 1]])
-    errs.append((out.logits_BV[0] - full(a[:90])).abs().max())
+    for i in range(5):  # decode steps of both sequences in one batched forward
+        out = fwd.forward([0, 1], [85 + i, 21 + i], [a[85 + i:86 + i], b[21 + i:22 + i]])
+    errs += [(out.logits_BV[0] - full(a[:90])).abs().max(), (out.logits_BV[1] - full(b[:26])).abs().max()]
+    out = fwd.forward([2], [0], [a[:1]])                        # a one-token prompt in a reused slot: fresh state
+    errs.append((out.logits_BV[0] - full(a[:1])).abs().max())
     print(f"cached vs full forward: max |logit difference| {max(float(e) for e in errs):.3e}")
     assert max(float(e) for e in errs) <= 1e-4
 
