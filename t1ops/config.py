@@ -54,7 +54,7 @@ class ModelConfig(Section):
         if self.path is None:
             return self
         from rl.errors import CheckpointError
-        from rl.hf.checkpoint import read_config
+        from rl.hf.reader import read_config
         from rl.hf.layout import spec_from_config
 
         config_json = Path(self.path) / "config.json"

@@ -114,7 +114,7 @@ def build_engine(args: argparse.Namespace, spec: ModelSpec | None = None) -> Emb
 
 def _build_engine(args: argparse.Namespace, spec: ModelSpec | None) -> EmbeddedEngine:
     if getattr(args, "model_path", None):
-        from rl.hf.checkpoint import read_config
+        from rl.hf.reader import read_config
         from rl.hf.layout import spec_from_config
 
         spec = spec_from_config(read_config(args.model_path))

@@ -28,6 +28,7 @@ from rl.atomic import publish_dir
 from rl.chat import ENDOFTEXT_ID, IM_END_ID
 from rl.errors import CheckpointError, CheckpointRoleError
 from rl.hf import layout
+from rl.hf.reader import HFCheckpoint
 from rl.model import ModelSpec
 from rl.vocab import CompactVocab
 
@@ -113,25 +114,11 @@ def check_actor_export(path: str | Path) -> dict:
     return meta
 
 
-def read_config(path: str | Path) -> dict:
-    config_path = Path(path) / CONFIG_FILE
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"cannot read {config_path}: {exc}; pass a Hugging Face checkpoint directory",
-                              path=str(path)) from exc
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{config_path} is not a JSON object", path=str(path))
-    return config
-
-
 def import_hf(path: str | Path, spec: ModelSpec | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """Read an export back: its ModelSpec (from ``config.json``) and the megatron state.
 
     ``spec`` (optional) must equal the directory's. Tensors keep the file's dtype.
     """
-    from rl.hf.reader import HFCheckpoint
-
     checkpoint = HFCheckpoint(path)
     if spec is not None and spec != checkpoint.spec:
         raise CheckpointError(f"{path} holds a model of {checkpoint.spec}, expected {spec}", path=str(path))

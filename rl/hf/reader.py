@@ -34,6 +34,18 @@ _FLOAT_DTYPES = ("F32", "BF16", "F16")
 _VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 
+def read_config(path: str | Path) -> dict:
+    config_path = Path(path) / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"cannot read {config_path}: {exc}; pass a Hugging Face checkpoint directory",
+                              path=str(path)) from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path} is not a JSON object", path=str(path))
+    return config
+
+
 def _canonical(name: str) -> str:
     """The text model's name of a tensor (multimodal wrappers nest it under ``model.language_model``)."""
     return "model." + name[len("model.language_model."):] if name.startswith("model.language_model.") else name
@@ -43,8 +55,6 @@ class HFCheckpoint:
     """A checked Hugging Face checkpoint directory; :attr:`spec` is its model."""
 
     def __init__(self, path: str | Path) -> None:
-        from rl.hf.checkpoint import read_config
-
         self.path = Path(path)
         if not self.path.is_dir():
             raise CheckpointError(f"model.path {self.path} is not a directory; give a Hugging Face checkpoint "
