@@ -15,6 +15,9 @@ DESCRIPTION = ("Reads a plan file (see examples/plans/), predicts per-GPU memory
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", type=Path, help="plan TOML file, e.g. examples/plans/qwen35-122b-128gpu-cp4.toml")
+    p.add_argument("--model", type=Path, metavar="DIR", default=None,
+                   help="take the model from a Hugging Face checkpoint's config.json (qwen3_5_moe, qwen3_moe) instead of "
+                        "the plan's [model]; docs/model.md")
     p.add_argument("--json", action="store_true",
                    help='print {"verdict", "findings": [{"id", "severity", "message"}], "memory": {...}}')
 
@@ -22,7 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from t1ops.preflight import check_plan, load_plan, render
 
-    report = check_plan(load_plan(args.plan), name=args.plan.stem)
+    plan = load_plan(args.plan)
+    if args.model is not None:
+        from t1ops.preflight.from_checkpoint import model_shape
+
+        plan = type(plan).model_validate({**plan.model_dump(), "model": model_shape(args.model).model_dump()})
+    report = check_plan(plan, name=args.plan.stem)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
