@@ -51,3 +51,31 @@ def write_tokenizer(out_dir: str | Path, model: str = DEFAULT_MODEL) -> list[str
     for name in names:
         shutil.copyfile(src / name, Path(out_dir) / name)
     return names
+
+
+_CHAT_SPECIALS = {"<|endoftext|>": ENDOFTEXT_ID, "<|im_end|>": IM_END_ID}
+
+
+def check_renderer_tokenizer(path: str | Path) -> None:
+    """Refuse a checkpoint whose ``tokenizer.json`` gives the chat's special tokens other ids than the
+    tokenizer t1ops renders trajectories with (rl.chat: the Qwen3.5 tokenizer): its weights would be
+    trained on ids that mean other tokens. A directory without ``tokenizer.json`` (a compact t1ops export)
+    carries its ids in ``t1ops.json`` instead and passes."""
+    import json
+
+    from rl.chat import IM_START_ID
+    from rl.errors import CheckpointError
+
+    tok = Path(path) / "tokenizer.json"
+    if not tok.is_file():
+        return
+    try:
+        added = {t["content"]: int(t["id"]) for t in json.loads(tok.read_text()).get("added_tokens") or []}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        raise CheckpointError(f"cannot read {tok}: {exc!r}", path=str(tok)) from exc
+    for content, expected in {**_CHAT_SPECIALS, "<|im_start|>": IM_START_ID}.items():
+        if added.get(content) != expected:
+            raise CheckpointError(
+                f"{tok}: {content} is id {added.get(content)}, but t1ops renders chats with the Qwen3.5 tokenizer "
+                f"({content} = {expected}); a checkpoint with another tokenizer cannot train on these trajectories "
+                "(docs/model.md)", path=str(tok), token=content)

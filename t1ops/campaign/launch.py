@@ -19,6 +19,7 @@ from rl.agent.sandbox import require_isolation
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.hf.checkpoint import export_vocab as checkpoint_vocab
+from rl.hf.tokenizer import check_renderer_tokenizer
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.barrier import engine_barrier
@@ -158,6 +159,8 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     renderer = ChatRenderer.default()
     if c.resume_from is None:
         # a checkpoint written with a compact vocabulary (a t1ops export) brings its own ids (docs/model.md)
+        if cfg.model.path:
+            check_renderer_tokenizer(cfg.model.path)
         vocab = checkpoint_vocab(cfg.model.path) if cfg.model.path else None
         if vocab is None:
             vocab = build_vocab(tasks, renderer, cfg.model.vocab_size, multiple=cfg.trainer.parallel.tp) \

@@ -82,3 +82,17 @@ def test_a_compact_export_starts_a_run_bit_identically(ckpt, tmp_path):
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
     with pytest.raises(Exception, match="another compact vocabulary"):
         pretrained_states(str(tmp_path / "warm"), CompactVocab(range(0, 200, 2), 320), with_critic=False)
+
+
+def test_a_checkpoint_with_another_tokenizer_is_refused(tmp_path):
+    """A Qwen3 tokenizer (<|im_end|> = 151645) beside the weights: trajectories rendered with the Qwen3.5
+    tokenizer would train its rows on ids that mean other tokens."""
+    from rl.errors import CheckpointError
+    from rl.hf.tokenizer import check_renderer_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [
+        {"id": 151643, "content": "<|endoftext|>"}, {"id": 151644, "content": "<|im_start|>"},
+        {"id": 151645, "content": "<|im_end|>"}]}))
+    with pytest.raises(CheckpointError, match=r"<\|endoftext\|> is id 151643, but t1ops renders chats"):
+        check_renderer_tokenizer(tmp_path)
+    check_renderer_tokenizer(tmp_path / "absent")  # no tokenizer.json: a compact export, its ids in t1ops.json
