@@ -48,8 +48,8 @@ from rl.agent.sandbox import PINNED_PYTEST_INI, VERIFIER_LIMITS, ExecResult, Lim
 from rl.agent.secrets import redact, redact_obj
 from rl.agent.tamper import TamperEvent, scan_trial_dir, scan_tree
 from rl.agent.tasks import hash_tree
-from rl.agent.verdict import (SOURCE_NO_VERDICT, InconsistentVerdict, ctrf_problem, decide,
-                              foreign_reward_files, no_verdict)
+from rl.agent.verdict import (SOURCE_NO_VERDICT, InconsistentVerdict, counted_report, decide,
+                              foreign_reward_files, no_verdict, report_expected)
 from rl.agent.verifier_env import git_env, import_dirs, task_env_for_verifier
 from rl.errors import ParseError, TaskError, TrialDirError, VerifierTimeoutError
 from rl.rewards import RewardResult, ctrf_reward
@@ -322,7 +322,7 @@ def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out:
         return None, "tamper"
     except ParseError as e:
         problem = str(e) if (vdir / "ctrf.json").exists() else "no CTRF report"
-    bad = ctrf_problem(doc, trial.task.tests_snapshot) if doc is not None else None
+    doc, bad = counted_report(doc, trial.task.tests_snapshot) if doc is not None else (None, None)
     if bad is not None:
         events.append(TamperEvent(trial.trial_id, "ctrf-inconsistent", str(vdir / "ctrf.json"),
                                   f"not the pinned runner's own finished report on the task's tests: {bad}"))
@@ -335,7 +335,7 @@ def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out:
         return None, "tamper"
     try:
         reward = decide(doc, problem, vdir, since_s=t0_ms / 1000, scale=scale,
-                        reward_range=trial.task.reward_range)
+                        reward_range=trial.task.reward_range, expected=report_expected(trial.task.tests_snapshot))
     except InconsistentVerdict as e:
         events.append(TamperEvent(trial.trial_id, e.kind, str(vdir), str(e)))
         return None, "tamper"
