@@ -50,7 +50,7 @@ from rl.agent.tamper import TamperEvent, scan_trial_dir, scan_tree
 from rl.agent.tasks import hash_tree
 from rl.agent.verdict import (SOURCE_NO_VERDICT, InconsistentVerdict, counted_report, decide,
                               foreign_reward_files, no_verdict, report_expected)
-from rl.agent.verifier_env import git_env, import_dirs, task_env_for_verifier
+from rl.agent.verifier_env import git_env, import_dirs, task_env_for_verifier, verifier_search_path
 from rl.errors import ParseError, TaskError, TrialDirError, VerifierTimeoutError
 from rl.rewards import RewardResult, ctrf_reward
 
@@ -149,14 +149,17 @@ def _pinned_ini(trial: Trial) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
-    # local: the host venv's pytest; container: the image's own PATH (its pytest), same pins
+    """The verifier's whole environment, written here (issue #51; nothing else of the image's
+    ``ENV`` reaches it on either backend): local: the host venv's pytest; container: the
+    image's own PATH (its pytest), in both less every directory the agent could write."""
     path = getattr(trial, "verifier_path", None)
     path = path() if path is not None else f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
     # the image's ENV and [environment.env] first, as in Harbor's container, less what loads
-    # code (rl/agent/verifier_env.py); then [verifier.env], the task author's declared intent
-    return {"PYTHONSAFEPATH": "1", **task_env_for_verifier(trial.env), **git_env(),
+    # code or names the agent's paths (rl/agent/verifier_env.py); then [verifier.env], the
+    # task author's declared intent, as declared
+    return {"PYTHONSAFEPATH": "1", **task_env_for_verifier(trial.env, trial.workdir), **git_env(),
             **trial.task.verifier_env,
-            "PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp",
+            "PATH": verifier_search_path(path, trial.workdir), "HOME": "/tmp", "TMPDIR": "/tmp",
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
             # only the CTRF plugin: no entry-point plugin an agent (or a stray package) provides
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "ctrf.main",

@@ -80,3 +80,71 @@ def test_class2_no_report_or_an_empty_one_is_no_verdict(backend, tmp_path, case)
     assert (v.reward.value, v.reward.source, v.reason) == (0.0, "no-verdict", "no-verdict"), v
     assert v.reward.ctrf_fallback == ("fallback:missing" if case == "exit-before-report" else "fallback:empty")
     trial.close()
+
+
+# --- the verifier's environment: only what the task declares (issue #51, class 3) ------------
+
+IMAGE_ENV = ("FROM python:3.11-slim\nWORKDIR /app\nCOPY in.txt /app/in.txt\n"
+             "ENV BASH_ENV=/app/.rc PATH=/app/.venv/bin:/usr/local/bin:/usr/bin:/bin VIRTUAL_ENV=/app/.venv\n")
+
+
+def test_class3_the_images_env_never_runs_the_agents_files(backend, tmp_path):
+    """The issue's: the image's BASH_ENV and a PATH entry in /app/.venv/bin ran the agent's files
+    in the container's verifier. Own: VIRTUAL_ENV naming /app/.venv reached it too."""
+    mark = _marker()
+    src = _task(tmp_path, 'echo "venv=$VIRTUAL_ENV" > /logs/verifier/env.txt\ngit --version >/dev/null 2>&1\n'
+                'head -c0 in.txt 2>/dev/null\n' + RUN_PYTEST,
+                files={"environment/Dockerfile": IMAGE_ENV})
+    trial = backend().create(load_task(src), 0)
+    plant = (f"sort in.txt > out.txt; echo 'touch /logs/verifier/{mark}-bashenv' > .rc; mkdir -p .venv/bin; "
+             f"for t in git head; do printf '#!/bin/sh\\ntouch /logs/verifier/{mark}-$t\\n' "
+             "> .venv/bin/$t; chmod +x .venv/bin/$t; done")
+    assert trial.exec(plant).reason == "ok"
+    v = verify(trial)
+    vdir = trial.dir / "verifier"
+    assert not [p.name for p in vdir.iterdir() if p.name.startswith(mark)]
+    assert (vdir / "env.txt").read_text().strip() == "venv="
+    assert (v.reason, v.reward.passed) == ("ok", 4), v
+    trial.close()
+
+
+def test_class3_verifier_env_applies_as_declared_and_startup_packages_are_refused(backend, tmp_path):
+    """The issue's: [verifier.env] PYTHONPATH was overwritten on the container backend, and a
+    sitecustomize *package* ran where the file name was blocked. Own: a usercustomize module
+    in compiled form beside it."""
+    mark = _marker()
+    src = _task(tmp_path, 'echo "pp=$PYTHONPATH" > /logs/verifier/env.txt\n' + RUN_PYTEST,
+                toml_extra='\n[verifier.env]\nPYTHONPATH = "/app/lib"\n')
+    trial = backend().create(load_task(src), 0)
+    assert trial.exec("sort in.txt > out.txt; mkdir -p lib/sitecustomize && "
+                      f"echo \"open('/logs/verifier/{mark}', 'w')\" > lib/sitecustomize/__init__.py").reason == "ok"
+    v = verify(trial)
+    assert not (trial.dir / "verifier" / mark).exists()
+    assert (v.reason, v.reward.source) == ("tamper", "tamper:shadow-module"), v
+    trial.close()
+    clean = backend(run_id="run-clean").create(load_task(src), 0)   # the declared dir itself is fine
+    assert clean.exec("sort in.txt > out.txt; mkdir -p lib && echo 'X = 1' > lib/helper.py").reason == "ok"
+    v = verify(clean)
+    assert v.reason == "ok", v
+    assert "/app/lib" in (clean.dir / "verifier" / "env.txt").read_text().strip().split("=", 1)[1].split(":")
+    clean.close()
+
+
+def test_class3_a_git_config_reached_through_commondir_is_judged(backend, tmp_path):
+    """The issue's: a repository config reached through .git/commondir was never scanned and
+    its clean filter ran in the verifier's `git status`. Own: the same through a worktree's
+    commondir in a nested directory."""
+    mark = _marker()
+    test_sh = 'cd "$T1_WORKSPACE"\ngit status >/dev/null 2>&1; (cd sub && git status >/dev/null 2>&1)\n' + RUN_PYTEST
+    trial = backend().create(load_task(_task(tmp_path, test_sh)), 0)
+    common = (f"printf '[core]\\n\\trepositoryformatversion = 0\\n[filter \"x\"]\\n\\tclean = touch /logs/verifier/{mark}\\n'"
+              " > data/common/config")
+    cmd = ("sort in.txt > out.txt; mkdir -p data/common/objects data/common/refs .git sub/.git && " + common +
+           " && echo 'ref: refs/heads/main' | tee .git/HEAD sub/.git/HEAD >/dev/null"
+           " && echo /app/data/common > .git/commondir && echo ../../data/common > sub/.git/commondir"
+           " && echo '* filter=x' > .gitattributes")
+    assert trial.exec(cmd).reason == "ok"
+    v = verify(trial)
+    assert not (trial.dir / "verifier" / mark).exists()
+    assert (v.reason, v.reward.source) == ("tamper", "tamper:tool-config"), v
+    trial.close()

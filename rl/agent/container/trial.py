@@ -185,10 +185,13 @@ class ContainerTrial(Trial):
                  (self.fs / "vtmp", "/dev/shm", "rw"), (tests, "/tests", "ro"),
                  (self.fs / "logs_agent", "/logs/agent", "ro"), (run_dir, RUN_DIR, "ro")]
         name = f"{self.container}-verifier"
-        env = {**env, "PYTHONPATH": f"{RUN_DIR}/py"}
+        # the CTRF plugin first, then the task's [verifier.env] PYTHONPATH as declared (issue #51)
+        env = {**env, "PYTHONPATH": ":".join(filter(None, (f"{RUN_DIR}/py", env.get("PYTHONPATH"))))}
         args = run_args(self.trial_id, self.run_id, limits, "none", binds, self.workdir)
+        # --unsetenv-all: the image's ENV (BASH_ENV, a PATH into /app/.venv ...) never applies;
+        # the verifier's environment is exactly the one rl/agent/verifier.py wrote
         cmd = [runtime.cli(), "run", "--rm", "--name", name, "--user",
-               f"{self.verifier_uid}:{self.verifier_uid}", *args,
+               f"{self.verifier_uid}:{self.verifier_uid}", "--unsetenv-all", *args,
                *[a for k in env for a in ("-e", k)], "--entrypoint", argv[0], self.image.tag, *argv[1:]]
         try:
             return run_captured(cmd, env=env, limits=limits, timeout_s=timeout_s,
