@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from rl.agent.container.images import default_dockerfile
 from rl.agent.tasks import load_task
 from rl.agent.verifier import verify
 from tests.rl.test_sandbox_attack_classes import _marker, _task, backend  # noqa: F401  (fixture)
@@ -84,7 +85,8 @@ def test_class2_no_report_or_an_empty_one_is_no_verdict(backend, tmp_path, case)
 
 # --- the verifier's environment: only what the task declares (issue #51, class 3) ------------
 
-IMAGE_ENV = ("FROM python:3.11-slim\nWORKDIR /app\nCOPY in.txt /app/in.txt\n"
+# the default image (a Python base with the host's pytest) and the task's own ENV on top
+IMAGE_ENV = (default_dockerfile() + "COPY in.txt /app/in.txt\n"
              "ENV BASH_ENV=/app/.rc PATH=/app/.venv/bin:/usr/local/bin:/usr/bin:/bin VIRTUAL_ENV=/app/.venv\n")
 
 
