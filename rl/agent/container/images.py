@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rl.agent import dockerfile
+from rl.agent.build_rules import build_refusals
 from rl.agent.container import runtime
 from rl.agent.container.diagnose import build_reason, one_line
 from rl.agent.tasks import Task
@@ -187,6 +188,10 @@ def build(task: Task, *, build_args: dict[str, str] | None = None,
 def _build_now(task: Task, key: str, tag: str, build_args: dict[str, str], timeout_s: float,
                network: str, log_path: Path) -> Image:
     text = (task.environment_dir / "Dockerfile").read_text(errors="replace")
+    refused = build_refusals(text)   # checked at load too; again here, on the bytes the builder reads
+    if refused:
+        raise ImageBuildError(f"{task.name}: the build may not reach outside the image: {'; '.join(refused)[:600]}",
+                              line=refused[0], task=task.name)
     froms = from_report(text)
     missing = [f for f in froms if not f.present]
     t0 = time.monotonic()
