@@ -83,3 +83,82 @@ def test_the_build_refuses_it_when_the_load_check_is_bypassed_and_the_host_is_un
     finally:
         secret.unlink(missing_ok=True)
         pwned.unlink(missing_ok=True)
+
+
+PROBE = """import socket, struct, sys
+def gateway():   # this container's own default gateway (a host address on a bridge)
+    for line in open('/proc/net/route').read().splitlines()[1:]:
+        f = line.split()
+        if f[1] == '00000000':
+            return socket.inet_ntoa(struct.pack('<L', int(f[2], 16)))
+for a in sys.argv[1:]:
+    host, port = a.rsplit(':', 1)
+    host = gateway() if host == 'GW' else host
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        print('REACHED', host, a)
+    except OSError as e:
+        print('BLOCKED', host, a, type(e).__name__)
+"""
+
+
+def _host_addresses() -> list[str]:
+    import subprocess
+
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    return [f.split()[3].split("/")[0] for f in out.splitlines() if " lo " not in f]
+
+
+def _internet_reachable() -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("where", ["build", "allow_internet-trial"])
+def test_builds_and_networked_trials_reach_no_address_of_the_host(tmp_path, where):
+    """The issue's: builds and allow_internet trials used podman's default bridge, whose gateway
+    and node addresses reach every host service on 0.0.0.0. Own: the trial network's gateway
+    and every address of every host interface, for a build step and for a trial alike."""
+    import socket
+
+    from rl.agent.container import images
+    from rl.agent.container.egress import SUPERNET
+    from tests.rl.container_support import require_container_runtime
+    from tests.rl.test_sandbox_attack_classes import BACKENDS
+
+    require_container_runtime()
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))
+    server.listen(8)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    gateways = [str(next(SUPERNET.subnets(new_prefix=24))[1]), "10.88.0.1"]
+    targets = [f"{a}:{port}" for a in [*_host_addresses(), *gateways, "GW"]]
+    targets += ["pypi.org:443"] if _internet_reachable() else []
+    try:
+        if where == "build":
+            src = _task(tmp_path, files={"environment/probe.py": PROBE, "environment/Dockerfile":
+                                         images.default_dockerfile() + "COPY probe.py /probe.py\n"
+                                         f"RUN python3 /probe.py {' '.join(targets)} # {uuid.uuid4().hex}\n"})
+            out = images.build(load_task(src)).log.read_text()
+        else:
+            src = _task(tmp_path, toml_extra="")
+            (src / "task.toml").write_text((src / "task.toml").read_text().replace(
+                "memory_mb = 512", "memory_mb = 512\nallow_internet = true"))
+            trial = BACKENDS["container"](tmp_path / "sbx", "run-egress", allow_internet=True).create(load_task(src), 0)
+            (trial.workspace / "probe.py").write_text(PROBE)
+            out = trial.exec(f"python3 probe.py {' '.join(targets)}").stdout
+            trial.close()
+        print(out)
+        assert not [ln for ln in out.splitlines() if ln.startswith("REACHED") and f":{port}" in ln], out
+        if targets[-1].startswith("pypi"):   # the internet itself stays reachable
+            assert "REACHED pypi.org pypi.org:443" in out, out
+        with pytest.raises(socket.timeout):
+            server.accept()
+    finally:
+        server.close()
