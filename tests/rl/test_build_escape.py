@@ -17,6 +17,7 @@ import pytest
 
 from rl.agent.build_rules import build_refusals
 from rl.agent.tasks import load_task
+from rl.agent.verifier import verify
 from rl.errors import TaskError
 from t1ops.task_import import do_check, do_import
 from tests.rl.test_sandbox_attack_classes import _one_line, _task
@@ -162,3 +163,46 @@ def test_builds_and_networked_trials_reach_no_address_of_the_host(tmp_path, wher
             server.accept()
     finally:
         server.close()
+
+
+# --- class 4: no resource outside the declared limits ------------------------------------------
+
+def _volumes() -> set[str]:
+    import subprocess
+
+    return set(subprocess.run(["podman", "volume", "ls", "-q"], capture_output=True, text=True).stdout.split())
+
+
+def test_an_image_volume_is_bounded_by_the_trial_and_leaves_nothing(tmp_path):
+    """The issue's: an image VOLUME became an anonymous podman volume per trial on the host disk,
+    outside storage_mb (192 MiB from a 32 MiB trial), never removed. Own: the populate and the
+    verifier containers made one each as well; a leftover one is found and removed by
+    `doctor --reap`."""
+    from rl.agent.container import images, runtime
+    from tests.rl.container_support import require_container_runtime
+    from tests.rl.test_sandbox_attack_classes import BACKENDS
+
+    require_container_runtime()
+    before = _volumes()
+    src = _task(tmp_path, 'ls /data > /logs/verifier/seen.txt\n', files={"environment/Dockerfile": (
+        images.default_dockerfile() + "COPY in.txt /app/in.txt\nRUN mkdir -p /data && echo seeded > /data/f\n"
+        "RUN chmod 1777 /data\nVOLUME /data\n")})
+    (src / "task.toml").write_text((src / "task.toml").read_text().replace(
+        "memory_mb = 512", "memory_mb = 128\nstorage_mb = 32"))
+    trial = BACKENDS["container"](tmp_path / "sbx", "run-volume").create(load_task(src), 0)
+    r = trial.exec("cat /data/f; dd if=/dev/zero of=/data/big bs=1M count=192 2>/dev/null; echo rc=$?; "
+                   "stat -c size=%s /data/big")
+    size = int(r.stdout.rsplit("size=", 1)[1]) if "size=" in r.stdout else 0
+    assert r.stdout.startswith("seeded") and size < 128 * 2**20 and "rc=0" not in r.stdout, r   # held by memory_mb
+    verify(trial)
+    tag = trial.image.tag
+    trial.close()
+    assert _volumes() == before   # nothing on the host's disk outside the trial
+    # a leftover (a container removed without -v, as t1ops did before) is reaped
+    name = f"t1ops-vol-{uuid.uuid4().hex[:8]}"
+    runtime.podman("create", "--name", name, tag, "true")
+    runtime.podman("rm", name)
+    left = _volumes() - before
+    assert left and {x.name for x in runtime.leftovers() if x.kind == "volume"} >= left
+    gone = runtime.reap(only_dead=True)   # what `t1ops doctor --reap` calls
+    assert {x.name for x in gone} >= left and _volumes() - before == set()

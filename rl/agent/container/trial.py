@@ -49,7 +49,9 @@ def run_args(trial_id: str, run_id: str, limits: Limits, network: str, binds: li
              workdir: str) -> list[str]:
     """``podman run`` options shared by the agent's and the verifier's containers."""
     mem, cpus = host_capped(limits)
-    args = [*runtime.labels(run_id, trial_id), "--network", network, "--read-only",
+    # an image VOLUME is a tmpfs of this container (issue #51): charged to its memory limit,
+    # gone with it; never an anonymous volume on the host's disk outside storage_mb
+    args = [*runtime.labels(run_id, trial_id), "--network", network, "--read-only", "--image-volume", "tmpfs",
             "--cap-drop=ALL", "--security-opt", "no-new-privileges", "--memory", f"{mem}m",
             "--memory-swap", f"{mem}m", "--pids-limit", str(limits.num_procs),
             "--ulimit", f"nofile={limits.num_open_files}:{limits.num_open_files}",
@@ -231,7 +233,7 @@ class ContainerTrial(Trial):
 def populate_from_image(image: Image, workdir: str, workspace: Path, run_id: str) -> None:
     """Copy the image's ``workdir`` (what the Dockerfile put there) into the trial workspace."""
     name = f"t1ops-populate-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-    runtime.podman("create", "--name", name, *runtime.labels(run_id), "--entrypoint", "true",
+    runtime.podman("create", "--name", name, *runtime.labels(run_id), "--image-volume", "ignore", "--entrypoint", "true",
                    image.tag, timeout=120)
     try:
         res = runtime.podman("cp", f"{name}:{workdir}/.", str(workspace), timeout=300, check=False)
@@ -242,7 +244,7 @@ def populate_from_image(image: Image, workdir: str, workspace: Path, run_id: str
 
 
 def has_file(image: Image, path: str, run_id: str) -> bool:
-    res = runtime.podman("run", "--rm", *runtime.labels(run_id), "--network", "none",
+    res = runtime.podman("run", "--rm", *runtime.labels(run_id), "--network", "none", "--image-volume", "ignore",
                          "--entrypoint", "/bin/sh", image.tag, "-c", f"test -x {path}",
                          timeout=60, check=False)
     return res.returncode == 0
