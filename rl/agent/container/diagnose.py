@@ -11,6 +11,8 @@ shows it, or "".
 """
 from __future__ import annotations
 
+from rl.agent.bounded import printable
+
 # what a resolver, socket or package manager says when there is no route to a host it needs
 UNREACHABLE = ("Could not resolve host", "Temporary failure in name resolution",
                "Temporary failure resolving", "Name or service not known", "Network is unreachable",
@@ -25,7 +27,9 @@ MAX_LINE = 200
 
 
 def _lines(*texts: str | None) -> list[str]:
-    return [s.strip() for t in texts if t for s in t.splitlines() if s.strip()]
+    """The non-blank lines of what a trial printed, control characters escaped (issue #51):
+    every line this module returns reaches the operator's terminal."""
+    return [printable(s.strip()) for t in texts if t for s in t.splitlines() if s.strip()]
 
 
 def unreachable(*texts: str | None) -> str:
