@@ -157,7 +157,8 @@ def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
     # the image's ENV and [environment.env] first, as in Harbor's container, less what loads
     # code or names the agent's paths (rl/agent/verifier_env.py); then [verifier.env], the
     # task author's declared intent, as declared
-    return {"PYTHONSAFEPATH": "1", **task_env_for_verifier(trial.env, trial.workdir), **git_env(),
+    image_and_task = {**getattr(trial, "image_env", {}), **trial.env}   # the built image's whole ENV (container)
+    return {"PYTHONSAFEPATH": "1", **task_env_for_verifier(image_and_task, trial.workdir), **git_env(),
             **trial.task.verifier_env,
             "PATH": verifier_search_path(path, trial.workdir), "HOME": "/tmp", "TMPDIR": "/tmp",
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",

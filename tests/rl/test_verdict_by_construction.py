@@ -5,6 +5,8 @@ test asserts the rule's outcome: reward 0 with its tag, or the effect absent. Ea
 issue's instance and at least one built here."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rl.agent.container.images import default_dockerfile
@@ -13,6 +15,8 @@ from rl.agent.verifier import verify
 from tests.rl.test_sandbox_attack_classes import _marker, _task, backend  # noqa: F401  (fixture)
 
 PARAM_TESTS = '''import sys
+from pathlib import Path
+
 from pathlib import Path
 
 import pytest
@@ -150,3 +154,31 @@ def test_class3_a_git_config_reached_through_commondir_is_judged(backend, tmp_pa
     assert not (trial.dir / "verifier" / mark).exists()
     assert (v.reason, v.reward.source) == ("tamper", "tamper:tool-config"), v
     trial.close()
+
+
+# --- Harbor's template verifier runs as its author wrote it (issue #51) -----------------------
+
+def test_harbors_template_verifier_rewards_a_correct_solution_and_only_it(tmp_path):
+    """Harbor's `tasks init` test.sh (apt-get curl, uv, `uvx ... pytest --ctrf`) verifies with
+    --allow-internet: root of a fresh container of the task's image on an egress-only network.
+    Fully rewarded for the oracle, 0 for a wrong solution; refused to run without the network."""
+    import shutil
+    import socket
+
+    from t1ops.task_runs import run_paths
+    from tests.rl.container_support import require_container_runtime
+
+    require_container_runtime()
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+    except OSError as e:
+        pytest.skip(f"the package registry is unreachable from this host ({e})")
+    src = tmp_path / "pool" / "harbor-template"
+    shutil.copytree(Path(__file__).parents[1] / "fixtures" / "harbor" / "container" / "harbor-template", src)
+    [ok] = run_paths([src], oracle=True, allow_internet=True, trials_root=tmp_path / "t1", backend="container")
+    assert (ok["solved"], ok["source"], ok["passed"], ok["total"]) == (True, "ctrf", 1, 1), ok
+    (src / "solution" / "solve.sh").write_text("#!/bin/bash\nprintf 'c\\nb\\na\\n' > /app/sorted.txt\n")
+    [wrong] = run_paths([src], oracle=True, allow_internet=True, trials_root=tmp_path / "t2", backend="container")
+    assert (wrong["reward"], wrong["solved"], wrong["passed"]) == (0.0, False, 0), wrong
+    [offline] = run_paths([src], oracle=True, trials_root=tmp_path / "t3", backend="container")
+    assert offline["reward"] is None and "needs network" in offline["reason"], offline

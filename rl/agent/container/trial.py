@@ -45,13 +45,20 @@ def host_capped(limits: Limits) -> tuple[int, float | None]:
     return min(limits.memory_mb, host_mb), cpus
 
 
+# what root of a verifier's runtime needs to install packages (apt drops to _apt, pip chowns):
+# nothing that reaches past the container (no SYS_ADMIN, NET_ADMIN, SYS_PTRACE, MKNOD ...)
+ROOT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL")
+
+
 def run_args(trial_id: str, run_id: str, limits: Limits, network: str, binds: list[tuple[Path, str, str]],
-             workdir: str) -> list[str]:
-    """``podman run`` options shared by the agent's and the verifier's containers."""
+             workdir: str, *, as_root_runtime: bool = False) -> list[str]:
+    """``podman run`` options shared by the agent's and the verifier's containers;
+    ``as_root_runtime``: a writable root and :data:`ROOT_CAPS` (a networked task's verifier)."""
     mem, cpus = host_capped(limits)
     # an image VOLUME is a tmpfs of this container (issue #51): charged to its memory limit,
     # gone with it; never an anonymous volume on the host's disk outside storage_mb
-    args = [*runtime.labels(run_id, trial_id), "--network", network, "--read-only", "--image-volume", "tmpfs",
+    root = [a for c in ROOT_CAPS for a in ("--cap-add", c)] if as_root_runtime else ["--read-only"]
+    args = [*runtime.labels(run_id, trial_id), "--network", network, *root, "--image-volume", "tmpfs",
             "--cap-drop=ALL", "--security-opt", "no-new-privileges", "--memory", f"{mem}m",
             "--memory-swap", f"{mem}m", "--pids-limit", str(limits.num_procs),
             "--ulimit", f"nofile={limits.num_open_files}:{limits.num_open_files}",
@@ -189,11 +196,16 @@ class ContainerTrial(Trial):
         name = f"{self.container}-verifier"
         # the CTRF plugin first, then the task's [verifier.env] PYTHONPATH as declared (issue #51)
         env = {**env, "PYTHONPATH": ":".join(filter(None, (f"{RUN_DIR}/py", env.get("PYTHONPATH"))))}
-        args = run_args(self.trial_id, self.run_id, limits, "none", binds, self.workdir)
+        # a task that declares the network (and a run that allows it) gets Harbor's verifier: root of
+        # a fresh, writable container of its image on the trial's egress network (no host address),
+        # discarded with the verdict; any other verifier is unprivileged, offline, on a read-only root
+        networked = bool(self.net_name)
+        args = run_args(self.trial_id, self.run_id, limits, self._network() if networked else "none", binds,
+                        self.workdir, as_root_runtime=networked)
+        user = "0:0" if networked else f"{self.verifier_uid}:{self.verifier_uid}"
         # --unsetenv-all: the image's ENV (BASH_ENV, a PATH into /app/.venv ...) never applies;
         # the verifier's environment is exactly the one rl/agent/verifier.py wrote
-        cmd = [runtime.cli(), "run", "--rm", "--name", name, "--user",
-               f"{self.verifier_uid}:{self.verifier_uid}", "--unsetenv-all", *args,
+        cmd = [runtime.cli(), "run", "--rm", "--name", name, "--user", user, "--unsetenv-all", *args,
                *[a for k in env for a in ("-e", k)], "--entrypoint", argv[0], self.image.tag, *argv[1:]]
         try:
             return run_captured(cmd, env=env, limits=limits, timeout_s=timeout_s,
