@@ -54,8 +54,9 @@ def verifier_reasons(stdout: str | None, stderr: str | None) -> list[str]:
     if line := unreachable(stdout, stderr):
         out.append(f"needs a host it cannot reach ({line})")
     if line := installs_at_run_time(stdout, stderr):
-        out.append(f"test.sh installs packages at verification time ({line}): the verifier runs "
-                   "unprivileged, offline, on a read-only root here; install them in "
+        out.append(f"test.sh installs packages at verification time ({line}): a verifier without the "
+                   "network runs unprivileged, offline, on a read-only root; declare allow_internet "
+                   "and run with --allow-internet (docs/containers.md), or install them in "
                    "environment/Dockerfile")
     elif line := writes_read_only(stdout, stderr):
         out.append(f"test.sh writes outside /logs/verifier and the workdir ({line})")
