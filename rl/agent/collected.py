@@ -6,7 +6,8 @@ nothing the tested code does at verification time can add a test:
 
 - a test is a function named like pytest collects it (``python_functions``, default ``test``)
   at module level, or a method of a collected class (``python_classes``, default ``Test``;
-  nested classes and methods inherited from a class of the same file included), in a ``.py``
+  nested classes, ``unittest.TestCase`` subclasses whatever their name, and methods inherited
+  from a class of the same file included), in a ``.py``
   file of ``tests/`` other than ``conftest.py``; its node id is ``file.py::[Class::]name``;
 - its number of parameter sets is the product of its ``parametrize`` marks (on the function,
   its classes and the module's ``pytestmark``) and of the ``params`` of the fixtures it uses
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ast
 import configparser
 import fnmatch
+import posixpath
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Mapping
@@ -199,7 +201,7 @@ def _collect_body(prefix: str, body: list[ast.stmt], marks: list[ast.AST], names
             fixtures = scope.factor([a for a in _arg_names(node) if a not in bound and a != "self"])
             n = None if hooked or factor is None or fixtures is None else factor * fixtures
             out[f"{prefix}::{node.name}"] = None if n is not None and n > MAX_PARAM_SETS else n
-        elif isinstance(node, ast.ClassDef) and _matches(node.name, classes):
+        elif isinstance(node, ast.ClassDef) and (_matches(node.name, classes) or _is_testcase(node)):
             members = list(node.body)
             for base in node.bases:   # inherited tests of a class of the same file
                 if isinstance(base, ast.Name) and base.id in module_classes and base.id != node.name:
@@ -209,10 +211,20 @@ def _collect_body(prefix: str, body: list[ast.stmt], marks: list[ast.AST], names
                           hooked, funcs, classes, out, module_classes)
 
 
+def _is_testcase(node: ast.ClassDef) -> bool:
+    """A ``unittest.TestCase`` subclass: pytest collects it whatever its name."""
+    return any((isinstance(b, ast.Name) and b.id.endswith("TestCase")) or
+               (isinstance(b, ast.Attribute) and b.attr.endswith("TestCase")) for b in node.bases)
+
+
 def bound_of(collected: Collected, node_id: str) -> tuple[str, int | None] | None:
     """(the collected function a reported node id names, its count), or None if it names none.
     ``node_id`` is relative to ``/tests`` (a leading ``/tests/`` or ``tests/`` is dropped)."""
-    base = node_id.split("[", 1)[0].removeprefix("/tests/").removeprefix("tests/")
+    file, sep, rest = node_id.split("[", 1)[0].partition("::")
+    file = posixpath.normpath(file)
+    while file.startswith("../"):   # a rootdir beside /tests (the task's own --rootdir)
+        file = file[3:]
+    base = file.removeprefix("/tests/").removeprefix("tests/") + sep + rest
     if base not in collected.functions:
         return None
     return base, collected.functions[base]

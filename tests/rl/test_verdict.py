@@ -172,6 +172,14 @@ def flavour(base): return base
     assert counted_report(one_failed, {"test_x.py": src})[0]["results"]["summary"]["passed"] == 0
 
 
+def test_unittest_cases_and_ids_from_another_rootdir_are_collected():
+    src = b"import unittest\n\nclass Checks(unittest.TestCase):\n    def test_one(self): pass\n    def helper(self): pass\n"
+    assert collect({"sub/test_u.py": src}).functions == {"sub/test_u.py::Checks::test_one": 1}
+    for name in ("sub/test_u.py::Checks::test_one", "../tests/sub/test_u.py::Checks::test_one",
+                 "/tests/sub/test_u.py::Checks::test_one"):
+        assert ctrf_problem(report((name, "passed")), {"sub/test_u.py": src}) is None, name
+
+
 def test_a_generate_tests_hook_makes_its_files_uncounted():
     src = b"def pytest_generate_tests(metafunc): pass\n\ndef test_a(x): pass\n"
     assert collect({"test_h.py": src}).functions == {"test_h.py::test_a": None}
