@@ -182,3 +182,14 @@ def test_harbors_template_verifier_rewards_a_correct_solution_and_only_it(tmp_pa
     assert (wrong["reward"], wrong["solved"], wrong["passed"]) == (0.0, False, 0), wrong
     [offline] = run_paths([src], oracle=True, trials_root=tmp_path / "t3", backend="container")
     assert offline["reward"] is None and "needs network" in offline["reason"], offline
+
+
+def test_tasks_check_notes_a_parametrization_the_verdict_counts_as_one_test(tmp_path):
+    from t1ops.task_import import do_check
+
+    src = _task(tmp_path, files={"tests/test_outputs.py": "import pytest\n\n@pytest.mark.parametrize('x', load())\n"
+                                                          "def test_dyn(x): pass\n\ndef test_plain(): pass\n"})
+    [row] = do_check(src).ok
+    assert [n for n in row["notes"] if "cannot be counted statically" in n] == [
+        "test_outputs.py::test_dyn: its parameter sets cannot be counted statically; the verdict counts it as one "
+        "test (docs/sandbox.md, issue #51)"]
