@@ -45,6 +45,7 @@ import numpy as np
 
 from rl.errors import ParseError
 from rl.tito import RELATIONS, Trajectory
+from t1ops.audit_npz import check_members
 from t1ops.audit_shares import add as add_counts
 from t1ops.audit_shares import counts as class_counts
 from t1ops.audit_shares import shares
@@ -85,6 +86,7 @@ def _load_members(path: Path) -> dict[str, np.ndarray]:
         raise ParseError(f"{path}: a single .npy array, not an npz trajectory dump; see t1ops/audit.py for "
                          "the format", path=str(path))
     with z:
+        check_members(path, z.zip)   # shapes against the file's size, before any allocation (#51)
         missing = [k for k in ARRAY_KEYS + ("meta",) if k not in z.files]
         if missing:
             raise ParseError(f"{path}: dump file lacks {missing}; see t1ops/audit.py for the format",

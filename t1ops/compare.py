@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rl.agent.bounded import check_nesting, printable, read_regular, short
 from t1ops.errors import InputError
 from t1ops.overrides import dotted
 
@@ -92,14 +93,56 @@ def _train_families(summary: dict) -> set[str] | None:
     return {family_of(n) for n in names}
 
 
-def learning_of(run_dir: Path) -> list[Learning]:
-    """The groups of one run (module doc); InputError when it has fewer than two evaluations."""
+MAX_SUMMARY_BYTES = 64 * 2**20   # a summary.json of a long campaign is a few MiB
+# what interpreting a summary.json of the wrong shape raises: a refusal naming the file (issue #51)
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError,
+              RecursionError)
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a reward")
+
+
+def load_summary(run_dir: Path) -> dict:
+    """A run's summary.json: outside data, so bounded in size and nesting, with no NaN or
+    Infinity, and a JSON object; InputError naming the file otherwise."""
     path = Path(run_dir) / "summary.json"
     if not path.is_file():
         raise InputError(f"{run_dir} has no summary.json: pass run directories written by `t1ops run`",
                          path=str(run_dir))
-    summary = json.loads(path.read_text())
+    try:
+        data, _ = read_regular(path, MAX_SUMMARY_BYTES)
+        text = data.decode("utf-8")
+        deep = check_nesting(text)
+        if deep:
+            raise ValueError(deep)
+        doc = json.loads(text, parse_constant=_refuse_constant)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise InputError(f"{path}: not a summary.json `t1ops run` writes ({short(e, 160)})", path=str(path)) from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: not a summary.json `t1ops run` writes (a JSON {type(doc).__name__}, "
+                         "not an object)", path=str(path))
+    return doc
+
+
+def learning_of(run_dir: Path) -> list[Learning]:
+    """The groups of one run (module doc); InputError when it has fewer than two evaluations, or
+    when its summary.json is not one `t1ops run` writes (naming the file and what is wrong)."""
+    summary = load_summary(run_dir)
+    try:
+        return _learning(run_dir, summary)
+    except InputError:
+        raise
+    except _MALFORMED as e:
+        path = Path(run_dir) / "summary.json"
+        raise InputError(f"{path}: not a summary.json `t1ops run` writes ({type(e).__name__}: {short(e, 120)})",
+                         path=str(path)) from None
+
+
+def _learning(run_dir: Path, summary: dict) -> list[Learning]:
     evals = summary.get("eval", [])
+    if not isinstance(evals, list) or not all(isinstance(e, dict) for e in evals):
+        raise TypeError("'eval' is not a list of objects")
     if len(evals) < 2:
         raise InputError(f"{run_dir}: {len(evals)} held-out evaluation(s); comparing needs the first and the "
                          "last (set eval.every_steps > 0)", path=str(run_dir))
@@ -141,7 +184,9 @@ def group_runs(run_dirs: list[Path]) -> list[tuple[str, list[Path]]]:
     """(label, runs) per distinct config, in first-seen order; a label names how it differs from the first."""
     keyed: dict[str, list[Path]] = {}
     for d in run_dirs:
-        cfg = json.loads((Path(d) / "summary.json").read_text()).get("config", {})
+        cfg = load_summary(d).get("config", {})
+        if not isinstance(cfg, dict):
+            raise InputError(f"{Path(d) / 'summary.json'}: 'config' is not an object", path=str(d))
         keyed.setdefault(config_key(cfg), []).append(Path(d))
     keys = list(keyed)
     first = dotted(json.loads(keys[0]))
@@ -202,7 +247,7 @@ def compare(run_dirs: list[Path], out: Path | None) -> tuple[list[str], list[tup
     if not run_dirs:
         raise InputError("name at least one run directory", argument="RUN_DIR")
     configs = [(label, [r for d in dirs for r in learning_of(d)]) for label, dirs in group_runs(run_dirs)]
-    lines = [line for label, rows in configs for line in format_rows(label, rows)]
+    lines = [printable(line) for label, rows in configs for line in format_rows(label, rows)]   # task names: data
     lines.append("noise = 2 x standard error of the difference of the two means (per-trial rewards)")
     if out is not None:
         lines.append(f"wrote {plot(configs, out)}")

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
+from rl.agent.bounded import check_nesting, short
 from rl.agent.settings import AgentLimits
 from rl.trainer.settings import Layout, TrainerSettings
 from t1ops.config_engine_checks import EngineChecks
@@ -372,13 +373,17 @@ def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig,
     :func:`t1ops.overrides.parse_assignments`), so they are validated exactly like the file."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
+        deep = check_nesting(text)   # tomllib recurses per level: a deep file is a RecursionError (#51)
+        if deep:
+            raise ConfigError(f"config file {path} {deep}; a campaign config nests a few levels", path=str(path))
+        data = tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist", path=str(path)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {err}", path=str(path)) from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"config file {path} is not valid TOML: {err}", path=str(path)) from None
+    except (tomllib.TOMLDecodeError, RecursionError) as err:
+        raise ConfigError(f"config file {path} is not valid TOML: {short(err, 300)}", path=str(path)) from None
     if overrides:
         from t1ops.overrides import apply_overrides
 

@@ -11,11 +11,15 @@ from __future__ import annotations
 import tomllib
 from typing import Any
 
+from rl.agent.bounded import check_nesting, short
 from t1ops.errors import ConfigError
 
 
 def parse_value(raw: str) -> Any:
     """A TOML value, or the text itself when it is not one."""
+    deep = check_nesting(raw)
+    if deep:   # tomllib recurses per level (issue #51)
+        raise ConfigError(f"--set value {short(raw, 60)!r} {deep}", key="--set")
     try:
         return tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:

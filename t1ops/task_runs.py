@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+from rl.agent.bounded import printable
 from rl.agent.container import diagnose
 from rl.agent.environment import LOCAL, Environment
 from rl.agent.tasks import Task, inspect_task
@@ -28,8 +29,10 @@ ORACLE_SCRIPT = "/solution/solve.sh"
 
 
 def _row(task: str, **kw) -> dict:
-    return {"task": task, "reward": None, "source": "not-run", "passed": None, "total": None,
-            "solved": False, "duration_s": 0.0, "reason": "", **kw}
+    """One result row; its text is printable (a reason may quote what a trial printed: #51)."""
+    row = {"task": task, "reward": None, "source": "not-run", "passed": None, "total": None,
+           "solved": False, "duration_s": 0.0, "reason": "", **kw}
+    return {k: printable(v) if isinstance(v, str) else v for k, v in row.items()}
 
 
 def oracle_command(task: Task) -> str:

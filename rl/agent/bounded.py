@@ -7,11 +7,13 @@ link is never followed, and the type checked is the type read), and at most ``ma
 are read. Parsers get bounded text: :func:`check_nesting` refuses deep JSON/TOML nesting
 before a recursive parser sees it (an integer literal past Python's digit limit is a
 ``ValueError`` every caller catches, and every number is range-checked after parsing),
-:func:`short` keeps every refusal message one bounded line.
+:func:`short` keeps every refusal message one bounded, printable line (:func:`printable`
+escapes control characters: issue #51).
 """
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 MAX_NESTING = 64          # a task.toml or a CTRF report is a handful of levels deep
@@ -52,9 +54,24 @@ def read_regular(path: str | os.PathLike, max_bytes: int, *,
         os.close(fd)
 
 
+# C0 and C1 controls, DEL, and the Unicode controls that reorder or hide text on a terminal
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def printable(text: object) -> str:
+    """``text`` with every control character escaped (``\\n``, ``\\x1b``, ``\\u202e``): what a
+    trial printed can never move the operator's cursor, colour, retitle or rewrite a terminal
+    line (issue #51). Tabs become ``\\t`` too: one line stays one line."""
+    def esc(m: re.Match) -> str:
+        c = m.group()
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (
+            f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+    return _CONTROL.sub(esc, str(text))
+
+
 def short(text: object, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """``text`` as one line of at most ``limit`` characters (the rest counted, not printed)."""
-    s = str(text).replace("\n", "\\n").replace("\r", "\\r")
+    """``text`` as one printable line of at most ``limit`` characters (the rest counted, not printed)."""
+    s = printable(text)
     return s if len(s) <= limit else f"{s[:limit]}...[{len(s) - limit} more chars]"
 
 

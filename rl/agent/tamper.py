@@ -16,8 +16,9 @@ Issue #28: a module is judged in every form the import system accepts (``x.py``,
 directories on the verifier's import path on purpose (``rl/agent/verifier_env.py``) every
 name of the standard library or the venv is protected. A git repository config in the
 trial may hold only inert keys (:data:`GIT_SAFE_KEYS`); an executing key (a filter,
-textconv, external diff, hook path, include, alias ...) or a ``.git`` that is not a
-directory is the ``tool-config`` event. Files are read with ``O_NOFOLLOW | O_NONBLOCK``
+textconv, external diff, hook path, include, alias ...), a ``.git`` that is not a
+directory, or a repository whose ``commondir``/``gitdir`` points git at a config elsewhere
+(issue #51) is the ``tool-config`` event. Files are read with ``O_NOFOLLOW | O_NONBLOCK``
 and must be regular (``rl/agent/bounded.py``).
 """
 from __future__ import annotations
@@ -153,7 +154,11 @@ def _git_config(tid: str, name: str, path: str, st: os.stat_result, top: str) ->
     if name == ".git" and not stat.S_ISDIR(st.st_mode):
         return TamperEvent(tid, "tool-config", path, ".git is not a directory: git would follow it "
                            "to a repository elsewhere")
-    if name not in ("config", "config.worktree") or not os.path.lexists(os.path.join(top, "HEAD")):
+    is_repo = os.path.lexists(os.path.join(top, "HEAD"))
+    if is_repo and name in ("commondir", "gitdir"):   # issue #51: git reads the config it points to
+        return TamperEvent(tid, "tool-config", path, f"a repository's {name} file points git at a config "
+                           "elsewhere; a repository in the trial must hold its own")
+    if name not in ("config", "config.worktree") or not is_repo:
         return None
     try:
         data, _ = read_regular(path, 256 * 1024)

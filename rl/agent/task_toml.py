@@ -31,7 +31,9 @@ from rl.errors import TaskError
 
 MAX_TIMEOUT_S = 86_400.0
 # what each known key must be; "size" = int MiB or a "4G"/"512M" string (Harbor's deprecated form)
-_NUM, _INT, _STR, _BOOL, _ENV, _STRS = "number", "int", "string", "bool", "env table", "list of strings"
+_NUM, _INT, _STR, _BOOL, _STRS = "number", "int", "string", "bool", "list of strings"
+_ENV = "table of NAME = \"value\" (NAME: letters, digits, _; not starting with a digit)"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _RANGE = "[low, high] pair of numbers"
 MAX_TOML_BYTES = 256 * 1024
 MAX_TURNS = 100_000
@@ -102,9 +104,9 @@ def _type_ok(kind: str, v: Any) -> bool:
         return isinstance(v, str)
     if kind == _BOOL:
         return isinstance(v, bool)
-    if kind == _ENV:
-        return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
-                                           for k, x in v.items())
+    if kind == _ENV:   # a name a process environment can hold (no '=', issue #51), a value without NUL
+        return isinstance(v, dict) and all(isinstance(k, str) and ENV_NAME.fullmatch(k) is not None
+                                           and isinstance(x, str) and "\0" not in x for k, x in v.items())
     if kind == _RANGE:
         return (isinstance(v, list) and len(v) == 2 and all(_type_ok(_NUM, x) for x in v)
                 and v[0] < v[1])

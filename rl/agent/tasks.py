@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.agent.bounded import read_regular, short
+from rl.agent.build_rules import build_refusals
 from rl.agent.dockerfile import image_settings
 from rl.agent.task_toml import (parse_size_mb, parse_task_toml, read_task_toml,  # noqa: F401
                                resolve_env, template_vars, workdir_problem)
@@ -246,12 +247,15 @@ def inspect_task(path: str | Path) -> TaskCheck:
     ignored = report.ignored if report else ()
     if not problems and report is not None and (root / "environment" / "Dockerfile").is_file():
         try:
-            wd, _ = image_settings(_text(root / "environment" / "Dockerfile"))
+            text = _text(root / "environment" / "Dockerfile")
+            wd, _ = image_settings(text)
         except OSError as e:
             problems.append(f"{root}: environment/Dockerfile: {short(e, 200)}")
         else:
             if wd and workdir_problem(wd):
                 problems.append(f"{root}/environment/Dockerfile: WORKDIR {workdir_problem(wd)}")
+            problems += [f"{root}/environment/Dockerfile: {r}; a build may not reach outside the image "
+                         "(docs/sandbox.md \"Builds\")" for r in build_refusals(text)]
     if problems or report is None or snapshot is None:
         return TaskCheck(root, None, tuple(problems), ignored, tuple(keys))
     return TaskCheck(root, _build(root, report.data, snapshot, ignored), (), ignored)

@@ -14,9 +14,12 @@ Bounds (issue #28; docs/sandbox.md "Verdict"): the evidence must agree or it is
 ``tampered`` (reward 0), never a larger reward:
 
 - the CTRF report must be the pinned runner's own, finished run: its summary counts equal
-  the counts of its ``results.tests`` list, and every test it names (``file::[Class::]test[param]``)
-  is a test function defined in a file of the task's own tests/ (:func:`ctrf_problem`); so
-  ``passed`` can never exceed what the task's tests can give;
+  the counts of its ``results.tests`` list, and it counts only node ids collected from the
+  task's own tests/ (``file::[Class::]test[param]``, rl/agent/collected.py), each once, no
+  function with more instances than its parametrization gives (:func:`counted_report`,
+  issue #51); so ``passed`` never exceeds the collected count;
+- a report of zero tests, or no report where the task's verifier asked for one (``--ctrf``),
+  is no verdict: reward 0, tagged, whatever a reward file says;
 - a reward file must hold a value inside the task's declared ``[verifier] reward_range``
   (default ``[0, 1]``), and next to a CTRF report it may not claim more than the report's
   passed share of that range (a positive reward file beside a zero-pass report is
@@ -31,12 +34,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rl.agent.bounded import BoundedReadError, read_regular
+from rl.agent.collected import bound_of, collect
 from rl.rewards import RewardResult, ctrf_reward
 
 SOURCE_CTRF = "ctrf"
@@ -123,11 +126,13 @@ def read_harbor_reward(vdir: Path, *, since_s: float | None = None) -> HarborRew
 
 def decide(ctrf_doc: dict[str, Any] | None, ctrf_problem: str | None, vdir: Path, *,
            since_s: float | None, scale: float,
-           reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE) -> RewardResult:
-    """The reward from what the verifier wrote (see module doc). ``ctrf_doc`` is the accepted
-    CTRF report (None if there was none or it was unusable: ``ctrf_problem`` says why).
-    Evidence that contradicts itself raises :class:`InconsistentVerdict` (the verifier
-    records it as a tamper event: reward 0)."""
+           reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE, expected: bool = False) -> RewardResult:
+    """The reward from what the verifier wrote (see module doc). ``ctrf_doc`` is the accepted,
+    counted CTRF report (:func:`counted_report`; None if there was none or it was unusable:
+    ``ctrf_problem`` says why); ``expected``: the task's verifier asks for one
+    (:func:`report_expected`). A report of zero tests, or none where one was expected, is no
+    verdict whatever a reward file says. Evidence that contradicts itself raises
+    :class:`InconsistentVerdict` (the verifier records it as a tamper event: reward 0)."""
     counted = ctrf_reward(ctrf_doc, solved=None, scale=scale) if ctrf_doc is not None else None
     # the report tags parse failures by source: why CTRF was not the reward, kept whatever decides it
     tag = "fallback:missing" if ctrf_doc is None and ctrf_problem in (None, "no CTRF report") else \
@@ -135,6 +140,11 @@ def decide(ctrf_doc: dict[str, Any] | None, ctrf_problem: str | None, vdir: Path
     if counted is not None and counted.source != SOURCE_CTRF:
         tag = counted.source
         ctrf_problem, counted = f"CTRF unusable ({counted.source}: {counted.detail})", None
+    if (ctrf_doc is not None and counted is None) or (ctrf_doc is None and expected):
+        why = ctrf_problem or "no CTRF report"
+        return RewardResult(0.0, SOURCE_NO_VERDICT, None, None,
+                            f"no verdict ({why}; the task's verifier asks for a CTRF report of its tests, so a "
+                            "reward file cannot stand in for it)", ctrf_fallback=tag)
     try:
         harbor = read_harbor_reward(vdir, since_s=since_s)
         harbor_problem = None
@@ -162,42 +172,60 @@ def decide(ctrf_doc: dict[str, Any] | None, ctrf_problem: str | None, vdir: Path
                         f"no verdict ({detail}); an exit code alone is never a reward", ctrf_fallback=tag)
 
 
-_TEST_DEF = re.compile(rb"^[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*\(", re.M)
+def counted_report(doc: dict[str, Any], tests_snapshot: dict[str, bytes]) -> tuple[dict[str, Any] | None, str | None]:
+    """(the report as the verdict counts it, None) or (None, why it is not the pinned runner's
+    own finished report on the task's tests).
 
-
-def ctrf_problem(doc: dict[str, Any], tests_snapshot: dict[str, bytes]) -> str | None:
-    """Why ``doc`` is not the pinned runner's own finished report on the task's tests, or
-    None: counts must match the tests list, names must be unique, and each test
-    (``file.py::[Class::]name[param]``, relative to /tests) must be a function defined in
-    that file of the task's tests/ snapshot."""
+    The summary must agree with the report's test list, and every test it lists must be a
+    node id collected from the task's own files (rl/agent/collected.py), each at most once and
+    no function with more instances than its parametrization gives. The counted report lists
+    one entry per collected node id; a function t1ops cannot count statically is one entry,
+    passed only if every instance listed passed. So ``passed`` <= the collected count."""
     results = doc["results"]
     summary, tests = results["summary"], results.get("tests", [])
     if summary.get("stop") is None:
-        return "the CTRF report has no summary.stop: the run did not finish"
+        return None, "the CTRF report has no summary.stop: the run did not finish"
     counts = {"tests": len(tests), "passed": sum(t["status"] == "passed" for t in tests),
               "failed": sum(t["status"] == "failed" for t in tests)}
     for key, n in counts.items():
         if summary[key] != n:
-            return f"summary.{key} = {summary[key]} but results.tests holds {n}"
-    defined: dict[str, set[bytes]] = {}
+            return None, f"summary.{key} = {summary[key]} but results.tests holds {n}"
+    collected = collect(tests_snapshot)
+    by_function: dict[str, list[str]] = {}
     names: set[str] = set()
     for t in tests:
         name = t.get("name")
         if not isinstance(name, str) or len(name) > 1024:
-            return f"a test name is not a string of at most 1024 characters ({name!r:.60})"
+            return None, f"a test name is not a string of at most 1024 characters ({name!r:.60})"
         if name in names:
-            return f"test {name!r:.120} is reported twice"
+            return None, f"test {name!r:.120} is reported twice"
         names.add(name)
-        file, _, rest = name.partition("::")
-        func = rest.rsplit("::", 1)[-1].split("[", 1)[0]
-        file = file.removeprefix("/tests/").removeprefix("tests/")
-        if file not in tests_snapshot:
-            return f"test {name!r:.120} is in no file of the task's tests/"
-        if file not in defined:
-            defined[file] = set(_TEST_DEF.findall(tests_snapshot[file]))
-        if not func or func.encode() not in defined[file]:
-            return f"test {name!r:.120} names no function defined in tests/{file}"
-    return None
+        found = bound_of(collected, name)
+        if found is None:
+            return None, f"test {name!r:.120} is no test collected from the task's tests/"
+        base, n = found
+        if n == 1 and "[" in name:
+            return None, f"test {name!r:.120} carries parameters, but {base} is not parametrized"
+        by_function.setdefault(base, []).append(t["status"])
+    entries = []
+    for base, statuses in by_function.items():
+        n = collected.functions[base]
+        if n is not None and len(statuses) > n:
+            return None, (f"the report lists {len(statuses)} instances of {base!r:.120}, its "
+                          f"parametrization gives {n}")
+        if n is None:   # uncounted: one test, passed only if all its instances passed
+            statuses = ["passed" if all(s == "passed" for s in statuses) else "failed"]
+        entries += [{"name": base, "status": s} for s in statuses]
+    counted = {"tests": len(entries), "passed": sum(e["status"] == "passed" for e in entries),
+               "failed": sum(e["status"] == "failed" for e in entries),
+               "start": summary.get("start"), "stop": summary.get("stop")}
+    return {"results": {"summary": counted, "tests": entries}}, None
+
+
+def report_expected(tests_snapshot: dict[str, bytes]) -> bool:
+    """Whether the task's verifier asks for a CTRF report (a file of its tests/ says ``--ctrf``):
+    then no report, or an unusable one, is no verdict whatever a reward file says."""
+    return any(b"--ctrf" in data for data in tests_snapshot.values())
 
 
 REWARD_FILES = ("reward.json", "reward.txt")

@@ -48,9 +48,9 @@ from rl.agent.sandbox import PINNED_PYTEST_INI, VERIFIER_LIMITS, ExecResult, Lim
 from rl.agent.secrets import redact, redact_obj
 from rl.agent.tamper import TamperEvent, scan_trial_dir, scan_tree
 from rl.agent.tasks import hash_tree
-from rl.agent.verdict import (SOURCE_NO_VERDICT, InconsistentVerdict, ctrf_problem, decide,
-                              foreign_reward_files, no_verdict)
-from rl.agent.verifier_env import git_env, import_dirs, task_env_for_verifier
+from rl.agent.verdict import (SOURCE_NO_VERDICT, InconsistentVerdict, counted_report, decide,
+                              foreign_reward_files, no_verdict, report_expected)
+from rl.agent.verifier_env import git_env, import_dirs, task_env_for_verifier, verifier_search_path
 from rl.errors import ParseError, TaskError, TrialDirError, VerifierTimeoutError
 from rl.rewards import RewardResult, ctrf_reward
 
@@ -149,14 +149,18 @@ def _pinned_ini(trial: Trial) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def _verifier_env(trial: Trial, tag: str, ini: str) -> dict[str, str]:
-    # local: the host venv's pytest; container: the image's own PATH (its pytest), same pins
+    """The verifier's whole environment, written here (issue #51; nothing else of the image's
+    ``ENV`` reaches it on either backend): local: the host venv's pytest; container: the
+    image's own PATH (its pytest), in both less every directory the agent could write."""
     path = getattr(trial, "verifier_path", None)
     path = path() if path is not None else f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
     # the image's ENV and [environment.env] first, as in Harbor's container, less what loads
-    # code (rl/agent/verifier_env.py); then [verifier.env], the task author's declared intent
-    return {"PYTHONSAFEPATH": "1", **task_env_for_verifier(trial.env), **git_env(),
+    # code or names the agent's paths (rl/agent/verifier_env.py); then [verifier.env], the
+    # task author's declared intent, as declared
+    image_and_task = {**getattr(trial, "image_env", {}), **trial.env}   # the built image's whole ENV (container)
+    return {"PYTHONSAFEPATH": "1", **task_env_for_verifier(image_and_task, trial.workdir), **git_env(),
             **trial.task.verifier_env,
-            "PATH": path, "HOME": "/tmp", "TMPDIR": "/tmp",
+            "PATH": verifier_search_path(path, trial.workdir), "HOME": "/tmp", "TMPDIR": "/tmp",
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
             # only the CTRF plugin: no entry-point plugin an agent (or a stray package) provides
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "ctrf.main",
@@ -322,7 +326,7 @@ def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out:
         return None, "tamper"
     except ParseError as e:
         problem = str(e) if (vdir / "ctrf.json").exists() else "no CTRF report"
-    bad = ctrf_problem(doc, trial.task.tests_snapshot) if doc is not None else None
+    doc, bad = counted_report(doc, trial.task.tests_snapshot) if doc is not None else (None, None)
     if bad is not None:
         events.append(TamperEvent(trial.trial_id, "ctrf-inconsistent", str(vdir / "ctrf.json"),
                                   f"not the pinned runner's own finished report on the task's tests: {bad}"))
@@ -335,7 +339,7 @@ def _reward(trial: Trial, vdir: Path, tag: str, t0_ms: float, t1_ms: float, out:
         return None, "tamper"
     try:
         reward = decide(doc, problem, vdir, since_s=t0_ms / 1000, scale=scale,
-                        reward_range=trial.task.reward_range)
+                        reward_range=trial.task.reward_range, expected=report_expected(trial.task.tests_snapshot))
     except InconsistentVerdict as e:
         events.append(TamperEvent(trial.trial_id, e.kind, str(vdir), str(e)))
         return None, "tamper"

@@ -35,7 +35,7 @@ CODE_LOADING = re.compile(
     r"^(LD_\w*|PYTHON\w*|BASH_ENV|ENV|BASH_FUNC_.*|SHELLOPTS|BASHOPTS|PS4|PROMPT_COMMAND|IFS|CDPATH|"
     r"GIT_\w*|PERL5\w*|PERLLIB|RUBY\w*|GEM_\w*|NODE_\w*|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS|CLASSPATH|"
     r"GCONV_PATH|LOCPATH|NLSPATH|HOSTALIASES|MALLOC_\w*|GLIBC_TUNABLES|PAGER|EDITOR|VISUAL|"
-    r"LESSOPEN|LESSCLOSE|MANPAGER|PYTEST_\w*|COV_CORE_\w*|SSL_CERT_\w*|TERMINFO\w*)$")
+    r"LESSOPEN|LESSCLOSE|MANPAGER|PYTEST_\w*|COV_CORE_\w*|TERMINFO\w*)$")
 
 GIT_OVERRIDES = (
     ("core.hooksPath", "/dev/null"), ("core.fsmonitor", "false"), ("core.pager", "cat"),
@@ -55,16 +55,49 @@ def git_env() -> dict[str, str]:
     return env
 
 
-def task_env_for_verifier(image_and_task_env: Mapping[str, str]) -> dict[str, str]:
-    """The image's ENV and ``[environment.env]`` without the variables that load code."""
-    return {k: v for k, v in image_and_task_env.items() if not CODE_LOADING.match(k)}
+# the trial's directories the agent can write besides its workdir (docs/sandbox.md "What a trial sees")
+AGENT_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/logs/agent")
+_PATH_TOKEN = re.compile(r"[\s:;,=\"']+")
+
+
+def agent_writable(path: str, workdir: str) -> bool:
+    """Whether ``path`` lies in a directory the agent could write (its workdir, /tmp, ...);
+    a relative path is the cwd (the workdir) to whoever reads it."""
+    if not path.startswith("/"):
+        return True
+    p = os.path.normpath(path)
+    return any(p == r or p.startswith(r.rstrip("/") + "/") for r in (workdir, *AGENT_WRITABLE))
+
+
+def names_agent_path(value: str, workdir: str) -> bool:
+    """Whether any absolute path in ``value`` (a PATH-like list, ``--opt=/x``, ``a /x``) lies
+    where the agent could write."""
+    return any(t.startswith("/") and agent_writable(t, workdir) for t in _PATH_TOKEN.split(value))
+
+
+def verifier_search_path(path: str, workdir: str) -> str:
+    """``path`` less every entry the agent could write (or that is relative): the verifier's
+    programs come only from directories of the image or the host that no trial writes."""
+    return ":".join(d for d in path.split(":") if d and not agent_writable(d, workdir))
+
+
+def task_env_for_verifier(image_and_task_env: Mapping[str, str], workdir: str) -> dict[str, str]:
+    """The image's ENV and ``[environment.env]`` without the variables that load code and
+    without any that names a path the agent could write (issue #51: the image's
+    ``VIRTUAL_ENV=/app/.venv`` is the agent's world, not the verifier's)."""
+    return {k: v for k, v in image_and_task_env.items()
+            if not CODE_LOADING.match(k) and not names_agent_path(v, workdir)}
+
+
+# modules the interpreter imports by itself at start-up, from anywhere on sys.path, in any form
+STARTUP_MODULES = ("sitecustomize", "usercustomize")
 
 
 @functools.lru_cache(maxsize=1)
 def protected_modules() -> frozenset[str]:
     """Top-level names the verifier's interpreter resolves from the standard library or its
     venv: a workspace entry on the import path with one of these names is a forgery."""
-    names = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+    names = set(sys.stdlib_module_names) | set(sys.builtin_module_names) | set(STARTUP_MODULES)
     for key in ("purelib", "platlib"):
         try:
             entries = os.listdir(sysconfig.get_paths()[key])

@@ -45,6 +45,11 @@ _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @functools.lru_cache(maxsize=4)
+def _special_re(specials: frozenset[str]) -> re.Pattern:
+    return re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+
+
+@functools.lru_cache(maxsize=4)
 def load_tokenizer(model: str = DEFAULT_MODEL):
     """Load (once per process) the offline Qwen tokenizer for ``model``.
 
@@ -175,7 +180,38 @@ class ChatRenderer:
 
     def render_prompt(self, messages: Sequence[dict]) -> list[int]:
         """Ids of ``messages`` plus the generation prompt ``<|im_start|>assistant\\n``."""
-        return self.encode(render_text(messages, add_generation_prompt=True))
+        return self._encode_turns("", messages)
+
+    def _encode_turns(self, prefix: str, messages: Sequence[dict]) -> list[int]:
+        """``prefix`` + the render of ``messages`` (with the generation prompt), tokenized so that
+        a ``user`` or ``tool`` message's content is text (issue #51): a special token's surface
+        form in it (``<|im_end|><|im_start|>assistant``) is encoded as ordinary tokens, so the
+        only control tokens are the template's and the model's own. Without such a string this
+        is exactly ``encode(prefix + render)``: tiktoken splits at the same special tokens."""
+        core = self.tokenizer._tokenizer
+        specials = _special_re(frozenset(core.special_tokens_set))
+        data = [m.get("content") if isinstance(m, dict) and m.get("role") in ("user", "tool")
+                and isinstance(m.get("content"), str) and specials.search(m["content"]) else None
+                for m in messages]
+        if not any(data):
+            return self.encode(prefix + render_text(messages, add_generation_prompt=True))
+        marked = [{**m, "content": f"\ue000{i}\ue001"} if d else m for i, (m, d) in enumerate(zip(messages, data))]
+        rendered, text, spans, last = prefix + render_text(marked, add_generation_prompt=True), "", [], 0
+        for mk in re.finditer("\ue000(\\d+)\ue001", rendered):
+            text += rendered[last:mk.start()]
+            content = data[int(mk.group(1))]
+            spans.append((len(text), len(text) + len(content)))
+            text += content
+            last = mk.end()
+        text += rendered[last:]
+        ids, cur = [], 0
+        for sp in specials.finditer(text):
+            if any(sp.start() < b and sp.end() > a for a, b in spans):
+                continue   # the content's own: text, encoded with the ordinary text around it
+            ids += self.tokenizer.encode(text[cur:sp.start()], allowed_special=set())
+            ids.append(core.encode_single_token(sp.group()))
+            cur = sp.end()
+        return ids + self.tokenizer.encode(text[cur:], allowed_special=set())
 
     def observation_delta(self, tool_messages: Sequence[dict]) -> list[int]:
         """Ids of ``<|im_end|>\\n`` + the tool turn + the next generation prompt.
@@ -191,8 +227,7 @@ class ChatRenderer:
             if m["role"] == "assistant":
                 raise InputError(f"tool_messages[{i}] is an assistant turn; pass only the "
                                  "environment's messages (tool/user)", index=i)
-        full = self.encode(self._base_text + "<|im_end|>\n"
-                           + render_text(list(tool_messages), add_generation_prompt=True))
+        full = self._encode_turns(self._base_text + "<|im_end|>\n", list(tool_messages))
         n = len(self._base_ids)
         if full[:n] != self._base_ids:  # would mean the base re-tokenises at the cut
             raise TitoError("fixed-base render is not a token prefix of base + tool messages; "

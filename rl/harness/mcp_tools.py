@@ -31,6 +31,7 @@ from typing import Any, Callable
 from rl.errors import InputError
 
 CALL_TIMEOUT_S = 60.0
+MAX_RESULT_CHARS = 256 * 1024   # one tool message; the agent's context is the real bound
 START_TIMEOUT_S = 60.0
 
 
@@ -71,6 +72,8 @@ def result_text(result: Any) -> str:
         text = getattr(block, "text", None)
         parts.append(text if isinstance(text, str) else f"[{getattr(block, 'type', 'unknown')} content]")
     text = "\n".join(parts)
+    if len(text) > MAX_RESULT_CHARS:   # a tool's reply is outside data: bounded (issue #51)
+        text = f"{text[:MAX_RESULT_CHARS]}\n[tool output cut: {len(text) - MAX_RESULT_CHARS} more characters]"
     return f"[tool error] {text}" if getattr(result, "is_error", False) else text
 
 

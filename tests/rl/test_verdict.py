@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from rl.agent.verdict import InconsistentVerdict, NoReward, ctrf_problem, decide, is_solved, read_harbor_reward
+from rl.agent.collected import collect
+from rl.agent.verdict import (InconsistentVerdict, NoReward, counted_report, decide, is_solved,
+                              read_harbor_reward)
 
 CTRF_0 = {"results": {"summary": {"tests": 2, "passed": 0, "failed": 2},
                       "tests": [{"name": "a", "status": "failed"}, {"name": "b", "status": "failed"}]}}
@@ -65,20 +67,147 @@ def test_a_reward_file_outside_the_declared_range_is_inconsistent(tmp_path, text
     assert r.value == float(text)
 
 
+def ctrf_problem(doc, tests):
+    return counted_report(doc, tests)[1]
+
+
+def report(*tests, stop=2):
+    """A CTRF report listing ``tests`` ((name, status) pairs) with matching counts."""
+    listed = [{"name": n, "status": st} for n, st in tests]
+    return {"results": {"summary": {"tests": len(listed), "passed": sum(st == "passed" for _, st in tests),
+                                    "failed": sum(st == "failed" for _, st in tests), "start": 1, "stop": stop},
+                        "tests": listed}}
+
+
 def test_a_ctrf_report_must_name_the_tasks_own_tests(tmp_path):
     tests = {"test_outputs.py": b"import x\n\ndef test_a():\n    pass\n\nclass TestB:\n    def test_b(self):\n        pass\n"}
-    ok = {"results": {"summary": {"tests": 2, "passed": 1, "failed": 1, "start": 1, "stop": 2}, "tests": [
-        {"name": "test_outputs.py::test_a[1]", "status": "passed"},
-        {"name": "test_outputs.py::TestB::test_b", "status": "failed"}]}}
+    ok = report(("test_outputs.py::test_a", "passed"), ("test_outputs.py::TestB::test_b", "failed"))
     assert ctrf_problem(ok, tests) is None
-    forged = {"results": {"summary": {"tests": 1, "passed": 1, "failed": 0, "start": 1, "stop": 2},
-                          "tests": [{"name": "test_outputs.py::test_zzz", "status": "passed"}]}}
-    assert "names no function" in ctrf_problem(forged, tests)
-    twice = {"results": {"summary": {"tests": 2, "passed": 2, "failed": 0, "start": 1, "stop": 2},
-                         "tests": [{"name": "test_outputs.py::test_a", "status": "passed"}] * 2}}
+    forged = report(("test_outputs.py::test_zzz", "passed"))
+    assert "no test collected" in ctrf_problem(forged, tests)
+    twice = report(*[("test_outputs.py::test_a", "passed")] * 2)
     assert "twice" in ctrf_problem(twice, tests)
     lying = {"results": {"summary": {"tests": 5, "passed": 5, "failed": 0, "start": 1, "stop": 2},
                          "tests": [{"name": "test_outputs.py::test_a", "status": "passed"}]}}
     assert "summary.tests" in ctrf_problem(lying, tests)
     unfinished = {"results": {"summary": {"tests": 0, "passed": 0, "failed": 0, "start": 1}, "tests": []}}
     assert "did not finish" in ctrf_problem(unfinished, tests)
+
+
+# issue #51, class 2: a report counts only node ids collected from the task's own files
+
+
+PARAM_TESTS = {"test_outputs.py": b"""import pytest
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a(n):
+    assert n
+
+def test_b():
+    pass
+
+def helper_not_a_test():
+    pass
+"""}
+
+
+def test_forged_parameter_ids_of_one_parametrised_name_are_refused():
+    """The issue's instance: 400 forged ids of one parametrised name earned 20.0 on a two-test task."""
+    forged = report(*[(f"test_outputs.py::test_a[{i}]", "passed") for i in range(400)])
+    assert "parametrization gives 2" in ctrf_problem(forged, PARAM_TESTS)
+    real = report(("test_outputs.py::test_a[1]", "passed"), ("test_outputs.py::test_a[2]", "passed"),
+                  ("test_outputs.py::test_b", "passed"))
+    doc, bad = counted_report(real, PARAM_TESTS)
+    assert bad is None and doc["results"]["summary"]["passed"] == 3
+
+
+@pytest.mark.parametrize("name, why", [
+    ("test_outputs.py::test_b[x]", "not parametrized"),            # parameters on a plain test
+    ("test_outputs.py::helper_not_a_test", "no test collected"),   # a def pytest would not collect
+    ("test_outputs.py::TestA::test_a[1]", "no test collected"),    # a class that does not exist
+    ("conftest.py::test_a", "no test collected"),                  # conftest holds no tests
+    ("other.py::test_a[1]", "no test collected"),
+])
+def test_ids_that_pytest_would_not_collect_are_refused(name, why):
+    assert why in ctrf_problem(report((name, "passed")), {**PARAM_TESTS, "conftest.py": b"def test_a(): pass\n"})
+
+
+def test_parameter_sets_are_counted_through_marks_fixtures_and_names():
+    """Own instances: stacked marks multiply, a module-level list, range(), a fixture's params
+    (in conftest.py, transitively), a class mark and pytestmark all count; values computed at
+    run time make the function one test, passed only if every instance passed."""
+    src = b"""import pytest
+CASES = [(1, 2), (3, 4), (5, 6)]
+pytestmark = [pytest.mark.slow]
+
+@pytest.mark.parametrize("a", [1, 2])
+@pytest.mark.parametrize("b", range(3))
+def test_grid(a, b): pass
+
+@pytest.mark.parametrize("a,b", CASES)
+def test_named(a, b): pass
+
+def test_fixture(flavour): pass
+
+@pytest.mark.parametrize("x", [1, 2])
+class TestK:
+    def test_m(self, x): pass
+
+@pytest.mark.parametrize("x", load_cases())
+def test_dynamic(x): pass
+"""
+    conf = b"""import pytest
+@pytest.fixture(params=["a", "b"])
+def base(request): return request.param
+@pytest.fixture
+def flavour(base): return base
+"""
+    c = collect({"test_x.py": src, "conftest.py": conf}).functions
+    assert c == {"test_x.py::test_grid": 6, "test_x.py::test_named": 3, "test_x.py::test_fixture": 2,
+                 "test_x.py::TestK::test_m": 2, "test_x.py::test_dynamic": None}
+    many = report(*[(f"test_x.py::test_dynamic[{i}]", "passed") for i in range(50)])
+    doc, bad = counted_report(many, {"test_x.py": src, "conftest.py": conf})
+    assert bad is None and (doc["results"]["summary"]["tests"], doc["results"]["summary"]["passed"]) == (1, 1)
+    one_failed = report(("test_x.py::test_dynamic[0]", "passed"), ("test_x.py::test_dynamic[1]", "failed"))
+    assert counted_report(one_failed, {"test_x.py": src})[0]["results"]["summary"]["passed"] == 0
+
+
+def test_unittest_cases_and_ids_from_another_rootdir_are_collected():
+    src = b"import unittest\n\nclass Checks(unittest.TestCase):\n    def test_one(self): pass\n    def helper(self): pass\n"
+    assert collect({"sub/test_u.py": src}).functions == {"sub/test_u.py::Checks::test_one": 1}
+    for name in ("sub/test_u.py::Checks::test_one", "../tests/sub/test_u.py::Checks::test_one",
+                 "/tests/sub/test_u.py::Checks::test_one"):
+        assert ctrf_problem(report((name, "passed")), {"sub/test_u.py": src}) is None, name
+
+
+def test_a_generate_tests_hook_makes_its_files_uncounted():
+    src = b"def pytest_generate_tests(metafunc): pass\n\ndef test_a(x): pass\n"
+    assert collect({"test_h.py": src}).functions == {"test_h.py::test_a": None}
+
+
+def test_the_tasks_own_ini_names_its_test_functions():
+    tests = {"pytest.ini": b"[pytest]\npython_functions = check_*\n", "test_c.py": b"def check_one(): pass\ndef test_no(): pass\n"}
+    assert collect(tests).functions == {"test_c.py::check_one": 1}
+
+
+def test_an_empty_report_is_no_verdict_whatever_the_reward_file_says(tmp_path):
+    """The issue's instance: a finished CTRF report of zero tests skipped the reward-file ceiling."""
+    (tmp_path / "reward.txt").write_text("1\n")
+    empty, bad = counted_report(report(), PARAM_TESTS)
+    assert bad is None
+    r = decide(empty, None, tmp_path, since_s=None, scale=20, expected=True)
+    assert (r.source, r.value, r.ctrf_fallback) == ("no-verdict", 0.0, "fallback:empty")
+    r = decide(empty, None, tmp_path, since_s=None, scale=20, expected=False)   # own: even unasked
+    assert (r.source, r.value) == ("no-verdict", 0.0)
+
+
+@pytest.mark.parametrize("problem, tag", [("no CTRF report", "fallback:missing"),
+                                          ("ctrf.json: not JSON (truncated)", "fallback:unparsable")])
+def test_no_report_where_the_verifier_asked_for_one_is_no_verdict(tmp_path, problem, tag):
+    """The issue's instance: a pytest that exits 0 before writing its report let reward.txt
+    decide; own instance: a truncated report beside reward.txt = 1."""
+    (tmp_path / "reward.txt").write_text("1\n")
+    r = decide(None, problem, tmp_path, since_s=None, scale=20, expected=True)
+    assert (r.source, r.value, r.ctrf_fallback) == ("no-verdict", 0.0, tag)
+    r = decide(None, problem, tmp_path, since_s=None, scale=20, expected=False)   # a reward-file-only task
+    assert (r.source, r.value) == ("harbor-reward", 1.0)

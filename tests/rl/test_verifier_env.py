@@ -12,7 +12,8 @@ import pytest
 from rl.agent.archive import MAX_HEADER_BYTES, extract_task_bytes
 from rl.agent.bounded import BoundedReadError, check_nesting, read_regular, short
 from rl.agent.tamper import git_config_problem, scan_tree
-from rl.agent.verifier_env import import_dirs, module_name, protected_modules, task_env_for_verifier
+from rl.agent.verifier_env import (import_dirs, module_name, protected_modules, task_env_for_verifier,
+                                   verifier_search_path)
 from rl.errors import UnsafeArchiveError
 
 
@@ -61,7 +62,25 @@ def test_import_dirs_follow_the_verifier_env_and_the_tests_intent():
 def test_image_env_that_loads_code_never_reaches_the_verifier():
     env = {"PYTHONPATH": "/app", "LD_PRELOAD": "/app/x.so", "BASH_ENV": "/app/.rc", "GIT_DIR": "/app/g",
            "NODE_OPTIONS": "-r /app/x", "PERL5OPT": "-M", "GREETING_FILE": "/app/data/greeting.txt"}
-    assert task_env_for_verifier(env) == {"GREETING_FILE": "/app/data/greeting.txt"}
+    assert task_env_for_verifier({**env, "LANG": "C.UTF-8"}, "/app") == {"LANG": "C.UTF-8"}
+
+
+@pytest.mark.parametrize("name, value", [
+    ("GREETING_FILE", "/app/data/greeting.txt"),        # data, but the agent wrote it: only if declared
+    ("VIRTUAL_ENV", "/app/.venv"),                      # the issue's: the image's venv under /app
+    ("PIP_CONFIG_FILE", "/tmp/pip.conf"),               # own: a tool config in the agent's /tmp
+    ("UV_CONFIG_FILE", "/logs/agent/../agent/uv.toml"),  # own: normalised, still the agent's
+    ("OPTS", "--config=/app/x.cfg --fast"),             # own: a path inside an option
+    ("XDG_CONFIG_HOME", "/usr/share:/dev/shm/cfg"),     # own: every tool's config dir, second in a list
+])
+def test_image_env_naming_an_agent_writable_path_never_reaches_the_verifier(name, value):
+    assert task_env_for_verifier({name: value, "KEEP": "/usr/share/x"}, "/app") == {"KEEP": "/usr/share/x"}
+
+
+def test_the_verifier_search_path_holds_no_directory_the_agent_writes():
+    path = "/app/.venv/bin:/usr/local/bin:/tmp/bin::.:bin:/usr/bin:/logs/agent/x:/bin"
+    assert verifier_search_path(path, "/app") == "/usr/local/bin:/usr/bin:/bin"
+    assert verifier_search_path("/srv/ws/bin:/usr/bin", "/srv/ws") == "/usr/bin"
 
 
 @pytest.mark.parametrize("config, bad", [

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Mapping
 
 from rl.agent import dockerfile
-from rl.agent.container import images, runtime
+from rl.agent.container import egress, images, runtime
 from rl.agent.container.mcp import start_mcp_servers
 from rl.agent.container.trial import ContainerTrial, populate_from_image
 from rl.agent.environment import DEFAULT_WORKDIR, EnvironmentCheck, _compose_needs
@@ -148,8 +148,7 @@ def create_trial(*, task: Task, run_id: str, trial_idx: int, tdir: Path, budget:
                                image_env=img.env)
         if network:
             trial.net_name = f"{name}-net"
-            runtime.podman("network", "create", *runtime.labels(run_id, trial_id), trial.net_name,
-                           timeout=60)
+            egress.create_network(trial.net_name, runtime.labels(run_id, trial_id))   # no host address
         if not _has_bash(img, run_id):
             trial.shell = "/bin/sh"
         with _STARTS:

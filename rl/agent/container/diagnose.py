@@ -11,6 +11,8 @@ shows it, or "".
 """
 from __future__ import annotations
 
+from rl.agent.bounded import printable
+
 # what a resolver, socket or package manager says when there is no route to a host it needs
 UNREACHABLE = ("Could not resolve host", "Temporary failure in name resolution",
                "Temporary failure resolving", "Name or service not known", "Network is unreachable",
@@ -25,7 +27,9 @@ MAX_LINE = 200
 
 
 def _lines(*texts: str | None) -> list[str]:
-    return [s.strip() for t in texts if t for s in t.splitlines() if s.strip()]
+    """The non-blank lines of what a trial printed, control characters escaped (issue #51):
+    every line this module returns reaches the operator's terminal."""
+    return [printable(s.strip()) for t in texts if t for s in t.splitlines() if s.strip()]
 
 
 def unreachable(*texts: str | None) -> str:
@@ -50,8 +54,9 @@ def verifier_reasons(stdout: str | None, stderr: str | None) -> list[str]:
     if line := unreachable(stdout, stderr):
         out.append(f"needs a host it cannot reach ({line})")
     if line := installs_at_run_time(stdout, stderr):
-        out.append(f"test.sh installs packages at verification time ({line}): the verifier runs "
-                   "unprivileged, offline, on a read-only root here; install them in "
+        out.append(f"test.sh installs packages at verification time ({line}): a verifier without the "
+                   "network runs unprivileged, offline, on a read-only root; declare allow_internet "
+                   "and run with --allow-internet (docs/containers.md), or install them in "
                    "environment/Dockerfile")
     elif line := writes_read_only(stdout, stderr):
         out.append(f"test.sh writes outside /logs/verifier and the workdir ({line})")

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rl.agent import dockerfile
-from rl.agent.container import runtime
+from rl.agent.build_rules import build_refusals
+from rl.agent.container import egress, runtime
 from rl.agent.container.diagnose import build_reason, one_line
 from rl.agent.tasks import Task
 from rl.errors import SandboxError
@@ -187,6 +188,10 @@ def build(task: Task, *, build_args: dict[str, str] | None = None,
 def _build_now(task: Task, key: str, tag: str, build_args: dict[str, str], timeout_s: float,
                network: str, log_path: Path) -> Image:
     text = (task.environment_dir / "Dockerfile").read_text(errors="replace")
+    refused = build_refusals(text)   # checked at load too; again here, on the bytes the builder reads
+    if refused:
+        raise ImageBuildError(f"{task.name}: the build may not reach outside the image: {'; '.join(refused)[:600]}",
+                              line=refused[0], task=task.name)
     froms = from_report(text)
     missing = [f for f in froms if not f.present]
     t0 = time.monotonic()
@@ -194,7 +199,7 @@ def _build_now(task: Task, key: str, tag: str, build_args: dict[str, str], timeo
         tmp.write(_rewrite_froms(text, froms))
     argv = ["build", "--pull=missing" if missing else "--pull=never", "-f", tmp.name, "-t", tag,
             "--label", f"t1ops.key={key}", "--label", f"t1ops.task={task.name}", "--layers",
-            *([f"--network={network}"] if network != "default" else [])]
+            f"--network={egress.build_network() if network == 'default' else network}"]
     for k, v in sorted(build_args.items()):
         argv += ["--build-arg", f"{k}={v}"]
     try:
@@ -267,7 +272,7 @@ def build_default(run_id: str = "", timeout_s: float = DEFAULT_BUILD_TIMEOUT_S) 
         (Path(ctx) / "Dockerfile").write_text(text)
         t0 = time.monotonic()
         res = runtime.podman("build", "--pull=missing", "-t", tag, "--label", f"t1ops.key={key}",
-                             ctx, timeout=timeout_s, check=False)
+                             f"--network={egress.build_network()}", ctx, timeout=timeout_s, check=False)
         (logs / f"{key[:16]}.log").write_text(res.stdout + res.stderr)
         if res.returncode != 0:
             step = failing_step(res.stdout + res.stderr)

@@ -6,7 +6,9 @@ A stdio server (``command`` + ``args``) is started in the trial's container as t
 :data:`READY_TIMEOUT_S`; otherwise trial creation fails with :class:`McpNotReady` naming the
 server and what it did (exit code, stderr tail, or silence). Its tools are recorded on the
 trial (``trial.mcp_tools``). A server reached by ``url`` only (a compose sidecar) is refused by
-name: one container per trial has no sidecars.
+name: one container per trial has no sidecars. A reply is outside data (issue #51): bounded in
+size and nesting before it is parsed, quoted only through ``short``; a server that breaks a
+bound is :class:`McpNotReady`, never a crash of ``tasks run``.
 """
 from __future__ import annotations
 
@@ -16,11 +18,14 @@ import select
 import subprocess
 import time
 
+from rl.agent.bounded import check_nesting, short
 from rl.agent.container import images, runtime
 from rl.errors import SandboxError
 
 READY_TIMEOUT_S = float(os.environ.get("T1OPS_MCP_READY_TIMEOUT_S", "30"))
 PROTOCOL = "2025-03-26"
+MAX_REPLY_BYTES = 4 * 2**20   # a tools/list of a few hundred tools is tens of KiB
+MAX_TOOLS = 1024
 
 
 class McpNotReady(SandboxError):
@@ -61,7 +66,9 @@ def probe(trial, name: str, argv: list[str], env: dict[str, str], timeout_s: flo
         _send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
         _send(proc, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
         res = _await(proc, 2, deadline, trial, name)
-        return [t.get("name", "?") for t in (res.get("result") or {}).get("tools", [])]
+        tools = (res.get("result") or {}) if isinstance(res.get("result"), dict) else {}
+        listed = tools.get("tools") if isinstance(tools.get("tools"), list) else []
+        return [short(t.get("name", "?"), 128) if isinstance(t, dict) else "?" for t in listed[:MAX_TOOLS]]
     finally:
         proc.kill()
         proc.wait()
@@ -100,14 +107,22 @@ def _await(proc, want_id: int, deadline: float, trial, name: str) -> dict:
             raise McpNotReady(f"{trial.task.name}: MCP server {name!r} exited {rc} before "
                               f"answering: {err or 'no output'}", server=name)
         buf += chunk
+        if len(buf) > MAX_REPLY_BYTES:   # a reply is bounded before it is parsed (issue #51)
+            raise McpNotReady(f"{trial.task.name}: MCP server {name!r} sent over {MAX_REPLY_BYTES} bytes "
+                              "without finishing a reply", server=name)
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
+            text = line.decode("utf-8", errors="replace")
+            deep = check_nesting(text)
+            if deep:
+                raise McpNotReady(f"{trial.task.name}: MCP server {name!r} sent a reply that {deep}",
+                                  server=name)
             try:
-                msg = json.loads(line)
-            except ValueError:
+                msg = json.loads(text)
+            except (ValueError, RecursionError):
                 continue
             if isinstance(msg, dict) and msg.get("id") == want_id:
                 if "error" in msg:
                     raise McpNotReady(f"{trial.task.name}: MCP server {name!r} answered with an "
-                                      f"error: {msg['error']}", server=name)
+                                      f"error: {short(msg['error'], 300)}", server=name)
                 return msg

@@ -122,7 +122,18 @@ def leftovers() -> list[Leftover]:
             lab = n.get("labels") or n.get("Labels") or {}
             name = n.get("name") or n.get("Name") or "?"
             out.append(Leftover(kind, name, lab.get(LABEL_RUN, ""), owner_alive(lab.get(LABEL_OWNER, ""))))
-    return out
+    return out + _anonymous_volumes()
+
+
+def _anonymous_volumes() -> list[Leftover]:
+    """Anonymous volumes no container uses: what an image ``VOLUME`` leaves when its container is
+    removed without ``-v`` (podman gives them no labels; t1ops' containers never make one now)."""
+    res = podman("volume", "ls", "--filter", "dangling=true", "--format", "{{.Name}}", timeout=60, check=False)
+    names = res.stdout.split() if res.returncode == 0 else []
+    if not names:
+        return []
+    docs = json.loads(podman("volume", "inspect", *names, timeout=60, check=False).stdout or "[]") or []
+    return [Leftover("volume", d.get("Name", "?"), "", False) for d in docs if d.get("Anonymous")]
 
 
 def reap(*, only_dead: bool = True) -> list[Leftover]:
@@ -137,4 +148,4 @@ def reap(*, only_dead: bool = True) -> list[Leftover]:
 
 
 def remove_container(name: str) -> None:
-    podman("rm", "-f", "-t", "0", name, timeout=60, check=False)
+    podman("rm", "-f", "-v", "-t", "0", name, timeout=60, check=False)   # -v: its anonymous volumes too

@@ -45,11 +45,20 @@ def host_capped(limits: Limits) -> tuple[int, float | None]:
     return min(limits.memory_mb, host_mb), cpus
 
 
+# what root of a verifier's runtime needs to install packages (apt drops to _apt, pip chowns):
+# nothing that reaches past the container (no SYS_ADMIN, NET_ADMIN, SYS_PTRACE, MKNOD ...)
+ROOT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL")
+
+
 def run_args(trial_id: str, run_id: str, limits: Limits, network: str, binds: list[tuple[Path, str, str]],
-             workdir: str) -> list[str]:
-    """``podman run`` options shared by the agent's and the verifier's containers."""
+             workdir: str, *, as_root_runtime: bool = False) -> list[str]:
+    """``podman run`` options shared by the agent's and the verifier's containers;
+    ``as_root_runtime``: a writable root and :data:`ROOT_CAPS` (a networked task's verifier)."""
     mem, cpus = host_capped(limits)
-    args = [*runtime.labels(run_id, trial_id), "--network", network, "--read-only",
+    # an image VOLUME is a tmpfs of this container (issue #51): charged to its memory limit,
+    # gone with it; never an anonymous volume on the host's disk outside storage_mb
+    root = [a for c in ROOT_CAPS for a in ("--cap-add", c)] if as_root_runtime else ["--read-only"]
+    args = [*runtime.labels(run_id, trial_id), "--network", network, *root, "--image-volume", "tmpfs",
             "--cap-drop=ALL", "--security-opt", "no-new-privileges", "--memory", f"{mem}m",
             "--memory-swap", f"{mem}m", "--pids-limit", str(limits.num_procs),
             "--ulimit", f"nofile={limits.num_open_files}:{limits.num_open_files}",
@@ -185,10 +194,18 @@ class ContainerTrial(Trial):
                  (self.fs / "vtmp", "/dev/shm", "rw"), (tests, "/tests", "ro"),
                  (self.fs / "logs_agent", "/logs/agent", "ro"), (run_dir, RUN_DIR, "ro")]
         name = f"{self.container}-verifier"
-        env = {**env, "PYTHONPATH": f"{RUN_DIR}/py"}
-        args = run_args(self.trial_id, self.run_id, limits, "none", binds, self.workdir)
-        cmd = [runtime.cli(), "run", "--rm", "--name", name, "--user",
-               f"{self.verifier_uid}:{self.verifier_uid}", *args,
+        # the CTRF plugin first, then the task's [verifier.env] PYTHONPATH as declared (issue #51)
+        env = {**env, "PYTHONPATH": ":".join(filter(None, (f"{RUN_DIR}/py", env.get("PYTHONPATH"))))}
+        # a task that declares the network (and a run that allows it) gets Harbor's verifier: root of
+        # a fresh, writable container of its image on the trial's egress network (no host address),
+        # discarded with the verdict; any other verifier is unprivileged, offline, on a read-only root
+        networked = bool(self.net_name)
+        args = run_args(self.trial_id, self.run_id, limits, self._network() if networked else "none", binds,
+                        self.workdir, as_root_runtime=networked)
+        user = "0:0" if networked else f"{self.verifier_uid}:{self.verifier_uid}"
+        # --unsetenv-all: the image's ENV (BASH_ENV, a PATH into /app/.venv ...) never applies;
+        # the verifier's environment is exactly the one rl/agent/verifier.py wrote
+        cmd = [runtime.cli(), "run", "--rm", "--name", name, "--user", user, "--unsetenv-all", *args,
                *[a for k in env for a in ("-e", k)], "--entrypoint", argv[0], self.image.tag, *argv[1:]]
         try:
             return run_captured(cmd, env=env, limits=limits, timeout_s=timeout_s,
@@ -228,7 +245,7 @@ class ContainerTrial(Trial):
 def populate_from_image(image: Image, workdir: str, workspace: Path, run_id: str) -> None:
     """Copy the image's ``workdir`` (what the Dockerfile put there) into the trial workspace."""
     name = f"t1ops-populate-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-    runtime.podman("create", "--name", name, *runtime.labels(run_id), "--entrypoint", "true",
+    runtime.podman("create", "--name", name, *runtime.labels(run_id), "--image-volume", "ignore", "--entrypoint", "true",
                    image.tag, timeout=120)
     try:
         res = runtime.podman("cp", f"{name}:{workdir}/.", str(workspace), timeout=300, check=False)
@@ -239,7 +256,7 @@ def populate_from_image(image: Image, workdir: str, workspace: Path, run_id: str
 
 
 def has_file(image: Image, path: str, run_id: str) -> bool:
-    res = runtime.podman("run", "--rm", *runtime.labels(run_id), "--network", "none",
+    res = runtime.podman("run", "--rm", *runtime.labels(run_id), "--network", "none", "--image-volume", "ignore",
                          "--entrypoint", "/bin/sh", image.tag, "-c", f"test -x {path}",
                          timeout=60, check=False)
     return res.returncode == 0
