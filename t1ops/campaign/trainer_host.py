@@ -195,6 +195,7 @@ class TrainerHost(WeightSender, WeightPush):
             if self.trainer.critic is not None:
                 self.ckpt.save("critic", version, weights_state_dict(self.trainer.critic))
             save_trainer_state(self.retention.base, version, self._trainer_state(version))
+            self.retention.check_saved(version)  # every role the run needs (critic-checkpoint-skipped)
         self.published[version] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
                                    for k, v in self.trainer.actor_state().items()}
         for old in sorted(self.published)[:-2]:
