@@ -142,7 +142,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     t_train = time.monotonic()
     c.guards.train_submitted(step)
     telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
-    train_ref = c.trainer.train.remote(results, source.behaviour)
+    train_ref = c.trainer.train.remote(results, source.behaviour, step)
     source.while_training(train_ref, c.guards)  # generation goes on while step t trains
     stats = c.guards.wait_train(train_ref, step)
     train_s = time.monotonic() - t_train
