@@ -92,6 +92,8 @@ def recovery_cells(r: ScenarioResult) -> list[str]:
     rec = r.recovery
     if rec is None:
         return ["-", "-", "-", "-", "not measured"]
+    if rec.how == "not measured":  # a detection time only: the losses were not counted either
+        return [format_seconds(rec.detect_s), "-", "-", "-", rec.how]
     return [format_seconds(rec.detect_s), format_seconds(rec.recover_s), str(rec.steps_lost),
             str(rec.trials_lost), rec.how or "-"]
 

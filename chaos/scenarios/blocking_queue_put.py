@@ -5,7 +5,7 @@ bounded ``queue.Queue`` with a blocking ``put()`` from inside its asyncio event 
 fell behind and the queue filled, the put blocked the loop and every in-flight generation on it froze;
 the surplus scored groups were dropped at the end.
 
-Fault (real): generation outpaces a slow trainer (one batch taken every 0.3 s by a trainer thread)
+Fault (real): generation outpaces a slow trainer (one batch taken every 0.6 s by a trainer thread)
 while groups are settled from inside an asyncio loop that also drives 8 in-flight generations (each a
 coroutine ticking a heartbeat).
 
@@ -30,8 +30,8 @@ from pathlib import Path
 from chaos.harness import Guarded, Outcome, Timeline, register
 from chaos.scenarios.resume_drops_buffered import GROUPS, _group, new_async
 
-STEPS = 5
-TRAIN_S = 0.3        # one slow optimizer step
+STEPS = 4
+TRAIN_S = 0.6        # one slow optimizer step
 GEN_S = 0.01         # one group's generation
 TICK_S = 0.005       # the in-flight generations' heartbeat
 

@@ -5,8 +5,7 @@ failed; the engine's weight-update lock, taken before the receive, was never rel
 weight sync (and every generation behind the lock) waited forever.
 
 Fault (real): an in-process embedded engine joins a gloo weight-update group with a trainer thread
-(``rl.weights.group``, a 2 s collective timeout standing in for NCCL's); the trainer announces three
-tensors in ``/update_weights_from_distributed`` and broadcasts only the first, then leaves: the
+(``rl.weights.group``) with a trainer process; the trainer announces three tensors in ``/update_weights_from_distributed`` and broadcasts only the first, then leaves: the
 engine's receive fails on the second broadcast.
 
 - Unguarded (the receive under the engine's lock, released only on success, as miles had it): after
@@ -34,7 +33,7 @@ from rl.engines import protocol_weights as PW
 from rl.engines.ports import free_port
 from rl.weights.group import destroy_update_group, init_update_group, receive_tensors, send_tensors
 
-COLLECTIVE_TIMEOUT_S = 2.0
+JOIN_TIMEOUT_S = 120.0   # both sides of the group's rendezvous: a loaded host starts the trainer process slowly
 WATCHDOG_S = 4.0
 
 
@@ -55,7 +54,7 @@ def trainer_main(port: int, name: str, tensors_file: str, count: int) -> None:
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     group = init_update_group(backend="gloo", master_address="127.0.0.1", master_port=port, rank=0, world_size=2,
-                              group_name=name, timeout_s=COLLECTIVE_TIMEOUT_S)
+                              group_name=name, timeout_s=JOIN_TIMEOUT_S)
     send_tensors(torch.load(tensors_file)[:count], group)
     print(f"trainer: broadcast {count} tensor(s) and left", flush=True)
 
@@ -69,7 +68,7 @@ def _update(engine, receive, request, tensors: list, count: int, tmp: Path) -> t
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         group = init_update_group(backend="gloo", master_address="127.0.0.1", master_port=port, rank=1,
-                                  world_size=2, group_name=request.group_name, timeout_s=60)
+                                  world_size=2, group_name=request.group_name, timeout_s=JOIN_TIMEOUT_S)
     except Exception as e:
         proc.kill()
         raise RuntimeError(f"the trainer process never joined: {proc.communicate()[0][-2000:]}") from e
@@ -80,7 +79,7 @@ def _update(engine, receive, request, tensors: list, count: int, tmp: Path) -> t
     except Exception as e:  # the receive's failure, as the HTTP handler would answer it
         err = e
     elapsed = time.monotonic() - t0
-    out = proc.communicate(timeout=60)[0]
+    out = proc.communicate(timeout=JOIN_TIMEOUT_S)[0]
     destroy_update_group(group)
     return err, elapsed, out
 

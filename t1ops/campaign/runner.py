@@ -167,6 +167,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,
                **source.row_fields(step, batch), **step_split(results, batch.rollout_s))
     c.guards.after_step(step)
+    row.update(c.guards.check_health(row, results))  # run-health alarms (t1ops/guards/run_health.py)
     row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
     if stats.get("ranks"):  # per-rank timing of a multi-rank trainer
         row["ranks"] = stats["ranks"]
