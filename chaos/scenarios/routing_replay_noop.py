@@ -89,9 +89,6 @@ def run(tmp: Path) -> Outcome:
     lengths = [t.shape[0] for t in targets]
     registered, global_ok = _global_replay(actor, targets, ids)
     tl.fault()
-    with replay_routing(actor, targets):
-        per_model_ok = _maps_match_rows(_actor_maps(actor, ids), targets, lengths)
-    tl.healthy()
     actor.add_module("reference", ref)  # a model that carries a second model's routers
     t0 = time.monotonic()
     try:
@@ -103,6 +100,9 @@ def run(tmp: Path) -> Outcome:
     detection_s = time.monotonic() - t0
     tl.detected()
     del actor._modules["reference"]
+    with replay_routing(actor, targets):
+        per_model_ok = _maps_match_rows(_actor_maps(actor, ids), targets, lengths)
+    tl.healthy()
     layers = _spec().num_layers
     RouterReplay.global_router_replay_instances.clear()
     return Outcome(
