@@ -19,7 +19,6 @@ scheduler); the engine serialises it as JSON ``-Infinity``.
 from __future__ import annotations
 
 import threading
-import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
-import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
