@@ -89,3 +89,19 @@ def test_alarms_reach_the_step_line_tensorboard_and_explain(capsys):
 def test_disabled_checks_nothing():
     h = RunHealth(RunHealthConfig(enabled=False))
     assert h.check(_row(1, logprob_gap=math.inf), _trials(HEALTHY, end="truncated")) == {}
+
+
+def test_the_runner_row_through_campaign_guards(tmp_path):
+    """What ``runner.take_step`` does: the row of ``_metrics_row`` through ``CampaignGuards.check_health``."""
+    from t1ops.campaign.guarding import CampaignGuards
+    from t1ops.campaign.runner import _metrics_row
+    from t1ops.config import CampaignConfig
+
+    guards = CampaignGuards(CampaignConfig(), tmp_path, dead_engines=lambda: [])
+    try:
+        trials = _trials(HEALTHY, end="truncated")
+        row = _metrics_row(1, trials, {"explained_variance": math.nan, "logprob_gap": 0.01}, 1.0, 1.0, 2.0, 0.1)
+        row.update(guards.check_health(row, trials))
+    finally:
+        guards.stop()
+    assert row["health_alarms"] == ["health.truncated"] and row["health"]["logprob-gap"] == 0.01
