@@ -8,7 +8,10 @@ on, and reports what it *observed*:
 - ``fault_fired``: the fault really happened (observed, never assumed);
 - ``unguarded``: the failure signature with the guardrail off;
 - ``guarded``: whether the guardrail caught it, how fast, and the text a user sees;
-- ``invariants``: named checks that must hold (e.g. "no sample lost").
+- ``invariants``: named checks that must hold (e.g. "no sample lost");
+- ``recovery``: the fault's time to detect and time to recover, and the steps or trials it cost
+  (:class:`Recovery`, filled from a :class:`Timeline` the scenario marks as the fault happens,
+  the guard names it, and the first healthy step (or the resume) follows).
 
 ``passed`` = fault fired, the unguarded run really failed (at least one invariant whose name
 starts with ``unguarded`` states how, observed), the guardrail caught it, and every invariant held.
@@ -41,6 +44,54 @@ class Guarded:
 
 
 @dataclass
+class Recovery:
+    """Time to detect and time to recover for one injected fault, measured from the fault.
+
+    ``detect_s``: fault -> the guard's detection; ``recover_s``: fault -> the first healthy step
+    (a trained step, a served request, a resumed run's first step); ``steps_lost`` and
+    ``trials_lost``: the work the fault cost (re-run or dropped); ``how``: what the recovery was
+    ("in place", "resume", "re-sync", "refused before the run", ...).
+    """
+
+    detect_s: float | None
+    recover_s: float | None
+    steps_lost: int = 0
+    trials_lost: int = 0
+    how: str = ""
+
+
+class Timeline:
+    """Marks taken while a scenario runs: ``fault()``, ``detected()``, ``healthy()`` (monotonic).
+
+    The first mark of each kind counts; :meth:`recovery` turns them into a :class:`Recovery`.
+    """
+
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {}
+
+    def _mark(self, kind: str, at: float | None) -> None:
+        self.marks.setdefault(kind, time.monotonic() if at is None else at)
+
+    def fault(self, at: float | None = None) -> None:
+        self._mark("fault", at)
+
+    def detected(self, at: float | None = None) -> None:
+        self._mark("detected", at)
+
+    def healthy(self, at: float | None = None) -> None:
+        self._mark("healthy", at)
+
+    def since_fault(self, kind: str) -> float | None:
+        if "fault" not in self.marks or kind not in self.marks:
+            return None
+        return max(0.0, self.marks[kind] - self.marks["fault"])
+
+    def recovery(self, *, steps_lost: int = 0, trials_lost: int = 0, how: str = "") -> Recovery:
+        return Recovery(detect_s=self.since_fault("detected"), recover_s=self.since_fault("healthy"),
+                        steps_lost=steps_lost, trials_lost=trials_lost, how=how)
+
+
+@dataclass
 class ScenarioResult:
     id: str
     title: str
@@ -52,6 +103,7 @@ class ScenarioResult:
     details: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
     crashed: str | None = None
+    recovery: Recovery | None = None
 
     @property
     def passed(self) -> bool:
@@ -78,6 +130,7 @@ class Outcome:
     guarded: Guarded
     invariants: dict[str, bool] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    recovery: Recovery | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +189,14 @@ def run_scenario(scenario_id: str, workdir: Path | None = None) -> ScenarioResul
     return ScenarioResult(id=sc.id, title=sc.title, runbook=sc.runbook, fault_fired=out.fault_fired,
                           unguarded=out.unguarded, guarded=out.guarded, invariants=out.invariants,
                           details=out.details, duration_s=round(time.monotonic() - t0, 3),
-                          crashed=crashed)
+                          crashed=crashed, recovery=out.recovery or _detection_only(out))
+
+
+def _detection_only(out: Outcome) -> Recovery | None:
+    """A scenario that marks no timeline: its detection time, recovery not measured."""
+    if out.guarded.detection_s is None:
+        return None
+    return Recovery(detect_s=out.guarded.detection_s, recover_s=None, how="not measured")
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:

@@ -84,6 +84,29 @@ def print_table(results: list[ScenarioResult]) -> None:
     console = Console(width=CONSOLE_WIDTH)
     console.print(t)
     console.print(summary_line(results))
+    console.print("\n".join(recovery_lines(results)))
+
+
+def recovery_cells(r: ScenarioResult) -> list[str]:
+    """time to detect, time to recover, steps lost, trials lost, how (``-``: not measured)."""
+    rec = r.recovery
+    if rec is None:
+        return ["-", "-", "-", "-", "not measured"]
+    if rec.how == "not measured":  # a detection time only: the losses were not counted either
+        return [format_seconds(rec.detect_s), "-", "-", "-", rec.how]
+    return [format_seconds(rec.detect_s), format_seconds(rec.recover_s), str(rec.steps_lost),
+            str(rec.trials_lost), rec.how or "-"]
+
+
+def recovery_lines(results: list[ScenarioResult]) -> list[str]:
+    """The time-to-recover table (plain text): per fault, from the fault to the guard's detection and
+    to the first healthy step (or the resume), and the steps and trials the fault cost."""
+    lines = ["time to recover (from the fault)",
+             f"{'id':30} {'detect':>10} {'recover':>10} {'steps lost':>10} {'trials lost':>11}  how"]
+    for r in results:
+        det, rec, steps, trials, how = recovery_cells(r)
+        lines.append(f"{r.id:30} {det:>10} {rec:>10} {steps:>10} {trials:>11}  {how}")
+    return lines
 
 
 def summary_line(results: list[ScenarioResult]) -> str:
@@ -114,7 +137,10 @@ def markdown(results: list[ScenarioResult], runbook_prefix: str = "") -> str:
                  "pass" if r.passed else f"**FAIL**: {_cell(_short(failure_reason(r), 80))}"]
         lines.append(f"| [{r.id}]({runbook_prefix}{r.runbook}) | {'yes' if r.fault_fired else '**NO**'} | "
                      + " | ".join(cells) + " |")
-    lines += ["", summary_line(results), ""]
+    lines += ["", summary_line(results), "", "## Time to recover", "",
+              "| id | time to detect | time to recover | steps lost | trials lost | how |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r.id} | " + " | ".join(_cell(c) for c in recovery_cells(r)) + " |" for r in results]
+    lines.append("")
     for r in (r for r in results if not r.passed):
         lines += [f"## {r.id}: {_short(failure_reason(r), 100)}", ""]
         if r.crashed:  # the traceback says it all; the outcome fields are empty

@@ -53,21 +53,27 @@ class ScenarioSoak:
     id: str
     passed: list[bool] = field(default_factory=list)
     detection_s: list[float] = field(default_factory=list)
+    recover_s: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    lost: tuple[int, int] | None = None   # steps, trials lost (the last passing run's)
 
     @property
     def pass_rate(self) -> float:
         return sum(self.passed) / len(self.passed) if self.passed else 0.0
 
-    def spread(self) -> tuple[float, float, float] | None:
-        d = self.detection_s
+    def spread(self, what: str = "detection_s") -> tuple[float, float, float] | None:
+        d = getattr(self, what)
         return (min(d), statistics.median(d), max(d)) if d else None
 
     def to_dict(self) -> dict:
-        spread = self.spread()
-        return {"id": self.id, "runs": len(self.passed), "passed": sum(self.passed),
-                "pass_rate": self.pass_rate, "failures": self.failures,
-                "detection_s": None if spread is None else dict(zip(("min", "median", "max"), spread))}
+        out = {"id": self.id, "runs": len(self.passed), "passed": sum(self.passed),
+               "pass_rate": self.pass_rate, "failures": self.failures,
+               "steps_lost": None if self.lost is None else self.lost[0],
+               "trials_lost": None if self.lost is None else self.lost[1]}
+        for what in ("detection_s", "recover_s"):
+            spread = self.spread(what)
+            out[what] = None if spread is None else dict(zip(("min", "median", "max"), spread))
+        return out
 
 
 def soak(ids: list[str], repeat: int, load: int,
@@ -87,6 +93,9 @@ def soak(ids: list[str], repeat: int, load: int,
                 b.passed.append(r.passed)
                 if r.passed and r.guarded.detection_s is not None:
                     b.detection_s.append(r.guarded.detection_s)
+                if r.passed and r.recovery is not None and r.recovery.recover_s is not None:
+                    b.recover_s.append(r.recovery.recover_s)
+                    b.lost = (r.recovery.steps_lost, r.recovery.trials_lost)
                 if not r.passed:
                     b.failures.append(f"round {rnd}: {failure_reason(r)}")
                 progress(f"[{time.monotonic() - t0:7.1f} s] round {rnd}/{repeat} {sid}: "
@@ -94,14 +103,20 @@ def soak(ids: list[str], repeat: int, load: int,
     return list(books.values())
 
 
+def _spread_text(s: tuple[float, float, float] | None) -> str:
+    return "-" if s is None else " / ".join(format_seconds(v) for v in s)
+
+
 def table_lines(books: list[ScenarioSoak], repeat: int, load: int) -> list[str]:
     """A plain-text table: id, pass rate, detection min / median / max."""
     lines = [f"chaos soak: {repeat} round(s) with {load} busy core(s) of background load",
-             f"{'id':28} {'pass':>9} {'detection min / median / max':>36}"]
+             f"{'id':28} {'pass':>9} {'detection min / median / max':>36} {'recovery min / median / max':>36}"
+             "  lost steps/trials"]
     for b in books:
-        s = b.spread()
-        det = "-" if s is None else " / ".join(format_seconds(v) for v in s)
-        lines.append(f"{b.id:28} {sum(b.passed):>3}/{len(b.passed):<3} {b.pass_rate:>4.0%} {det:>30}")
+        det, rec = (_spread_text(b.spread(w)) for w in ("detection_s", "recover_s"))
+        lost = "-" if b.lost is None else f"{b.lost[0]}/{b.lost[1]}"
+        lines.append(f"{b.id:28} {sum(b.passed):>3}/{len(b.passed):<3} {b.pass_rate:>4.0%} {det:>30} {rec:>36}"
+                     f"  {lost}")
         lines.extend(f"    {f}" for f in b.failures)
     total = sum(len(b.passed) for b in books)
     ok = sum(sum(b.passed) for b in books)

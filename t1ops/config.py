@@ -19,7 +19,7 @@ from rl.trainer.settings import Layout, TrainerSettings
 from t1ops.config_engine_checks import EngineChecks
 from t1ops.config_section import Section
 from t1ops.errors import ConfigError
-from t1ops.guards.field_config import FieldGuardsConfig
+from t1ops.guards.field_config import FieldGuardsConfig, RunHealthConfig
 from t1ops.parallel_layout import trainer_errors
 
 
@@ -209,6 +209,7 @@ class GuardsConfig(Section):
     adam_host_bytes_per_param: float = Field(12.0, gt=0, description="Host bytes per parameter of CPU-offloaded fp32 Adam (fp32 master + exp_avg + exp_avg_sq).")
     sandbox_host_gib: float = Field(2.0, ge=0, description="Host RAM one concurrent sandbox worker costs, for the host-memory projection.")
     field: FieldGuardsConfig = Field(default_factory=FieldGuardsConfig, description="Guards for failures reported from the field: slow verifiers, host RAM leaks, group-init races (t1ops/guards/field_config.py).")
+    health: RunHealthConfig = Field(default_factory=RunHealthConfig, description="Run-health alarms' thresholds: a phase stalled, aborts, groups without reward spread, truncation, K/V cache, explained variance, log-prob gap, retokenized share, shrinking evaluations (t1ops/guards/run_health.py).")
 
 
 class FullyAsyncConfig(Section):

@@ -72,6 +72,8 @@ def explain(item: str) -> str:
     cat = entries()
     if item in cat:
         return _explain_id(cat[item])
+    if item.startswith("health."):
+        return _explain_alarm(item)
     governs = sorted(e.id for e in cat.values() if item in e.config_keys)
     fields = _config_fields()
     if item in fields:
@@ -99,6 +101,22 @@ def _explain_id(e: Entry) -> str:
     else:
         lines.append("  config:    none (always on)")
     return "\n".join(lines)
+
+
+def _explain_alarm(item: str) -> str:
+    """A run-health alarm (t1ops/guards/run_health.py): what it means, its threshold, what to do."""
+    from t1ops.guards.run_health import ALARMS, THRESHOLDS
+
+    if item not in ALARMS:
+        raise ConfigError(f"'{item}' is not a run-health alarm; alarms: {', '.join(sorted(ALARMS))}", key=item)
+    meaning, todo = ALARMS[item]
+    fields = _config_fields()
+    lines = [f"{item}: {meaning}", "  alarm:     a warning event on the step line ('ALARM ...') and in the row's "
+                                   f"health map (TensorBoard: train/health/{item.split('.', 1)[1]})",
+             "  guard:     t1ops/guards/run_health.py", "  config:"]
+    lines += [f"    {k} = {fields[k][0] if k in fields else '?'}   {fields[k][1] if k in fields else ''}"
+              for k in THRESHOLDS[item]]
+    return "\n".join(lines + [f"  what to do: {todo}"])
 
 
 def _config_fields() -> dict[str, tuple[str, str]]:

@@ -53,6 +53,12 @@ from rl.engines.background import EngineFailedError, supervised_thread
 from rl.engines.kvcache import CachedForward, KVCache
 from rl.engines.sampling import Generation, finish_reason, sample_token
 
+# The failure ids of docs/failures.md this guard catches (`t1ops explain ID`): a weight load bumps
+# ``weights_generation`` and the next iteration drops every cached prefix of the old weights.
+CATCHES = {
+    "prefix-cache-across-versions": (),
+}
+
 _IDLE_POLL_S = 0.05        # how often the idle or paused scheduler re-checks for aborts
 MIN_SHARED_PREFIX = 16     # copy another request's K/V only for a shared prefix at least this long
 

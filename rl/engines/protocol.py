@@ -44,6 +44,7 @@ from rl.routing import decode_routed_experts, encode_routed_experts, expected_nu
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
 CATCHES = {
     "missing-routing": ("trainer.r3",),
+    "nonfinite-logprob": ("rollout.failed_trials",),
 }
 
 #: SGLang release whose ``io_struct.py`` / ``http_server.py`` this schema was checked against.

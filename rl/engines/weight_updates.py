@@ -39,6 +39,12 @@ from rl.weights.group import destroy_update_group, init_update_group, parse_dtyp
 
 WEIGHTS_CHECKSUM = "/weights_checksum"
 
+# The failure ids of docs/failures.md this guard catches (`t1ops explain ID`): tensors are received
+# outside the model lock and loaded under ``with`` it, so a failed broadcast never leaves it held.
+CATCHES = {
+    "sync-failure-lock": (),
+}
+
 
 def load_partial(engine, state: dict[str, torch.Tensor]) -> None:
     """Copy megatron-named tensors into ``engine.model`` (cast to its dtype); all checked first."""

@@ -15,6 +15,12 @@ import torch
 from rl.errors import RoutingError
 from rl.model.spec import ModelSpec
 
+# The failure ids of docs/failures.md this guard catches (`t1ops explain ID`): one router per layer,
+# taken from the model given, never from megatron's process-wide registry.
+CATCHES = {
+    "routing-replay-noop": ("trainer.r3",),
+}
+
 
 def router_replays(model) -> list:
     replays = [m.router_replay for m in model.modules() if getattr(m, "router_replay", None) is not None]

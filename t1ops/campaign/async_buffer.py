@@ -45,6 +45,8 @@ from t1ops.campaign.trials import GroupResult, TrialResult
 # that govern it (`t1ops explain ID`; tests/t1ops/test_explain.py keeps them in step).
 CATCHES = {
     "staleness-after-recovery": ("fully_async.max_staleness_steps", "fully_async.num_parallel_generation_workers"),
+    "queued-groups-age": ("fully_async.max_staleness_steps",),
+    "blocking-queue-put": ("fully_async.max_staleness_steps", "fully_async.num_parallel_generation_workers"),
 }
 
 OUTCOMES = ("accepted", "zero_variance", "failed", "cancelled")

@@ -17,6 +17,13 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+# The failure ids of docs/failures.md this guard catches (`t1ops explain ID`): a resume pushes the
+# checkpoint's weights through this barrier before the step loop asks for any rollout, and a request
+# that meets a closed gate waits engine.generate_timeout_s at most.
+CATCHES = {
+    "resume-deadlock": ("engine.generate_timeout_s",),
+}
+
 
 class OpenBarrier:
     """One open barrier on the router: its targets, and the report once closed."""

@@ -26,6 +26,7 @@ from t1ops.config import CampaignConfig
 from t1ops.errors import HangError
 from t1ops.guards.fds import FdGuard, StallDetector
 from t1ops.guards.hostmem import HostMemoryMonitor, OomWatch, check_projection, project_host_memory
+from t1ops.guards.run_health import RunHealth
 from t1ops.guards.rss_trend import RssTrend
 from t1ops.guards.watchdog import Watchdog, running_verifiers, signal_stack_dumper
 
@@ -51,6 +52,7 @@ class CampaignGuards:
         self.watchdog: Watchdog | None = None
         self.trainer_pid: int | None = None
         self.rank_watch = None  # t1ops.guards.rank_watch.RankWatch when the trainer has several ranks
+        self.health = RunHealth(cfg.guards.health)  # run-health alarms on every step row (t1ops/guards/run_health.py)
         self._busy_s = 0.0      # seconds the coordinator spent inside guard checks
         self._busy_taken = 0.0  # ... of which already reported
 
@@ -121,6 +123,13 @@ class CampaignGuards:
         snap = self.host_mem.sample()
         self.rss_trend.sample(self.role_pids(), snap.available_bytes)
         self._busy_s += time.perf_counter() - t0
+
+    def check_health(self, row: dict, results: list) -> dict:
+        """The step row's run-health fields (``health``, ``health_alarms``); the alarms' events fired."""
+        t0 = time.perf_counter()
+        out = self.health.check(row, results)
+        self._busy_s += time.perf_counter() - t0
+        return out
 
     def role_pids(self) -> dict[str, int]:
         """{role: pid} of every campaign process this node can see: coordinator, workers, engines, trainer."""

@@ -55,7 +55,8 @@ class Progress:
                     f"EV {_fmt(row['explained_variance'], '.2f')} entropy {_fmt(row.get('entropy', float('nan')), '.3f')} "
                     f"gap {_fmt(row['logprob_gap'], '.4f')} turns {_fmt(row['turns_mean'], '.1f')} "
                     f"{row['step_s']:.1f}s/step (rollout {row['rollout_s']:.1f}s: {split_text(row)})"
-                    f"{' | ' + ev if ev else ''} | engines {self.engines}" + _async_part(row))
+                    f"{' | ' + ev if ev else ''} | engines {self.engines}" + _async_part(row)
+                    + (f" | ALARM {' '.join(row['health_alarms'])}" if row.get("health_alarms") else ""))
             self._bar.update(self._task, completed=step, description=desc)
             if not self.enabled or not sys.stderr.isatty():
                 print(desc, file=sys.stderr, flush=True)

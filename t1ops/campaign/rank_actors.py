@@ -102,7 +102,7 @@ class TrainerRankHost(TrainerHost):
                         timeout_s=timeout.total_seconds())
         return os.getpid()
 
-    def train(self, results: list[TrialResult], behaviour: str = "snapshot") -> dict:
+    def train(self, results: list[TrialResult], behaviour: str = "snapshot", step: int | None = None) -> dict:
         """This rank fetches only its data-parallel shard's trajectories (``dataplane.fetch_shard``:
         the light arrays of all, the full chunks of the trials its rows come from), then steps."""
         t0, mbs0 = time.perf_counter(), self.trainer.micro_batches_done
@@ -110,7 +110,7 @@ class TrainerRankHost(TrainerHost):
         results, fetched = fetch_shard(require_results(results, "TrainerRankHost.train"),
                                        lambda light: shard_trials(light, self.reward_policy, dp, dp_rank))
         self._fetched = set(fetched["fetched"]) if fetched["staged"] else None
-        stats = super().train(results, behaviour)
+        stats = super().train(results, behaviour, step)
         info = {"rank": self.rank, "dp_rank": dp_rank, "train_s": round(time.perf_counter() - t0, 3),
                 "micro_batches": self.trainer.micro_batches_done - mbs0, **fetched}
         telemetry.gauge("trainer.rank_fetched_bytes", fetched["fetched_bytes"], rank=self.rank)

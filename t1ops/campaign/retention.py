@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from t1ops import telemetry
+from t1ops.errors import CheckpointError
 from t1ops.guards.checkpoints import list_steps, step_dir_name
+
+# The failure ids of docs/failures.md this guard catches (`t1ops explain ID`): a resume-point save
+# must leave every role the run needs at that step, checked right after the save.
+CATCHES = {
+    "critic-checkpoint-skipped": ("trainer.save_every", "trainer.mode"),
+}
 
 ROLES = ("actor", "critic", "trainer_state")
 _DELETING = ".deleting-"
@@ -39,6 +46,20 @@ class Retention:
         actor, critic, state = (set(list_steps(self.base / r)) for r in ROLES)
         common = actor & state & (critic if self.needs_critic else actor)
         return max(common) if common else None
+
+    def check_saved(self, step: int) -> None:
+        """After a resume-point save: every role the run needs holds ``step``, else a CheckpointError
+        naming the missing roles (a role skipped silently would leave the resume point behind and
+        every later step unresumable; runbooks/critic-checkpoint-skipped.md)."""
+        needed = [r for r in ROLES if r != "critic" or self.needs_critic]
+        missing = [r for r in needed if step not in list_steps(self.base / r)]
+        if missing:
+            telemetry.event("checkpoint.incomplete", severity="error", step=step, missing=missing,
+                            resume_point=self.resume_point())
+            raise CheckpointError(f"the resume-point save of step {step} left no {' or '.join(missing)} checkpoint "
+                                  f"in {self.base}: a resume would go back to step {self.resume_point()}; the "
+                                  f"{'/'.join(missing)} save was skipped (see runbooks/critic-checkpoint-skipped.md)",
+                                  path=str(self.base), step=step)
 
     def keep(self, steps: list[int], protected: int | None) -> set[int]:
         kept = set(steps if self.keep_last is None else sorted(steps)[-self.keep_last:])

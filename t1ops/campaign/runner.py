@@ -142,7 +142,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     t_train = time.monotonic()
     c.guards.train_submitted(step)
     telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
-    train_ref = c.trainer.train.remote(results, source.behaviour)
+    train_ref = c.trainer.train.remote(results, source.behaviour, step)
     source.while_training(train_ref, c.guards)  # generation goes on while step t trains
     stats = c.guards.wait_train(train_ref, step)
     train_s = time.monotonic() - t_train
@@ -167,6 +167,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,
                **source.row_fields(step, batch), **step_split(results, batch.rollout_s))
     c.guards.after_step(step)
+    row.update(c.guards.check_health(row, results))  # run-health alarms (t1ops/guards/run_health.py)
     row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
     if stats.get("ranks"):  # per-rank timing of a multi-rank trainer
         row["ranks"] = stats["ranks"]

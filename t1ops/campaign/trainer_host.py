@@ -88,6 +88,9 @@ class TrainerHost(WeightSender, WeightPush):
                                    **(retention or CheckpointsConfig(keep_last=None)).model_dump())
         self.last_report: dict = {}
         self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> actor weights (behaviour snapshots)
+        from t1ops.guards.step_once import StepLedger
+
+        self.steps_applied = StepLedger()  # a retried train call never repeats a step (retried-train-step)
 
     # --- warm start ----------------------------------------------------------------
     def warm_start(self, examples: list[tuple[str, str]], num_steps: int, batch_size: int = 16) -> list[float]:
@@ -169,9 +172,20 @@ class TrainerHost(WeightSender, WeightPush):
                                          routing=routing if has_routing else None, trajectory_ids=tids,
                                          baseline_only=prep.baseline_only)
 
-    def train(self, results: list[TrialResult], behaviour: str = "snapshot") -> dict:
+    def train(self, results: list[TrialResult], behaviour: str = "snapshot", step: int | None = None) -> dict:
         """One RL step on a batch; old log-probs are recomputed under the weights that sampled it
-        (``behaviour="rollout"``, fully async: the per-token rollout log-probs are the behaviour)."""
+        (``behaviour="rollout"``, fully async: the per-token rollout log-probs are the behaviour).
+        ``step``: the campaign step; a retried call for a step already applied gets that step's stats
+        back and trains nothing (t1ops.guards.step_once, retried-train-step)."""
+        repeated = None if step is None else self.steps_applied.applied(step)
+        if repeated is not None:
+            return repeated
+        stats = self._train(results, behaviour)
+        if step is not None:
+            self.steps_applied.done(step, stats)
+        return stats
+
+    def _train(self, results: list[TrialResult], behaviour: str) -> dict:
         results = fetch(require_results(results, "TrainerHost.train"))  # the chunks, straight from the object store (t1ops.campaign.dataplane)
         if behaviour == "rollout":
             return self._train_on_rollout_logprobs(results)
@@ -225,6 +239,7 @@ class TrainerHost(WeightSender, WeightPush):
             if self.trainer.critic is not None:
                 self.ckpt.save("critic", version, weights_state_dict(self.trainer.critic))
             save_trainer_state(self.retention.base, version, self._trainer_state(version))
+            self.retention.check_saved(version)  # every role the run needs (critic-checkpoint-skipped)
         self.published[version] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
                                    for k, v in self.trainer.actor_state().items()}
         for old in sorted(self.published)[:-2]:

@@ -28,7 +28,7 @@ from rl.agent.environment import require_runnable
 from rl.agent.loop import AgentSettings, run_episode
 from rl.agent.sandbox import make_sandbox
 from rl.agent.tasks import load_pool
-from rl.agent.verifier import verifier_timeout_error, verify_within
+from rl.agent.verifier import verify_within
 from rl.chat import ChatRenderer
 from rl.engines.client import EngineClient
 from rl.agent.verdict import is_solved
@@ -42,6 +42,7 @@ from t1ops.config import EngineConfig, EnvironmentConfig, RolloutConfig, RunConf
 from t1ops.engines.direct import DirectEngines
 from t1ops.guards.field_config import FieldGuardsConfig
 from t1ops.guards.http import BoundedHttp
+from t1ops.guards.infra_verdict import check_verdict
 from t1ops.guards.pacing import SkimAccounting, TokenBucket, TrialLedger
 
 
@@ -344,8 +345,7 @@ class RolloutWorker:
                 verdict = verify_within(trial, scale=self.settings.rollout.reward_scale,
                                         timeout_cap_s=self.settings.field_guards.verifier_timeout_cap_s)
                 sp.set_attribute("tamper_events", len(verdict.tamper_events))
-            if verdict.reason == "verifier-timeout":   # no verdict, no reward: rollout.failed_trials decides
-                raise verifier_timeout_error(task.name, verdict)
+            check_verdict(task.name, verdict)  # no verdict, no reward: rollout.failed_trials decides
         finally:
             trial.close()   # the trial's tmpfs and cgroup go; verifier/result.json stays
         with telemetry.span("reward", reward=verdict.reward.value, source=verdict.reward.source,

@@ -24,6 +24,12 @@ from t1ops.config import EngineConfig
 from t1ops.engines.slots import ENGINE_FAILURES, RUNBOOK, Ticket, reports_failed
 from t1ops.errors import EngineDeadError, EngineError
 
+# The failure ids of docs/failures.md this guard catches (`t1ops explain ID`): an abort a barrier
+# explains resubmits the original request (its prompt, its budget); a partial is never continued.
+CATCHES = {
+    "resumed-partial-overshoot": ("engine.max_resubmits",),
+}
+
 
 class Traffic(Protocol):
     """Where the loop sends requests: the pool itself, or a worker's direct view of it."""

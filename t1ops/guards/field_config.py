@@ -1,4 +1,5 @@
-"""Settings of the guards for failures reported from the field (issue #32): ``[guards.field]``.
+"""Settings of the guards for failures reported from the field (issue #32): ``[guards.field]``; and
+the run-health alarms' thresholds (issue #54): ``[guards.health]``.
 
 Kept beside the guards instead of growing ``t1ops/config.py``; imports nothing of t1ops but the
 section base, so ``t1ops.config`` can hold it. Each key names the guard that reads it.
@@ -22,3 +23,18 @@ class FieldGuardsConfig(Section):
     # group-init-race (t1ops/guards/dist.py)
     group_init_timeout_s: float = Field(300.0, gt=0, description="Bound of one process-group rendezvous attempt (all ranks arrive, or the attempt fails naming the missing ranks).")
     group_init_attempts: int = Field(3, ge=1, le=20, description="Rendezvous attempts, each on a fresh port, before the init fails naming the ranks that never arrived.")
+
+
+class RunHealthConfig(Section):
+    """``[guards.health]``: the run-health alarms' thresholds (t1ops/guards/run_health.py)."""
+
+    enabled: bool = Field(True, description="Check every step row against the run-health alarms (health.* events, the step line, TensorBoard).")
+    phase_stall_factor: float = Field(6.0, gt=1, description="health.phase-stalled: a phase (rollout, train, sync) slower than this many times its median over the run's earlier steps.")
+    phase_min_steps: int = Field(3, ge=1, description="health.phase-stalled: no verdict before a phase has this many earlier steps (its median is noise before).")
+    abort_share: float = Field(0.05, ge=0, le=1, description="health.aborts: failed (aborted) trials above this share of the step's expected trials.")
+    no_spread_share: float = Field(0.5, gt=0, le=1, description="health.no-spread: at least this share of the step's groups have all rewards equal (no GRPO signal).")
+    truncated_share: float = Field(0.25, gt=0, le=1, description="health.truncated: at least this share of the step's trials ended truncated (max_new_tokens hit).")
+    ev_negative_steps: int = Field(3, ge=1, description="health.ev-negative: the critic's explained variance below 0 this many steps in a row.")
+    logprob_gap_max: float = Field(0.05, gt=0, description="health.logprob-gap: the train-rollout log-prob gap above this (the report's healthy band is ~0.01-0.02).")
+    retokenized_rise: float = Field(0.05, gt=0, le=1, description="health.retokenized: the retokenized + split share of loss tokens risen by more than this over the first step's.")
+    eval_shrink_share: float = Field(0.1, ge=0, le=1, description="health.eval-shrinking: an evaluation scored fewer than (1 - this) of the trials it planned.")

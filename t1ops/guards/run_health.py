@@ -1,0 +1,157 @@
+"""Run-health alarms: a healthy-looking run that has stopped learning, named at the step it shows.
+
+The guards elsewhere catch faults; these read each finished step row (``t1ops.campaign.runner``)
+and say when the run is degrading (docs/failures.md, "Run-health alarms"). The first four are from the
+set miles ships (a team reads them at a glance; its fifth, K/V cache use above 90%, needs a cache
+figure no t1ops engine reports yet), the rest the T1 report's and the SkyRL walkthrough's own
+signals:
+
+======================  ======================================================================
+id                      fires when (threshold: ``[guards.health]`` key)
+======================  ======================================================================
+health.phase-stalled    a phase (rollout, train, sync) took > ``phase_stall_factor`` x its median
+health.aborts           failed trials > ``abort_share`` of the step's expected trials
+health.no-spread        >= ``no_spread_share`` of the step's groups have no reward spread
+health.truncated        >= ``truncated_share`` of the step's trials ended truncated
+health.ev-negative      explained variance < 0 for ``ev_negative_steps`` steps in a row (PPO)
+health.logprob-gap      the train-rollout log-prob gap > ``logprob_gap_max``
+health.retokenized      the loss tokens' retokenized + split share rose by > ``retokenized_rise``
+                        over the run's first step with trajectories
+health.eval-shrinking   an evaluation scored fewer than (1 - ``eval_shrink_share``) of its trials
+======================  ======================================================================
+
+Each alarm is a ``health.<name>`` warning event, a key of the row's ``health`` map (every value a
+curve in TensorBoard: ``train/health/<name>``), and a word on the step line; ``t1ops explain
+health.<name>`` says what it means and what to do.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from t1ops import telemetry
+from t1ops.guards.field_config import RunHealthConfig
+
+PHASES = ("rollout_s", "train_s", "sync_s")
+
+
+ALARMS = {  # id -> (what it means, what to do); `t1ops explain ID`
+    "health.phase-stalled": ("a phase of the step (rollout, train or sync) took more than phase_stall_factor times its "
+                             "median: a straggling engine, a slow verifier, a stuck weight push",
+                             "the step row's *_s fields and `rollout split` name the phase; runbooks/long-tail-stall.md, "
+                             "runbooks/slow-verifier.md"),
+    "health.aborts": ("more than abort_share of the step's trials failed or were aborted: engines dying, sandboxes "
+                      "failing, verifiers killed", "the trial ledger's failed trials name the errors; "
+                      "runbooks/dead-engine.md, runbooks/infra-failure-as-zero.md"),
+    "health.no-spread": ("at least no_spread_share of the step's groups have one reward for every sample: no GRPO "
+                         "signal; the tasks are all solved or all failed at this policy",
+                         "rebalance the task pool's difficulty or raise n_samples_per_prompt; zero-variance filtering "
+                         "(fully_async.zero_variance_filter) only hides it"),
+    "health.truncated": ("at least truncated_share of the step's trials hit max_new_tokens: the policy rambles, or the "
+                         "budget is too small", "look at the truncated trials' last turns; raise "
+                         "rollout.max_new_tokens or add rollout.truncated_reward_zero"),
+    "health.ev-negative": ("the critic's explained variance has been below 0 for ev_negative_steps steps: it predicts "
+                           "returns worse than their mean, and PPO's advantages are noise",
+                           "raise trainer.critic_warmup_steps or the critic's learning rate; the T1 report warms the "
+                           "critic first (section 04)"),
+    "health.logprob-gap": ("the train-rollout log-prob gap left its band: trainer and sampler disagree (routing "
+                           "drift, stale weights, a token mismatch)", "runbooks/routing-drift.md, "
+                                                                      "runbooks/token-drift.md, runbooks/weight-sync-corruption.md"),
+    "health.retokenized": ("the share of loss tokens that went through the retokenized or split TITO relations is "
+                           "rising: the chat template and the engine's stream diverge more and more",
+                           "`t1ops tito-debug` on a recent trial; runbooks/token-drift.md"),
+    "health.eval-shrinking": ("an evaluation scored fewer trials than it planned: its number is not comparable with "
+                              "the previous ones", "the evaluation's failed trials name the errors; "
+                                                   "runbooks/single-loop-lock.md"),
+}
+
+
+THRESHOLDS = {  # id -> the [guards.health] keys that govern it
+    "health.phase-stalled": ("guards.health.phase_stall_factor", "guards.health.phase_min_steps"),
+    "health.aborts": ("guards.health.abort_share",),
+    "health.no-spread": ("guards.health.no_spread_share",),
+    "health.truncated": ("guards.health.truncated_share",),
+    "health.ev-negative": ("guards.health.ev_negative_steps",),
+    "health.logprob-gap": ("guards.health.logprob_gap_max",),
+    "health.retokenized": ("guards.health.retokenized_rise",),
+    "health.eval-shrinking": ("guards.health.eval_shrink_share",),
+}
+
+
+@dataclass
+class RunHealth:
+    """Reads each step row (and its trials), keeps the history the alarms need, fires them."""
+
+    cfg: RunHealthConfig
+    phases: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    ev_streak: int = 0
+    retokenized_base: float | None = None
+
+    def check(self, row: dict, results: list) -> dict:
+        """The row's ``health`` map ({signal: value}) and ``health_alarms`` (fired ids), events emitted."""
+        if not self.cfg.enabled:
+            return {}
+        values, fired = {}, []
+
+        def alarm(key: str, value: float, over: bool, **why) -> None:
+            values[key] = round(float(value), 4)
+            name = f"health.{key.split('/')[0]}"  # phase-stalled/rollout: the alarm phase-stalled
+            if over:
+                fired.append(name)
+                telemetry.event(name, severity="warning", step=row.get("step"), value=values[key], **why)
+
+        c = self.cfg
+        for phase in PHASES:
+            seen, now = self.phases[phase], row.get(phase)
+            if now is None or not math.isfinite(now):
+                continue
+            if len(seen) >= c.phase_min_steps and statistics.median(seen) > 0:
+                ratio = now / statistics.median(seen)
+                alarm(f"phase-stalled/{phase[:-2]}", ratio, ratio > c.phase_stall_factor, phase=phase)
+            seen.append(now)
+        ledger = row.get("ledger") or {}
+        if ledger.get("expected"):
+            share = ledger.get("failed", 0) / ledger["expected"]
+            alarm("aborts", share, share > c.abort_share)
+        groups: dict[str, set] = {}
+        for r in results:
+            groups.setdefault(r.group_id, set()).add(r.reward)
+        if groups:
+            share = sum(len(rw) == 1 for rw in groups.values()) / len(groups)
+            alarm("no-spread", share, share >= c.no_spread_share, groups=len(groups))
+        if results:
+            share = sum(r.end_reason == "truncated" for r in results) / len(results)
+            alarm("truncated", share, share >= c.truncated_share)
+        ev = row.get("explained_variance", math.nan)
+        if isinstance(ev, float) and math.isfinite(ev):
+            self.ev_streak = self.ev_streak + 1 if ev < 0 else 0
+            alarm("ev-negative", self.ev_streak, self.ev_streak >= c.ev_negative_steps, explained_variance=ev)
+        gap = row.get("logprob_gap", math.nan)
+        if isinstance(gap, float) and math.isfinite(gap):
+            alarm("logprob-gap", gap, gap > c.logprob_gap_max)
+        share = retokenized_share(results)
+        if share is not None:
+            self.retokenized_base = share if self.retokenized_base is None else self.retokenized_base
+            rise = share - self.retokenized_base
+            alarm("retokenized", share, rise > c.retokenized_rise, rise=round(rise, 4))
+        expected, scored = row.get("eval_expected"), row.get("eval_num_trials")
+        if expected and scored is not None:  # an evaluation finished with this step
+            alarm("eval-shrinking", scored / expected, scored < (1 - c.eval_shrink_share) * expected,
+                  scored=scored, expected=expected)
+        return {"health": values, "health_alarms": fired} if values else {}
+
+
+def retokenized_share(results: list) -> float | None:
+    """Loss tokens that went through the retokenized or split relations, over all loss tokens (None: no
+    trajectories in reach, e.g. staged in the object store)."""
+    from rl.tito import RETOKENIZED
+
+    loss = odd = 0
+    for r in results:
+        for c in r.chunks or ():
+            mask = c.loss_mask == 1
+            loss += int(mask.sum())
+            split = "split" in (c.meta or {}).get("relations", ())
+            odd += int(mask.sum()) if split else int((mask & (c.origin == RETOKENIZED)).sum())
+    return odd / loss if loss else None

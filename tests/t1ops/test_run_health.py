@@ -1,0 +1,107 @@
+"""Run-health alarms: each fires on the degradation it names, and stays silent on a healthy run."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from rl.tito import ALIGNED, RETOKENIZED, Trajectory
+from t1ops import telemetry
+from t1ops.campaign.progress import Progress
+from t1ops.campaign.trials import TrialResult
+from t1ops.guards.field_config import RunHealthConfig
+from t1ops.guards.run_health import ALARMS, THRESHOLDS, RunHealth
+from t1ops.tracking.scalars import scalars
+
+
+def _chunk(retokenized: int = 0) -> Trajectory:
+    n, mask = 12, np.array([0] * 6 + [1] * 6, dtype=np.int8)
+    origin = np.full(n, ALIGNED, dtype=np.int8)
+    origin[n - retokenized:] = RETOKENIZED
+    return Trajectory(tokens=np.arange(1, n + 1, dtype=np.int64), loss_mask=mask,
+                      rollout_logprobs=np.zeros(n, dtype=np.float32), engine_tokens=np.zeros(n, dtype=np.int64),
+                      origin=origin, policy_version=np.zeros(n, dtype=np.int32), routing=None,
+                      meta={"relations": ["strict"]})
+
+
+def _trials(rewards_per_group: list[list[float]], end="done", retokenized=0) -> list[TrialResult]:
+    return [TrialResult(group_id=f"g{g}", task="t", sample_id=f"g{g}-s{i}", reward=r, end_reason=end,
+                        chunks=[_chunk(retokenized)])
+            for g, rewards in enumerate(rewards_per_group) for i, r in enumerate(rewards)]
+
+
+def _row(step: int, **kw) -> dict:
+    return {"step": step, "rollout_s": 10.0, "train_s": 5.0, "sync_s": 1.0, "explained_variance": 0.3,
+            "logprob_gap": 0.015, "ledger": {"expected": 8, "completed": 8, "failed": 0}, **kw}
+
+
+HEALTHY = [[0.0, 1.0], [0.25, 0.5], [1.0, 0.0], [0.0, 0.5]]
+
+
+def _run(rows_trials: list[tuple[dict, list]]) -> list[list[str]]:
+    h = RunHealth(RunHealthConfig())
+    return [h.check(row, trials).get("health_alarms", []) for row, trials in rows_trials]
+
+
+def test_a_healthy_run_is_silent():
+    fired = _run([(_row(s), _trials(HEALTHY)) for s in range(1, 8)])
+    assert fired == [[]] * 7
+
+
+@pytest.mark.parametrize("alarm,degraded", [
+    ("health.phase-stalled", lambda s: (_row(s, rollout_s=70.0 if s == 5 else 10.0), _trials(HEALTHY))),
+    ("health.aborts", lambda s: (_row(s, ledger={"expected": 8, "completed": 7, "failed": 1 if s == 5 else 0}),
+                                 _trials(HEALTHY))),
+    ("health.no-spread", lambda s: (_row(s), _trials([[0.0, 0.0], [1.0, 1.0], [0.0, 1.0], [0.0, 0.0]] if s == 5
+                                                     else HEALTHY))),
+    ("health.truncated", lambda s: (_row(s), _trials(HEALTHY, end="truncated" if s == 5 else "done"))),
+    ("health.ev-negative", lambda s: (_row(s, explained_variance=-0.2 if s >= 3 else 0.3), _trials(HEALTHY))),
+    ("health.logprob-gap", lambda s: (_row(s, logprob_gap=0.2 if s == 5 else 0.015), _trials(HEALTHY))),
+    ("health.retokenized", lambda s: (_row(s), _trials(HEALTHY, retokenized=2 if s == 5 else 0))),
+    ("health.eval-shrinking", lambda s: (_row(s, eval_expected=120, eval_num_trials=89 if s == 5 else 120),
+                                         _trials(HEALTHY))),
+])
+def test_each_alarm_fires_at_the_step_that_degrades(alarm, degraded):
+    since = time.time()
+    fired = _run([degraded(s) for s in range(1, 6)])
+    assert [alarm in f for f in fired] == [False, False, False, False, True], fired
+    events = [e for e in telemetry.recent_events(alarm, since=since)]
+    assert events and events[-1]["step"] == 5
+
+
+def test_alarms_reach_the_step_line_tensorboard_and_explain(capsys):
+    from t1ops.explain import explain
+    h = RunHealth(RunHealthConfig())
+    row = _row(1, reward_mean=0.1, entropy=1.0, turns_mean=1.0, step_s=16.0)
+    row.update(h.check(row, _trials(HEALTHY, end="truncated")))
+    assert row["health_alarms"] == ["health.truncated"] and row["health"]["truncated"] == 1.0
+    assert scalars(row)["train/health/truncated"] == 1.0
+    p = Progress(total_steps=1, enabled=False)
+    p.update(step=1, phase="done", row=row)
+    assert "ALARM health.truncated" in capsys.readouterr().err
+    for alarm in ALARMS:
+        text = explain(alarm)
+        assert text.startswith(alarm) and all(k in text for k in THRESHOLDS[alarm])
+
+
+def test_disabled_checks_nothing():
+    h = RunHealth(RunHealthConfig(enabled=False))
+    assert h.check(_row(1, logprob_gap=math.inf), _trials(HEALTHY, end="truncated")) == {}
+
+
+def test_the_runner_row_through_campaign_guards(tmp_path):
+    """What ``runner.take_step`` does: the row of ``_metrics_row`` through ``CampaignGuards.check_health``."""
+    from t1ops.campaign.guarding import CampaignGuards
+    from t1ops.campaign.runner import _metrics_row
+    from t1ops.config import CampaignConfig
+
+    guards = CampaignGuards(CampaignConfig(), tmp_path, dead_engines=lambda: [])
+    try:
+        trials = _trials(HEALTHY, end="truncated")
+        row = _metrics_row(1, trials, {"explained_variance": math.nan, "logprob_gap": 0.01}, 1.0, 1.0, 2.0, 0.1)
+        row.update(guards.check_health(row, trials))
+    finally:
+        guards.stop()
+    assert row["health_alarms"] == ["health.truncated"] and row["health"]["logprob-gap"] == 0.01
