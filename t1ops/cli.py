@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except T1OpsError as err:
         print(f"t1ops {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `t1ops config | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -14,14 +14,27 @@ DESCRIPTION = ("Reads a plan file (see examples/plans/), predicts per-GPU memory
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", type=Path, help="plan TOML file, e.g. examples/plans/qwen35-122b-128gpu-cp4.toml")
+    p.add_argument("plan", type=Path, nargs="?",
+                   help="plan TOML file, e.g. examples/plans/qwen35-122b-128gpu-cp4.toml (a cluster plan, not a "
+                        "campaign config: those go to `t1ops run` and `t1ops config`)")
+    p.add_argument("--schema", action="store_true", help="print every key of a plan file, its default and meaning")
     p.add_argument("--json", action="store_true",
                    help='print {"verdict", "findings": [{"id", "severity", "message"}], "memory": {...}}')
 
 
 def run(args: argparse.Namespace) -> int:
+    from t1ops.errors import ConfigError
     from t1ops.preflight import check_plan, load_plan, render
 
+    if args.schema:
+        from t1ops.commands.config import print_schema
+        from t1ops.preflight.plan import Plan
+
+        print_schema(Plan)
+        return 0
+    if args.plan is None:
+        raise ConfigError("give a plan file, e.g. t1ops preflight examples/plans/qwen35-122b-128gpu-cp4.toml "
+                          "(its keys: t1ops preflight --schema)", key="plan")
     report = check_plan(load_plan(args.plan), name=args.plan.stem)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
