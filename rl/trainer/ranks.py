@@ -307,7 +307,7 @@ class RankTrainer:
             loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
             with self._watch("micro-batch backward"):
                 loss.backward()
-            tally.add(stats, (key, "ratio_mean") + extra, float(loss.detach()) / num_minis)
+            tally.add(stats, (key, "ratio_mean", "approx_kl") + extra, float(loss.detach()) / num_minis)
             self._tick()
         with self._watch("gradient all-reduce (actor)"):
             return reduce_clip_step(self.actor, self.actor_optimizer, s.grad_clip)
@@ -374,7 +374,7 @@ class RankTrainer:
             tis_mode=s.tis_mode, behaviour_recomputed=bp.recompute,
             # the actor's first forward; a critic-only step has none, but its actor has not moved since
             # the behaviour snapshot it was published as, so the behaviour forward is the same policy
-            entropy=entropy, actor_lr=s.actor_lr * lr_scale,
+            entropy=entropy, actor_lr=s.actor_lr * lr_scale, kl_behaviour=a.get("approx_kl", nan),
             optimizer_steps=s.ppo_epochs * len(minis) if actor_updated else 0)
 
     def sft_step(self, tokens, loss_mask) -> SftStats:

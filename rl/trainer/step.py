@@ -75,6 +75,7 @@ class StepStats:
     tis_mode: str = "off"             # "off": recorded only; "token"/"sequence": applied to the loss
     behaviour_recomputed: bool = True  # False: GRPO without TIS skipped the old-log-prob forward
     entropy: float = math.nan          # policy entropy over loss tokens, logged without gradient
+    kl_behaviour: float = math.nan     # approx. KL(behaviour || policy) over the last epoch's forwards (k3)
     actor_lr: float = math.nan         # the actor's LR this step (warmup and schedule applied)
     optimizer_steps: int = 1           # actor optimizer steps this step: ppo_epochs x mini-batches (0: critic only)
 

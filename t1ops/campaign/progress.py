@@ -54,6 +54,8 @@ class Progress:
             desc = (f"step {step}{critic_only} reward {_fmt(row['reward_mean'])} "
                     f"EV {_fmt(row['explained_variance'], '.2f')} entropy {_fmt(row.get('entropy', float('nan')), '.3f')} "
                     f"gap {_fmt(row['logprob_gap'], '.4f')} turns {_fmt(row['turns_mean'], '.1f')} "
+                    f"lr {_fmt(row.get('actor_lr', float('nan')), '.1e')} "
+                    f"gnorm {_fmt(row.get('actor_grad_norm', float('nan')), '.2f')} "
                     f"{row['step_s']:.1f}s/step (rollout {row['rollout_s']:.1f}s: {split_text(row)})"
                     f"{' | ' + ev if ev else ''} | engines {self.engines}" + _async_part(row))
             self._bar.update(self._task, completed=step, description=desc)
