@@ -74,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
 
     scenarios = harness.discover()
     if args.action == "list":
-        rows = [{"id": s.id, "title": s.title, "runbook": s.runbook} for s in scenarios.values()]
+        typical = report.typical_durations()
+        rows = [{"id": s.id, "title": s.title, "runbook": s.runbook, "typical_s": typical.get(s.id)}
+                for s in scenarios.values()]
         if args.json:
             print(json.dumps(rows, indent=2))
         else:

@@ -8,6 +8,7 @@ failure with the full text, so a CI artifact is enough to start debugging.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -58,13 +59,32 @@ def guarded_outcome(r: ScenarioResult) -> str:
     return text if r.guarded.caught else f"MISSED: {text}"
 
 
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+
+
+def typical_durations() -> dict[str, float]:
+    """Wall seconds of each scenario's one run, measured (``chaos/durations.json``: scenario id ->
+    seconds, with the host and commit it was measured on); {} when the file is absent."""
+    try:
+        data = json.loads(DURATIONS.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {k: float(v) for k, v in data.get("seconds", {}).items()}
+
+
 def print_list(rows: list[dict]) -> None:
-    t = Table(title="chaos scenarios")
-    for col in ("id", "title", "runbook"):
-        t.add_column(col)
+    t = Table(title="chaos scenarios (typical: wall seconds of one `t1ops chaos run ID` on the 2-core "
+                    "reference host, chaos/durations.json)")
+    for col in ("id", "title", "typical", "runbook"):
+        t.add_column(col, justify="right" if col == "typical" else "left", no_wrap=col in ("id", "typical"))
     for r in rows:
-        t.add_row(r["id"], escape(r["title"]), r["runbook"])
+        typical = r.get("typical_s")
+        t.add_row(r["id"], escape(r["title"]), "-" if typical is None else f"{typical:.0f} s", r["runbook"])
     Console(width=CONSOLE_WIDTH).print(t)
+    known = [r["typical_s"] for r in rows if r.get("typical_s") is not None]
+    if known:
+        Console(width=CONSOLE_WIDTH).print(f"all {len(rows)}: about {sum(known) / 60:.0f} min "
+                                           f"({len(known)} measured)")
 
 
 def print_table(results: list[ScenarioResult]) -> None:
@@ -78,8 +98,8 @@ def print_table(results: list[ScenarioResult]) -> None:
     t.add_column("result", max_width=20)
     for r in results:
         verdict = "[green]pass[/]" if r.passed else f"[red]FAIL[/] {escape(_short(failure_reason(r), 34))}"
-        t.add_row(r.id, "yes" if r.fault_fired else "[red]NO[/]", escape(_short(r.unguarded, 64)),
-                  escape(_short(guarded_outcome(r), 64)), format_seconds(r.guarded.detection_s),
+        t.add_row(r.id, "yes" if r.fault_fired else "[red]NO[/]", escape(_short(r.unguarded, 400)),
+                  escape(_short(guarded_outcome(r), 400)), format_seconds(r.guarded.detection_s),  # wrapped, not cut
                   format_seconds(r.duration_s), verdict)
     console = Console(width=CONSOLE_WIDTH)
     console.print(t)

@@ -338,6 +338,6 @@ def effective_timeout(task_timeout_s: float, override_s: float | None, *,
         log.warning("%s budget: %s", what, reason)
         return Budget(override_s, "override-lowered", reason)
     reason = (f"override {override_s:g}s ignored: it would lower the task-declared "
-              f"{task_timeout_s:g}s; pass allow_lower to force it")
+              f"{task_timeout_s:g}s; set rollout.allow_lower_timeouts = true to force it")
     log.warning("%s budget: %s", what, reason)
     return Budget(task_timeout_s, "task", reason)
