@@ -278,11 +278,10 @@ class CampaignConfig(Section):
                              f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a partial group would "
                              "silently shrink every batch")
         groups, minis = r.batch_size // r.n_samples_per_prompt, self.trainer.mini_batches
-        if minis > groups or r.batch_size // minis < self.trainer.parallel.dp:
+        if minis > groups:
             raise ValueError(f"trainer.mini_batches ({minis}) splits a step's {groups} prompt groups "
-                             f"(rollout.batch_size / n_samples_per_prompt) into optimizer steps; each needs a group "
-                             f"and a trajectory per data-parallel rank ({self.trainer.parallel.dp}): lower it or "
-                             "raise rollout.batch_size")
+                             "(rollout.batch_size / n_samples_per_prompt) into optimizer steps, each at least "
+                             "one group: lower it or raise rollout.batch_size")
         if r.summary_max_new_tokens and r.summary_max_new_tokens + r.max_new_tokens >= r.context_window:
             raise ValueError(f"rollout.summary_max_new_tokens ({r.summary_max_new_tokens}) + max_new_tokens "
                              f"({r.max_new_tokens}) must be below rollout.context_window ({r.context_window}): "

@@ -159,10 +159,14 @@ class RankTrainer:
     # --- plan -----------------------------------------------------------------------------
     def plan(self, batch: TrainBatch, rows: list[int] | None = None) -> list[MicroBatch]:
         """This rank's micro-batches of ``rows`` (None: every row); all ranks compute the same plan
-        from the same batch."""
+        from the same batch. A row stays on the rank the whole batch packs it to, whatever part of
+        it is planned: that rank alone holds its routing rows (``dataplane.fetch_shard``); a rank
+        with no row in the part joins the gradient reduction with zeros (``reduce_grads``)."""
         lengths = batch.num_tokens_B.tolist()
-        rows = list(range(len(lengths))) if rows is None else rows
-        per_rank = [[rows[j] for j in r] for r in pack_to_ranks([lengths[i] for i in rows], self.layout.dp)]
+        per_rank = pack_to_ranks(lengths, self.layout.dp)
+        if rows is not None:
+            keep = set(rows)
+            per_rank = [[i for i in r if i in keep] for r in per_rank]
         plans = plan_micro_batches(per_rank, lengths, self.layout.max_tokens_per_gpu, self.layout.sp_size,
                                    aligned=self.layout.ep > 1)
         return plans[self.dp_rank]
