@@ -72,9 +72,28 @@ def typical_durations() -> dict[str, float]:
     return {k: float(v) for k, v in data.get("seconds", {}).items()}
 
 
+def record_durations(results: list[ScenarioResult], path: Path = DURATIONS) -> None:
+    """Merge the wall seconds of passed runs into ``path``; each entry says where it was measured."""
+    import os
+    import time
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        data = {}
+    data["about"] = ("wall seconds of one `t1ops chaos run ID`, written by `t1ops chaos run ID... "
+                     "--record-durations`; `measured` says on what host and under what load")
+    where = {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 1), "at": time.strftime("%Y-%m-%d")}
+    for r in results:
+        if r.passed:
+            data.setdefault("seconds", {})[r.id] = round(r.duration_s, 1)
+            data.setdefault("measured", {})[r.id] = where
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
 def print_list(rows: list[dict]) -> None:
-    t = Table(title="chaos scenarios (typical: wall seconds of one `t1ops chaos run ID` on the 2-core "
-                    "reference host, chaos/durations.json)")
+    t = Table(title="chaos scenarios (typical: wall seconds of one `t1ops chaos run ID` as measured in "
+                    "chaos/durations.json; '-': not measured yet)")
     for col in ("id", "title", "typical", "runbook"):
         t.add_column(col, justify="right" if col == "typical" else "left", no_wrap=col in ("id", "typical"))
     for r in rows:

@@ -153,7 +153,7 @@ def _plot(summary_path: Path, out: Path | None) -> Path:
     for ax in list(axes.flat)[len(titles):]:
         ax.set_visible(False)
     fig.suptitle(f"t1ops run {data.get('run_id', '')}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the title above the first row
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
@@ -201,4 +201,4 @@ def _plot_split(ax, steps: list[dict]) -> None:
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.plot(x, [s.get("queue_share", 0.0) for s in steps], "k.--", label="queued (of all)")
     ax.set_ylim(0, 1.4)  # the legend sits above the bars (at most 1), never on them
-    ax.legend(fontsize=7, ncol=5, loc="upper center")
+    ax.legend(fontsize=7, ncol=3, loc="upper center")

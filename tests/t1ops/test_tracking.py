@@ -24,7 +24,7 @@ def _row(step: int, reward: float) -> dict:
             "ledger": {"missing": 0, "accepted": 8}, "engines_dead": ["e1"], "staleness_alarm": False,
             "group_lags": {"g17": 1}, "generate_share": 0.5, "eval_trial_rewards": {"task-a": [0.0, 1.0]},
             "group_ids": [3, 4, 5], "entropy": 1.2, "actor_grad_norm": 0.4, "kl_behaviour": 0.01,
-            "clip_fraction": 0.1, "policy_loss": -0.02}
+            "clip_fraction": 0.1, "policy_loss": -0.02, "actor_lr": 3e-4 * step / 4}
 
 
 EVAL_N = {"eval_reward_sem": 0.01, "eval_num_trials": 4}  # what every evaluation row carries
