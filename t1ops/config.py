@@ -325,7 +325,15 @@ def parse_config(data: dict[str, Any], model: type[BaseModel] = CampaignConfig, 
     try:
         return model.model_validate(data, strict=True)
     except ValidationError as err:
-        raise ConfigError(explain(err, source, model, data, RENAMED_KEYS), source=source) from None
+        raise ConfigError(explain(err, source, model, data, RENAMED_KEYS, root_models()), source=source) from None
+
+
+def root_models() -> list[type[BaseModel]]:
+    """The root model of every kind of config file (imported here: they import this module)."""
+    from t1ops.plan.inputs import SimConfig
+    from t1ops.preflight.plan import Plan
+
+    return [CampaignConfig, Plan, SimConfig]
 
 
 @dataclass

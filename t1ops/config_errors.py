@@ -3,7 +3,8 @@ the schema, and the kind of file expected when another kind was given (a campaig
 to ``t1ops preflight``). Never the validator's internals (``'<root>': Value error, ...``).
 
 Every root model of a TOML file declares ``FILE_KIND`` (:class:`FileKind`): what the file is,
-the command that prints its schema and an example. :func:`explain` turns a pydantic
+the command that prints its schema, an example and the command that takes it
+(``t1ops.config.root_models`` lists them). :func:`explain` turns a pydantic
 ``ValidationError`` into the lines of the :class:`~t1ops.errors.ConfigError` that
 :func:`t1ops.config.parse_config` raises.
 """
@@ -25,15 +26,6 @@ class FileKind:
     schema: str     # the command that prints its keys: "t1ops config"
     example: str    # a shipped file of the kind
     used_by: str    # the command that takes it: "t1ops run"
-
-
-def _root_kinds() -> list[type[BaseModel]]:
-    """Every root model of a config file (imported here: they import ``t1ops.config``)."""
-    from t1ops.config import CampaignConfig
-    from t1ops.plan.inputs import SimConfig
-    from t1ops.preflight.plan import Plan
-
-    return [CampaignConfig, Plan, SimConfig]
 
 
 def file_kind(model: type[BaseModel]) -> FileKind | None:
@@ -93,14 +85,14 @@ def did_you_mean(model: type[BaseModel], loc: tuple) -> str | None:
     return close[0] if close else None
 
 
-def other_kind(model: type[BaseModel], data: dict) -> FileKind | None:
+def other_kind(model: type[BaseModel], data: dict, roots: list[type[BaseModel]]) -> FileKind | None:
     """The kind of file ``data`` is when it is not ``model``'s: most of its sections are unknown
-    to ``model`` and all of them belong to another root model."""
+    to ``model`` and all of them belong to another of the ``roots`` (every root model of a file)."""
     sections = [k for k, v in data.items() if isinstance(v, dict)]
     unknown = [k for k in sections if k not in model.model_fields]
     if not sections or len(unknown) * 2 < len(sections):
         return None
-    for other in _root_kinds():
+    for other in roots:
         if other is not model and all(k in other.model_fields for k in sections):
             return file_kind(other)
     return None
@@ -115,12 +107,13 @@ def _clean(msg: str) -> str:
 
 
 def explain(err: ValidationError, source: str, model: type[BaseModel], data: Any,
-            renamed: dict[str, str]) -> str:
-    """The lines of the ConfigError for ``err`` raised validating ``data`` from ``source``."""
+            renamed: dict[str, str], roots: list[type[BaseModel]]) -> str:
+    """The lines of the ConfigError for ``err`` raised validating ``data`` from ``source``; ``roots``:
+    the root model of every kind of config file (to say which kind ``data`` is instead)."""
     kind = file_kind(model)
     schema = f"`{kind.schema}`" if kind else "the schema"
     if kind and isinstance(data, dict):
-        other = other_kind(model, data)
+        other = other_kind(model, data, roots)
         if other is not None:
             return (f"{source} is a {other.name}, not a {kind.name} (its sections "
                     f"[{'], ['.join(k for k, v in data.items() if isinstance(v, dict))}] are a {other.name}'s): "
