@@ -72,6 +72,17 @@ def typical_durations() -> dict[str, float]:
     return {k: float(v) for k, v in data.get("seconds", {}).items()}
 
 
+def _measured() -> dict:
+    try:
+        return json.loads(DURATIONS.read_text()).get("measured", {})
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _measured_cpus() -> str:
+    return "/".join(str(c) for c in sorted({m.get("cpus") for m in _measured().values()} - {None}))
+
+
 def record_durations(results: list[ScenarioResult], path: Path = DURATIONS) -> None:
     """Merge the wall seconds of passed runs into ``path``; each entry says where it was measured."""
     import os
@@ -98,12 +109,17 @@ def print_list(rows: list[dict]) -> None:
         t.add_column(col, justify="right" if col == "typical" else "left", no_wrap=col in ("id", "typical"))
     for r in rows:
         typical = r.get("typical_s")
-        t.add_row(r["id"], escape(r["title"]), "-" if typical is None else f"{typical:.0f} s", r["runbook"])
+        shown = "-" if typical is None else "<1 s" if typical < 1 else f"{typical:.0f} s"
+        t.add_row(r["id"], escape(r["title"]), shown, r["runbook"])
     Console(width=CONSOLE_WIDTH).print(t)
     known = [r["typical_s"] for r in rows if r.get("typical_s") is not None]
     if known:
-        Console(width=CONSOLE_WIDTH).print(f"all {len(rows)}: about {sum(known) / 60:.0f} min "
-                                           f"({len(known)} measured)")
+        loads = sorted({m.get("load_1min") for m in _measured().values()} - {None})
+        Console(width=CONSOLE_WIDTH).print(
+            f"{len(known)} of {len(rows)} measured, about {sum(known) / 60:.0f} min together"
+            + (f", on {_measured_cpus()} CPUs at load {'-'.join(dict.fromkeys(f'{x:g}' for x in (loads[0], loads[-1])))} "
+               "(an idle host is faster)" if loads else "")
+            + "; re-measure: t1ops chaos run --all --record-durations")
 
 
 def print_table(results: list[ScenarioResult]) -> None:
