@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rn.add_argument("--json", action="store_true", help="print results as JSON")
     rn.add_argument("--markdown", type=Path, help="also write the report table as Markdown here")
     rn.add_argument("--json-out", type=Path, help="also write the results as JSON here")
+    rn.add_argument("--record-durations", action="store_true",
+                    help="write each scenario's wall seconds into chaos/durations.json (the typical durations "
+                         "`t1ops chaos list` shows), with this host's CPU count and load")
     ix = sub.add_parser("index", help="print the runbook index generated from runbooks/*.md")
     ix.add_argument("--write", action="store_true", help="write it to runbooks/README.md instead")
     sc = sub.add_parser("schedule", help="run a seeded random fault schedule against a short campaign")
@@ -74,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
     scenarios = harness.discover()
     if args.action == "list":
-        rows = [{"id": s.id, "title": s.title, "runbook": s.runbook} for s in scenarios.values()]
+        typical = report.typical_durations()
+        rows = [{"id": s.id, "title": s.title, "runbook": s.runbook, "typical_s": typical.get(s.id)}
+                for s in scenarios.values()]
         if args.json:
             print(json.dumps(rows, indent=2))
         else:
@@ -107,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         args.json_out.write_text(json.dumps(payload, indent=2, default=_jsonable))
     if args.markdown:
         args.markdown.write_text(report.markdown(results, _runbook_prefix(args.markdown)))
+    if args.record_durations:
+        report.record_durations(results)
     if args.json:
         print(json.dumps(payload, indent=2, default=_jsonable))
     else:

@@ -8,6 +8,7 @@ failure with the full text, so a CI artifact is enough to start debugging.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -58,13 +59,67 @@ def guarded_outcome(r: ScenarioResult) -> str:
     return text if r.guarded.caught else f"MISSED: {text}"
 
 
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+
+
+def typical_durations() -> dict[str, float]:
+    """Wall seconds of each scenario's one run, measured (``chaos/durations.json``: scenario id ->
+    seconds, with the host and commit it was measured on); {} when the file is absent."""
+    try:
+        data = json.loads(DURATIONS.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {k: float(v) for k, v in data.get("seconds", {}).items()}
+
+
+def _measured() -> dict:
+    try:
+        return json.loads(DURATIONS.read_text()).get("measured", {})
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _measured_cpus() -> str:
+    return "/".join(str(c) for c in sorted({m.get("cpus") for m in _measured().values()} - {None}))
+
+
+def record_durations(results: list[ScenarioResult], path: Path = DURATIONS) -> None:
+    """Merge the wall seconds of passed runs into ``path``; each entry says where it was measured."""
+    import os
+    import time
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        data = {}
+    data["about"] = ("wall seconds of one `t1ops chaos run ID`, written by `t1ops chaos run ID... "
+                     "--record-durations`; `measured` says on what host and under what load")
+    where = {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 1), "at": time.strftime("%Y-%m-%d")}
+    for r in results:
+        if r.passed:
+            data.setdefault("seconds", {})[r.id] = round(r.duration_s, 1)
+            data.setdefault("measured", {})[r.id] = where
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
 def print_list(rows: list[dict]) -> None:
-    t = Table(title="chaos scenarios")
-    for col in ("id", "title", "runbook"):
-        t.add_column(col)
+    t = Table(title="chaos scenarios (typical: wall seconds of one `t1ops chaos run ID` as measured in "
+                    "chaos/durations.json; '-': not measured yet)")
+    for col in ("id", "title", "typical", "runbook"):
+        t.add_column(col, justify="right" if col == "typical" else "left", no_wrap=col in ("id", "typical"))
     for r in rows:
-        t.add_row(r["id"], escape(r["title"]), r["runbook"])
+        typical = r.get("typical_s")
+        shown = "-" if typical is None else "<1 s" if typical < 1 else f"{typical:.0f} s"
+        t.add_row(r["id"], escape(r["title"]), shown, r["runbook"])
     Console(width=CONSOLE_WIDTH).print(t)
+    known = [r["typical_s"] for r in rows if r.get("typical_s") is not None]
+    if known:
+        loads = sorted({m.get("load_1min") for m in _measured().values()} - {None})
+        Console(width=CONSOLE_WIDTH).print(
+            f"{len(known)} of {len(rows)} measured, about {sum(known) / 60:.0f} min together"
+            + (f", on {_measured_cpus()} CPUs at load {'-'.join(dict.fromkeys(f'{x:g}' for x in (loads[0], loads[-1])))} "
+               "(an idle host is faster)" if loads else "")
+            + "; re-measure: t1ops chaos run --all --record-durations")
 
 
 def print_table(results: list[ScenarioResult]) -> None:
@@ -78,8 +133,8 @@ def print_table(results: list[ScenarioResult]) -> None:
     t.add_column("result", max_width=20)
     for r in results:
         verdict = "[green]pass[/]" if r.passed else f"[red]FAIL[/] {escape(_short(failure_reason(r), 34))}"
-        t.add_row(r.id, "yes" if r.fault_fired else "[red]NO[/]", escape(_short(r.unguarded, 64)),
-                  escape(_short(guarded_outcome(r), 64)), format_seconds(r.guarded.detection_s),
+        t.add_row(r.id, "yes" if r.fault_fired else "[red]NO[/]", escape(_short(r.unguarded, 400)),
+                  escape(_short(guarded_outcome(r), 400)), format_seconds(r.guarded.detection_s),  # wrapped, not cut
                   format_seconds(r.duration_s), verdict)
     console = Console(width=CONSOLE_WIDTH)
     console.print(t)

@@ -37,6 +37,13 @@ def safe_ratio(log_ratio: torch.Tensor, clamp: float = LOG_RATIO_CLAMP) -> torch
     return torch.exp(torch.clamp(log_ratio, -clamp, clamp))
 
 
+def approx_kl(ratio_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    """KL(behaviour || current) over the loss tokens, by the unbiased non-negative ``k3`` estimator
+    ``r - 1 - log r`` with ``r = pi / pi_behaviour`` (Schulman, "Approximating KL divergence")."""
+    r = ratio_BT.detach()
+    return _masked_mean(r - 1.0 - torch.log(r), mask_BT)
+
+
 def _prepare(mask: torch.Tensor, **named: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Check shapes and finiteness, broadcast ``[B]`` advantages to ``[B, T]``, zero masked slots."""
     mask_BT = _checks.bool_mask("mask", mask)
@@ -94,7 +101,7 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
                  "dual_clip_fraction": _masked_mean(dual_BT.float(), mask_BT),
                  "ratio_mean": _masked_mean(ratio_BT, mask_BT),
                  "ratio_max": float(ratio_BT[mask_BT].max()) if mask_BT.any() else float("nan"),
-                 "num_tokens": float(mask_BT.sum())}
+                 "approx_kl": approx_kl(ratio_BT, mask_BT), "num_tokens": float(mask_BT.sum())}
     return loss_BT, stats
 
 
@@ -136,7 +143,8 @@ def dppo_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantag
     loss_BT = torch.where(mask_BT, -(ratio_BT * t["advantages"].detach() * keep_BT), 0.0)
     with torch.no_grad():
         stats = {"tv_masked_fraction": _masked_mean(1.0 - keep_BT, mask_BT),
-                 "ratio_mean": _masked_mean(ratio_BT, mask_BT), "num_tokens": float(mask_BT.sum())}
+                 "ratio_mean": _masked_mean(ratio_BT, mask_BT), "approx_kl": approx_kl(ratio_BT, mask_BT),
+                 "num_tokens": float(mask_BT.sum())}
     return loss_BT, stats
 
 

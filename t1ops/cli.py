@@ -24,7 +24,8 @@ t1ops: run long-horizon agent RL campaigns (PPO with a critic, GRPO/DPPO) on
 MoE models with guardrails on, check a cluster plan before spending GPU-days,
 and prove every guardrail with the chaos harness.
 
-Start with `t1ops doctor`, then `t1ops run examples/tiny/campaign.toml`.
+Start with `t1ops doctor`, check a config with `t1ops run examples/tiny/campaign.toml --dry-run`,
+then `t1ops run examples/tiny/campaign.toml`; `t1ops runs` lists runs (docs/getting-started.md).
 """
 
 
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     except T1OpsError as err:
         print(f"t1ops {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `t1ops config | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass, field as dc_field
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
@@ -17,6 +18,8 @@ from rl.agent.bounded import check_nesting, short
 from rl.agent.settings import AgentLimits
 from rl.trainer.settings import Layout, TrainerSettings
 from t1ops.config_engine_checks import EngineChecks
+from t1ops.config_errors import FileKind, explain
+from t1ops.config_paths import RELATIVE_NOTE, ResolvedPath, check_files, resolve
 from t1ops.config_section import Section
 from t1ops.errors import ConfigError
 from t1ops.guards.field_config import FieldGuardsConfig, RunHealthConfig
@@ -25,13 +28,13 @@ from t1ops.parallel_layout import trainer_errors
 
 class RunConfig(Section):
     name: str = Field("tiny", description="Run name; the run id is '<name>-<timestamp>'.")
-    out_dir: str = Field("runs", description="Parent directory of run directories.")
+    out_dir: str = Field("runs", description="Parent directory of run directories (an output: relative to the working directory; `t1ops run --out` overrides it).")
     seed: int = Field(0, ge=0, description="Seed for sampling, task order and chaos schedules.")
     steps: int = Field(8, ge=1, le=100_000, description="RL steps to run (after warm start).")
     ray_address: str | None = Field(None, description="Ray cluster address; None starts a local Ray.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None: all).")
     mode: Literal["sync", "one_step", "fully_async"] = Field("one_step", description="Step pipeline: 'sync' (generate, then train), 'one_step' (batch t+1 generates while step t trains), 'fully_async' (group workers generate continuously within the staleness budget, [fully_async] section; docs/async.md).")
-    plan: str | None = Field(None, description="Cluster plan (TOML) that `t1ops preflight` must accept before launch (None: no gate).")
+    plan: str | None = Field(None, description="Cluster plan (TOML) that `t1ops preflight` must accept before launch (None: no gate). " + RELATIVE_NOTE)
 
 
 class ModelConfig(Section):
@@ -118,7 +121,7 @@ class TrainerConfig(TrainerSettings, Section):
 
 
 class RolloutConfig(AgentLimits, Section):
-    tasks_dir: str = Field("examples/tasks", description="Directory of Harbor-layout tasks.")
+    tasks_dir: str = Field("examples/tasks", description="Directory of Harbor-layout tasks (default: the repository's examples/tasks). " + RELATIVE_NOTE)
     batch_size: int = Field(8, ge=1, le=100_000, description="Trajectories per step.")
     n_samples_per_prompt: int = Field(2, ge=1, le=256, description="Samples per task (GRPO group size).")
     max_concurrency: int = Field(8, ge=1, description="Trials in flight at once.")
@@ -156,7 +159,7 @@ class HarnessConfig(Section):
     """The program ``rollout.agent = "command"`` runs as each trial's agent (docs/harness.md)."""
 
     argv: list[str] = Field(default_factory=lambda: ["{python}", "{harness}/openai_bash_agent.py"], min_length=1, description="Command line of the harness; {python}: an interpreter the sandbox uid can run, {harness}: program_dir as the trial sees it (nothing else of the repository exists in a trial).")
-    program_dir: str = Field("examples/harness", description="Directory holding the harness program (relative to the repository); read-only to the trial.")
+    program_dir: str = Field("examples/harness", description="Directory holding the harness program (default: the repository's examples/harness); read-only to the trial. " + RELATIVE_NOTE)
     max_corrections: int = Field(2, ge=0, le=10, description="Corrective observations per request when a reply's tool call does not parse; then the request fails.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the harness (no secrets: use the task's declared env).")
 
@@ -176,7 +179,7 @@ class EvalConfig(Section):
     """Held-out evaluation during training (docs/campaign.md, "Evaluation")."""
 
     every_steps: int = Field(0, ge=0, description="Evaluate held-out tasks every N RL steps, plus the warm-started weights (step 0) and the last step; 0: no evaluation.")
-    tasks_dir: str | None = Field(None, description="A separate pool of evaluation tasks; None: the training pool's tasks left out of the training set (rollout.num_train_tasks).")
+    tasks_dir: str | None = Field(None, description="A separate pool of evaluation tasks; None: the training pool's tasks left out of the training set (rollout.num_train_tasks). " + RELATIVE_NOTE)
     tasks: list[str] | None = Field(None, description="A declared evaluation split (task names in the eval pool); None: every held-out task. Never overlaps the training set (checked before launch).")
     samples_per_task: int = Field(2, ge=1, le=64, description="Trials per evaluation task.")
     greedy: bool = Field(False, description="Greedy decoding (temperature 0) for evaluation; false samples at eval.temperature.")
@@ -264,6 +267,9 @@ class TrackingConfig(Section):
 class CampaignConfig(Section):
     """The root of a campaign file. Fields that depend on each other are checked together."""
 
+    FILE_KIND: ClassVar[FileKind] = FileKind("campaign config", "t1ops config", "examples/tiny/campaign.toml",
+                                              "t1ops run")
+
     run: RunConfig = Field(default_factory=RunConfig, description="Run identity and length.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model shape.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Inference engines.")
@@ -304,6 +310,11 @@ class CampaignConfig(Section):
             raise ValueError(f"rollout.batch_size ({r.batch_size}) must be a multiple of "
                              f"rollout.n_samples_per_prompt ({r.n_samples_per_prompt}): a partial group would "
                              "silently shrink every batch")
+        groups, minis = r.batch_size // r.n_samples_per_prompt, self.trainer.mini_batches
+        if minis > groups:
+            raise ValueError(f"trainer.mini_batches ({minis}) splits a step's {groups} prompt groups "
+                             "(rollout.batch_size / n_samples_per_prompt) into optimizer steps, each at least "
+                             "one group: lower it or raise rollout.batch_size")
         if r.summary_max_new_tokens and r.summary_max_new_tokens + r.max_new_tokens >= r.context_window:
             raise ValueError(f"rollout.summary_max_new_tokens ({r.summary_max_new_tokens}) + max_new_tokens "
                              f"({r.max_new_tokens}) must be below rollout.context_window ({r.context_window}): "
@@ -337,26 +348,9 @@ RENAMED_KEYS: dict[str, str] = {
 }
 
 
-def _explain(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden" and key in RENAMED_KEYS:
-            lines.append(f"  key '{key}' was renamed: use '{RENAMED_KEYS[key]}' (see `t1ops config`)")
-            continue
-        if e["type"] == "extra_forbidden":
-            lines.append(f"  unknown key '{key}' (check spelling; see `t1ops config --help` for the schema)")
-            continue
-        ctx = e.get("ctx") or {}
-        bounds = ", ".join(f"{k} {v}" for k, v in ctx.items() if k in ("ge", "gt", "le", "lt", "expected"))
-        allowed = f" (allowed: {bounds})" if bounds else ""
-        got = "" if isinstance(e.get("input"), dict) else f"; got {e.get('input')!r}"  # a section: msg names it
-        lines.append(f"  '{key}': {e['msg']}{got}{allowed}")
-    return "\n".join(lines)
-
-
 def parse_config(data: dict[str, Any], model: type[BaseModel] = CampaignConfig, source: str = "<dict>") -> Any:
-    """Validate ``data`` into ``model``; raise ConfigError naming each bad key.
+    """Validate ``data`` into ``model``; raise ConfigError naming each bad key
+    (``t1ops.config_errors``: did you mean, the schema command, the kind of file expected).
 
     Strict types: outside data is never coerced (``"8"``, ``true`` or ``8.0``
     for an integer are errors, not 8 / 1 / 8); an integer is a valid float.
@@ -364,14 +358,38 @@ def parse_config(data: dict[str, Any], model: type[BaseModel] = CampaignConfig, 
     try:
         return model.model_validate(data, strict=True)
     except ValidationError as err:
-        raise ConfigError(_explain(err, source), source=source) from None
+        raise ConfigError(explain(err, source, model, data, RENAMED_KEYS, root_models()), source=source) from None
 
 
-def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig,
-              overrides: list[tuple[str, Any]] | None = None) -> Any:
-    """Load a TOML file into ``model`` (CampaignConfig unless told otherwise). ``overrides``:
-    (dotted key, value) pairs set into the file's data before validation (``t1ops run --set``,
-    :func:`t1ops.overrides.parse_assignments`), so they are validated exactly like the file."""
+def root_models() -> list[type[BaseModel]]:
+    """The root model of every kind of config file (imported here: they import this module)."""
+    from t1ops.plan.inputs import SimConfig
+    from t1ops.preflight.plan import Plan
+
+    return [CampaignConfig, Plan, SimConfig]
+
+
+@dataclass
+class LoadedConfig:
+    """A validated config file and where each value came from (``t1ops run --dry-run``)."""
+
+    config: Any
+    path: Path
+    sources: dict[str, str]                      # dotted key -> "default", "file" or "--set"
+    paths: dict[str, ResolvedPath] = dc_field(default_factory=dict)  # input paths, resolved
+
+    def missing_files(self) -> list[str]:
+        """The input paths that name no file or directory (``t1ops.config_paths.check_files``)."""
+        return check_files(self.config, self.paths) if isinstance(self.config, CampaignConfig) else []
+
+
+def load_config(path: str | Path, model: type[BaseModel] = CampaignConfig,
+                overrides: list[tuple[str, Any]] | None = None) -> LoadedConfig:
+    """Load a TOML file into ``model`` with ``overrides`` ((dotted key, value) pairs, ``--set``)
+    set into its data before validation, so they are validated exactly like the file. A campaign's
+    relative input paths resolve against the file's directory (``t1ops.config_paths``)."""
+    from t1ops.overrides import apply_overrides, dotted
+
     path = Path(path)
     try:
         text = path.read_text()
@@ -380,17 +398,39 @@ def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig,
             raise ConfigError(f"config file {path} {deep}; a campaign config nests a few levels", path=str(path))
         data = tomllib.loads(text)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist", path=str(path)) from None
+        raise ConfigError(f"config file {path} does not exist (resolved to {path.absolute()})",
+                          path=str(path)) from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory; give a {_kind_name(model)} file (TOML)", path=str(path)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {err}", path=str(path)) from None
     except (tomllib.TOMLDecodeError, RecursionError) as err:
         raise ConfigError(f"config file {path} is not valid TOML: {short(err, 300)}", path=str(path)) from None
+    file_keys = set(dotted(data))
+    set_keys = {k for k, _ in overrides or []}
+    source = str(path)
     if overrides:
-        from t1ops.overrides import apply_overrides
-
         data = apply_overrides(data, overrides)
-        return parse_config(data, model, source=f"{path} with --set " + " ".join(k for k, _ in overrides))
-    return parse_config(data, model, source=str(path))
+        source = f"{path} with --set " + " ".join(k for k, _ in overrides)
+    paths = {}
+    if issubclass(model, CampaignConfig):
+        paths = resolve(data, file_dir=path.resolve().parent, set_keys=set_keys,
+                        defaults=dotted(CampaignConfig().model_dump()))
+    cfg = parse_config(data, model, source=source)
+    sources = {k: "--set" if k in set_keys else "file" if k in file_keys else "default"
+               for k in dotted(cfg.model_dump())}
+    return LoadedConfig(cfg, path, sources, paths)
+
+
+def load_toml(path: str | Path, model: type[BaseModel] = CampaignConfig,
+              overrides: list[tuple[str, Any]] | None = None) -> Any:
+    """The validated config of :func:`load_config` (CampaignConfig unless told otherwise)."""
+    return load_config(path, model, overrides).config
+
+
+def _kind_name(model: type[BaseModel]) -> str:
+    kind = getattr(model, "FILE_KIND", None)
+    return kind.name if kind else "config"
 
 
 def describe(model: type[BaseModel] = CampaignConfig, prefix: str = "") -> list[tuple[str, str, str]]:

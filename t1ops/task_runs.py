@@ -41,7 +41,7 @@ def oracle_command(task: Task) -> str:
     return f"env {exports} bash {ORACLE_SCRIPT}" if exports else f"bash {ORACLE_SCRIPT}"
 
 
-def run_one(task: Task, sandbox, idx: int, *, oracle: bool) -> dict:
+def run_one(task: Task, sandbox, idx: int, *, oracle: bool, scale: float = 20.0) -> dict:
     """Run ``task`` once in ``sandbox`` (see module doc); never raises for what the task does."""
     from rl.agent.verifier import verify_within
 
@@ -52,7 +52,7 @@ def run_one(task: Task, sandbox, idx: int, *, oracle: bool) -> dict:
     try:
         ran = trial.exec(oracle_command(task), timeout_s=task.agent_timeout_s) if oracle else None
         trial.finish()
-        verdict = verify_within(trial)   # a wall-clock bound whatever the verifier does
+        verdict = verify_within(trial, scale=scale)   # a wall-clock bound whatever the verifier does
     finally:
         close = getattr(trial, "close", None)
         if close is not None:
@@ -78,7 +78,7 @@ def unreachable(ran) -> str:
 
 
 def run_paths(paths: list[Path], *, oracle: bool, allow_internet: bool = False,
-              trials_root: Path | None = None, backend: str = "local") -> list[dict]:
+              trials_root: Path | None = None, backend: str = "local", scale: float = 20.0) -> list[dict]:
     """One result row per task found under ``paths`` (module doc)."""
     from rl.agent.sandbox import Sandbox
 
@@ -91,7 +91,8 @@ def run_paths(paths: list[Path], *, oracle: bool, allow_internet: bool = False,
         for i, d in enumerate(dirs, 1):
             print(f"[{i}/{len(dirs)}] {d.name} ...", file=sys.stderr, flush=True)
             rows.append(_run_dir(d, sandbox, i, oracle=oracle, allow_internet=allow_internet,
-                                 env_backend=backend_named(backend)))
+                                 env_backend=backend_named(backend), scale=scale))
+            rows[-1]["scale"] = scale
             row = rows[-1]
             print(f"[{i}/{len(dirs)}] {d.name}: reward {row['reward']} ({row['source']}) "
                   f"{row['reason']}", file=sys.stderr, flush=True)
@@ -99,7 +100,7 @@ def run_paths(paths: list[Path], *, oracle: bool, allow_internet: bool = False,
 
 
 def _run_dir(d: Path, sandbox, idx: int, *, oracle: bool, allow_internet: bool,
-             env_backend: Environment = LOCAL) -> dict:
+             env_backend: Environment = LOCAL, scale: float = 20.0) -> dict:
     from rl.agent.container.images import ImageBuildError
     from rl.agent.container.mcp import McpNotReady
 
@@ -110,7 +111,7 @@ def _run_dir(d: Path, sandbox, idx: int, *, oracle: bool, allow_internet: bool,
     if not env.runs_locally:
         return _row(d.name, reason="; ".join(env.needs))
     try:
-        return run_one(check.task, sandbox, idx, oracle=oracle)
+        return run_one(check.task, sandbox, idx, oracle=oracle, scale=scale)
     except ImageBuildError as e:   # a named verdict, never a crash: reward 0, no trial ran
         return _row(d.name, reward=0.0, source="build-failed", reason=f"build-failed: {e}")
     except McpNotReady as e:
@@ -130,12 +131,16 @@ def print_rows(rows: list[dict], *, as_json: bool) -> None:
     sys.stdout.flush()
     print(f"{len(rows)} tasks: {solved} solved, {no_verdict} no-verdict, {not_run} not run",
           file=sys.stderr)
+    scale = rows[0].get("scale", 20.0) if rows else 20.0
+    print(f"reward = passed tests / S with S = {scale:g} (--scale; a campaign's rollout.reward_scale, the "
+          "report's S = 20): a solved 4-test task scores 4/S; 'solved' means every test passed", file=sys.stderr)
 
 
 def _print_table(rows: list[dict]) -> None:
-    print(f"{'task':<28} {'reward':>7} {'source':<14} {'passed':>7} {'secs':>6}  reason")
+    print(f"{'task':<28} {'reward':>7} {'=passed/S':>9} {'source':<14} {'passed':>7} {'secs':>6}  reason")
     for r in rows:
         reward = "-" if r["reward"] is None else f"{r['reward']:.3f}"
+        of_s = "-" if r["passed"] is None else f"{r['passed']}/{r.get('scale', 20.0):g}"
         passed = "-" if r["total"] is None else f"{r['passed']}/{r['total']}"
-        print(f"{r['task']:<28} {reward:>7} {r['source']:<14} {passed:>7} {r['duration_s']:>6.1f}  "
+        print(f"{r['task']:<28} {reward:>7} {of_s:>9} {r['source']:<14} {passed:>7} {r['duration_s']:>6.1f}  "
               f"{r['reason']}")

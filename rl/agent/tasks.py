@@ -216,6 +216,10 @@ LEGACY_HINT = ("older Terminal-Bench layout (task.yaml, run-tests.sh, solution.s
 def inspect_task(path: str | Path) -> TaskCheck:
     """Read one task directory and collect every problem (see :class:`TaskCheck`)."""
     root = Path(path).resolve()
+    if not root.is_dir():  # not a link escape: nothing is there (issue 55)
+        what = "does not exist" if not root.exists() else "is a file, not a task directory"
+        return TaskCheck(root, None, (f"{root} {what}; a task is a directory with instruction.md, task.toml "
+                                      "and tests/test.sh (docs/tasks.md)",))
     if (root / "task.yaml").is_file() and not (root / "task.toml").is_file():
         return TaskCheck(root, None, (f"{root}: {LEGACY_HINT}",))
     problems: list[str] = [f"{root}: {p}" for p in filter(None, [name_problem(root.name)])]
@@ -338,6 +342,6 @@ def effective_timeout(task_timeout_s: float, override_s: float | None, *,
         log.warning("%s budget: %s", what, reason)
         return Budget(override_s, "override-lowered", reason)
     reason = (f"override {override_s:g}s ignored: it would lower the task-declared "
-              f"{task_timeout_s:g}s; pass allow_lower to force it")
+              f"{task_timeout_s:g}s; set rollout.allow_lower_timeouts = true to force it")
     log.warning("%s budget: %s", what, reason)
     return Budget(task_timeout_s, "task", reason)

@@ -18,6 +18,7 @@ world. Clipping then matches ``torch.nn.utils.clip_grad_norm_`` exactly.
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
@@ -104,3 +105,25 @@ def reduce_clip_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, g
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
+
+
+class Tally:
+    """Token-weighted mean of per-micro-batch masked means, summed over DP ranks."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+
+    def add(self, stats: Mapping[str, float], keys: tuple[str, ...], loss: float) -> None:
+        n = stats.get("num_tokens", 0.0)
+        self.sums["loss"] = self.sums.get("loss", 0.0) + loss
+        self.sums["n"] = self.sums.get("n", 0.0) + n
+        for k in keys:
+            self.sums[k] = self.sums.get(k, 0.0) + (stats[k] * n if n else 0.0)
+
+    def total(self, group) -> dict[str, float]:
+        keys = sorted(self.sums)
+        t = torch.tensor([self.sums[k] for k in keys], dtype=torch.float64, device=comm_device())
+        dist.all_reduce(t, group=group)
+        out = dict(zip(keys, t.cpu().tolist()))
+        n = out.pop("n")
+        return {k: (v if k == "loss" else (v / n if n else math.nan)) for k, v in out.items()}

@@ -88,3 +88,16 @@ def plan_micro_batches(per_rank: list[list[int]], lengths: Sequence[int], max_to
             cursors[r] += len(mine)
             plans[r].append(MicroBatch(tuple(mine) + (FILLER,) * (take - len(mine)), pos))
     return plans
+
+
+def mini_batch_rows(group_ids: Sequence, num: int) -> list[list[int]]:
+    """Rows of each of ``num`` mini-batches: the prompt groups, in order of first appearance, split
+    into ``num`` contiguous near-equal parts (a group's rows, chunks of one trajectory included,
+    stay together). The walkthrough's ``train_batch_size`` groups in ``mini_batch_size`` steps."""
+    groups = list(dict.fromkeys(group_ids))
+    if num < 1 or len(groups) < num:
+        raise InputError(f"trainer.mini_batches = {num} needs at least that many prompt groups; the batch has "
+                         f"{len(groups)} (raise rollout.batch_size or lower trainer.mini_batches)",
+                         num_groups=len(groups))
+    parts = [set(groups[i * len(groups) // num:(i + 1) * len(groups) // num]) for i in range(num)]
+    return [[r for r, g in enumerate(group_ids) if g in part] for part in parts]

@@ -41,9 +41,9 @@ from rl.losses import dppo_loss, ppo_clip_loss, reduction_weights, tis_weights, 
 from rl.metrics import checked_logprob_gap, explained_variance
 from rl.trainer import rank_forward as rf
 from rl.trainer.batch import TrainBatch
-from rl.trainer.grads import comm_device, reduce_clip_step
-from rl.trainer.optim import build_optimizer
-from rl.trainer.packing import MicroBatch, pack_to_ranks, plan_micro_batches
+from rl.trainer.grads import Tally, comm_device, reduce_clip_step
+from rl.trainer.optim import build_optimizer, lr_factor, set_lr
+from rl.trainer.packing import MicroBatch, mini_batch_rows, pack_to_ranks, plan_micro_batches
 from rl.trainer.settings import Layout, TrainerSettings
 from rl.trainer.shard import assemble, local_from_full, placements
 from rl.trainer.sft import SftStats
@@ -68,28 +68,6 @@ def build_models(spec, settings: TrainerSettings, seed: int, unk_id: int | None,
     critic = rmodel.build_critic(spec, seed + 1, sequence_parallel=sequence_parallel) \
         if settings.mode == "ppo" else None
     return actor, critic
-
-
-class _Tally:
-    """Token-weighted mean of per-micro-batch masked means, summed over DP ranks."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-
-    def add(self, stats: Mapping[str, float], keys: tuple[str, ...], loss: float) -> None:
-        n = stats.get("num_tokens", 0.0)
-        self.sums["loss"] = self.sums.get("loss", 0.0) + loss
-        self.sums["n"] = self.sums.get("n", 0.0) + n
-        for k in keys:
-            self.sums[k] = self.sums.get(k, 0.0) + (stats[k] * n if n else 0.0)
-
-    def total(self, group) -> dict[str, float]:
-        keys = sorted(self.sums)
-        t = torch.tensor([self.sums[k] for k in keys], dtype=torch.float64, device=comm_device())
-        dist.all_reduce(t, group=group)
-        out = dict(zip(keys, t.cpu().tolist()))
-        n = out.pop("n")
-        return {k: (v if k == "loss" else (v / n if n else math.nan)) for k, v in out.items()}
 
 
 class RankTrainer:
@@ -179,10 +157,16 @@ class RankTrainer:
         self._behaviour = None if local_state is None else copy_state(local_state)
 
     # --- plan -----------------------------------------------------------------------------
-    def plan(self, batch: TrainBatch) -> list[MicroBatch]:
-        """This rank's micro-batches (all ranks compute the same plan from the same batch)."""
+    def plan(self, batch: TrainBatch, rows: list[int] | None = None) -> list[MicroBatch]:
+        """This rank's micro-batches of ``rows`` (None: every row); all ranks compute the same plan
+        from the same batch. A row stays on the rank the whole batch packs it to, whatever part of
+        it is planned: that rank alone holds its routing rows (``dataplane.fetch_shard``); a rank
+        with no row in the part joins the gradient reduction with zeros (``reduce_grads``)."""
         lengths = batch.num_tokens_B.tolist()
         per_rank = pack_to_ranks(lengths, self.layout.dp)
+        if rows is not None:
+            keep = set(rows)
+            per_rank = [[i for i in r if i in keep] for r in per_rank]
         plans = plan_micro_batches(per_rank, lengths, self.layout.max_tokens_per_gpu, self.layout.sp_size,
                                    aligned=self.layout.ep > 1)
         return plans[self.dp_rank]
@@ -243,62 +227,94 @@ class RankTrainer:
     def _weighted(self, loss_bT: torch.Tensor, w_bT: torch.Tensor) -> torch.Tensor:
         return (torch.where(w_bT > 0, loss_bT, 0.0) * w_bT).sum()
 
-    def _critic_update(self, batch, plan, weights_BT, old_BT, returns_BT) -> tuple[dict, float]:
+    def mini_batches(self, batch: TrainBatch, plan: list[MicroBatch],
+                     weights_BT: torch.Tensor) -> list[tuple[list[MicroBatch], torch.Tensor]]:
+        """(this rank's micro-batches, reduction weights) of each optimizer step of an epoch: the
+        whole batch, or its ``trainer.mini_batches`` parts (``rl.trainer.packing.mini_batch_rows``),
+        each reduced on its own as a separate batch would be. A part without a loss token is left
+        out on every rank alike."""
+        if self.settings.mini_batches == 1:
+            return [(plan, weights_BT)]
+        out = []
+        for rows in mini_batch_rows(batch.group_ids, self.settings.mini_batches):
+            mask = torch.zeros_like(batch.loss_mask_BT)
+            mask[rows] = batch.loss_mask_BT[rows]
+            if mask.any():
+                out.append((self.plan(batch, rows), reduction_weights(mask, self.settings.loss_reduction,
+                                                                      batch.prompt_ids)))
+        return out
+
+    def _critic_update(self, batch, minis, old_BT, returns_BT) -> tuple[dict, float]:
+        """``ppo_epochs`` x mini-batches value steps; the last epoch's tallies and mean pre-clip norm."""
         s, mask_BT = self.settings, batch.loss_mask_BT
         self.critic.train()
         for _ in range(s.ppo_epochs):
-            tally = _Tally()
-            for mb in plan:
-                mask = rf.slice_rows(mask_BT, mb, fill=False)
-                with self._watch("micro-batch forward/backward"):
-                    values = rf.critic_values(self.critic, batch, mb)
-                    loss_bT, stats = value_loss(values, rf.slice_rows(old_BT, mb), rf.slice_rows(returns_BT, mb),
-                                                mask, clip=s.value_clip)
-                    loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
-                    loss.backward()
-                tally.add(stats, ("clip_fraction",), float(loss.detach()))
-                self._tick()
-            with self._watch("gradient all-reduce (critic)"):
-                norm = reduce_clip_step(self.critic, self.critic_optimizer, s.grad_clip)
-        return tally.total(self.dp_group), norm
+            tally, norms = Tally(), []
+            for plan, weights_BT in minis:
+                norms.append(self._critic_pass(batch, plan, weights_BT, old_BT, returns_BT, mask_BT, tally,
+                                               len(minis)))
+        return tally.total(self.dp_group), sum(norms) / len(norms)
 
-    def _actor_update(self, batch, plan, weights_BT, advantages, old_BT, tis_BT) -> tuple[dict, float, dict]:
-        """``ppo_epochs`` clipped steps: PPO against ``old_BT``, or DPPO against the rollout's log-probs.
-        Returns the last epoch's tallies, its pre-clip grad norm and the first epoch's forward
-        (``{"logprobs": {sample: [n]}, "entropy": ...}``, this rank's samples, current weights)."""
+    def _critic_pass(self, batch, plan, weights_BT, old_BT, returns_BT, mask_BT, tally, num_minis) -> float:
+        """One optimizer step of the critic over ``plan``; returns its pre-clip gradient norm."""
+        s = self.settings
+        for mb in plan:
+            mask = rf.slice_rows(mask_BT, mb, fill=False)
+            with self._watch("micro-batch forward/backward"):
+                values = rf.critic_values(self.critic, batch, mb)
+                loss_bT, stats = value_loss(values, rf.slice_rows(old_BT, mb), rf.slice_rows(returns_BT, mb),
+                                            mask, clip=s.value_clip)
+                loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
+                loss.backward()
+            tally.add(stats, ("clip_fraction",), float(loss.detach()) / num_minis)
+            self._tick()
+        with self._watch("gradient all-reduce (critic)"):
+            return reduce_clip_step(self.critic, self.critic_optimizer, s.grad_clip)
+
+    def _actor_update(self, batch, minis, advantages, old_BT, tis_BT) -> tuple[dict, float, dict]:
+        """``ppo_epochs`` x mini-batches clipped steps: PPO against ``old_BT``, or DPPO against the
+        rollout's log-probs. Returns the last epoch's tallies, its mean pre-clip grad norm and the
+        first epoch's forward (``{"logprobs": {sample: [n]}, "entropy": ...}``, this rank's samples)."""
         s, mask_BT = self.settings, batch.loss_mask_BT
         adv_BT = advantages if advantages.dim() == 2 else advantages[:, None].expand(mask_BT.shape).contiguous()
-        key = "clip_fraction" if s.mode == "ppo" else "tv_masked_fraction"
-        extra = ("dual_clip_fraction",) if s.mode == "ppo" else ()
         first: dict[str, dict[int, torch.Tensor]] = {"logprobs": {}, "entropy": {}}
         self.actor.train()
         for epoch in range(s.ppo_epochs):
-            tally = _Tally()
-            for mb in plan:
-                mask = rf.slice_rows(mask_BT, mb, fill=False)
-                with self._watch("micro-batch forward"):
-                    lp = self._actor_lp(batch, mb, s.r3, with_entropy=epoch == 0)
-                if epoch == 0:
-                    lp, entropy = lp
-                    rf.collect(mb, lp, first["logprobs"])
-                    rf.collect(mb, entropy, first["entropy"])
-                adv = rf.slice_rows(adv_BT, mb)
-                if s.mode == "ppo":
-                    loss_bT, stats = ppo_clip_loss(lp, rf.slice_rows(old_BT, mb), adv, mask, s.clip_low, s.clip_high,
-                                                   s.clip_ratio_c)
-                else:
-                    loss_bT, stats = dppo_loss(lp, rf.slice_rows(batch.rollout_logprobs_BT, mb), adv, mask,
-                                               *s.dppo_deltas)
-                if tis_BT is not None:
-                    loss_bT = loss_bT * rf.slice_rows(tis_BT, mb)
-                loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
-                with self._watch("micro-batch backward"):
-                    loss.backward()
-                tally.add(stats, (key, "ratio_mean") + extra, float(loss.detach()))
-                self._tick()
-            with self._watch("gradient all-reduce (actor)"):
-                norm = reduce_clip_step(self.actor, self.actor_optimizer, s.grad_clip)
-        return tally.total(self.dp_group), norm, first
+            tally, norms = Tally(), []
+            for plan, weights_BT in minis:
+                norms.append(self._actor_pass(batch, plan, weights_BT, adv_BT, old_BT, tis_BT, tally, first,
+                                              epoch, len(minis)))
+        return tally.total(self.dp_group), sum(norms) / len(norms), first
+
+    def _actor_pass(self, batch, plan, weights_BT, adv_BT, old_BT, tis_BT, tally, first, epoch, num_minis) -> float:
+        """One optimizer step of the actor over ``plan``; returns its pre-clip gradient norm."""
+        s, mask_BT = self.settings, batch.loss_mask_BT
+        key = "clip_fraction" if s.mode == "ppo" else "tv_masked_fraction"
+        extra = ("dual_clip_fraction",) if s.mode == "ppo" else ()
+        for mb in plan:
+            mask = rf.slice_rows(mask_BT, mb, fill=False)
+            with self._watch("micro-batch forward"):
+                lp = self._actor_lp(batch, mb, s.r3, with_entropy=epoch == 0)
+            if epoch == 0:
+                lp, entropy = lp
+                rf.collect(mb, lp, first["logprobs"])
+                rf.collect(mb, entropy, first["entropy"])
+            adv = rf.slice_rows(adv_BT, mb)
+            if s.mode == "ppo":
+                loss_bT, stats = ppo_clip_loss(lp, rf.slice_rows(old_BT, mb), adv, mask, s.clip_low, s.clip_high,
+                                               s.clip_ratio_c)
+            else:
+                loss_bT, stats = dppo_loss(lp, rf.slice_rows(batch.rollout_logprobs_BT, mb), adv, mask,
+                                           *s.dppo_deltas)
+            if tis_BT is not None:
+                loss_bT = loss_bT * rf.slice_rows(tis_BT, mb)
+            loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
+            with self._watch("micro-batch backward"):
+                loss.backward()
+            tally.add(stats, (key, "ratio_mean", "approx_kl") + extra, float(loss.detach()) / num_minis)
+            self._tick()
+        with self._watch("gradient all-reduce (actor)"):
+            return reduce_clip_step(self.actor, self.actor_optimizer, s.grad_clip)
 
     def train_step(self, batch: TrainBatch, *, behaviour: str = "snapshot") -> StepStats:
         """Critic step (PPO), then the actor's clipped step unless in critic warm-up.
@@ -313,6 +329,11 @@ class RankTrainer:
                              "stepping on nothing", num_samples=batch.num_samples)
         plan = self.plan(batch)
         weights_BT = reduction_weights(mask_BT, s.loss_reduction, batch.prompt_ids)
+        minis = self.mini_batches(batch, plan, weights_BT)
+        lr_scale = lr_factor(self.step, s)
+        set_lr(self.actor_optimizer, s.actor_lr * lr_scale)
+        if self.critic_optimizer is not None:
+            set_lr(self.critic_optimizer, s.critic_lr * lr_scale)
         critic = None
         if s.mode == "ppo":
             old_values_BT = self._values(batch, plan)
@@ -320,7 +341,7 @@ class RankTrainer:
             ev = explained_variance(old_values_BT, returns_BT, mask_BT)
             if s.advantage_whitening:  # the returns (critic targets) stay raw
                 advantages = whiten_advantages(advantages, mask_BT)
-            critic = (ev, *self._critic_update(batch, plan, weights_BT, old_values_BT, returns_BT))
+            critic = (ev, *self._critic_update(batch, minis, old_values_BT, returns_BT))
         else:
             advantages = grpo_token_advantages(batch, s.grpo_norm_by_std)
         old_BT, behaviour_entropy = self.behaviour_logprobs(batch, plan=plan, with_entropy=True) \
@@ -330,10 +351,10 @@ class RankTrainer:
             tis_BT, _ = tis_weights(old_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap, s.tis_mode)
         actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
         ratio_old_BT = batch.rollout_logprobs_BT if bp.ratio_from_rollout else old_BT
-        actor = self._actor_update(batch, plan, weights_BT, advantages, ratio_old_BT, tis_BT) \
+        actor = self._actor_update(batch, minis, advantages, ratio_old_BT, tis_BT) \
             if actor_updated else None
         entropy = behaviour_entropy
-        if actor is not None:
+        if actor is not None and len(minis) == 1:  # several steps: later parts' forwards saw updated weights
             entropy = masked_token_mean(self._gather(actor[2]["entropy"], batch), mask_BT)
         if old_BT is None:  # GRPO without TIS (its actor always steps): measure on the first epoch's forward
             old_BT = self._gather(actor[2]["logprobs"], batch)
@@ -357,7 +378,8 @@ class RankTrainer:
             tis_mode=s.tis_mode, behaviour_recomputed=bp.recompute,
             # the actor's first forward; a critic-only step has none, but its actor has not moved since
             # the behaviour snapshot it was published as, so the behaviour forward is the same policy
-            entropy=entropy)
+            entropy=entropy, actor_lr=s.actor_lr * lr_scale, kl_behaviour=a.get("approx_kl", nan),
+            optimizer_steps=s.ppo_epochs * len(minis) if actor_updated else 0)
 
     def sft_step(self, tokens, loss_mask) -> SftStats:
         """Supervised step (token-mean NLL, free routing), data-parallel over the same packer."""

@@ -4,13 +4,17 @@
 extends it with the rank layout (``parallel``); the campaign hands the validated model to
 the trainer actors as is (Ray pickles it). Defaults follow the T1 report, section 04: clip
 0.2 symmetric, value clip 0.2, gamma = lambda = 1, Adam(0.9, 0.98), weight decay 0.1,
-constant LR, critic at 30x the actor's LR.
+constant LR, one optimizer step per batch, gradient norm clipped at 1.0 (the walkthrough's
+``max_grad_norm``). The learning rates are the tiny CPU model's tested values, not the report's
+(1e-6 actor, 30x critic for a 122B model): at the report's 30x a tiny critic diverges
+(docs/campaign.md, "Learning evidence"). Warmup, a decay schedule and mini-batches are off by
+default (``rl.trainer.optim``).
 """
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MODES = ("ppo", "grpo")
 
@@ -44,8 +48,13 @@ class TrainerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     mode: Literal["ppo", "grpo"] = Field("ppo", description="PPO with a critic and GAE, or GRPO with DPPO.")
-    actor_lr: float = Field(1e-3, gt=0, le=1.0, description="Actor learning rate (constant).")
-    critic_lr_multiplier: float = Field(30.0, gt=0, le=1000, description="Critic LR as a multiple of the actor's (30x in the report).")
+    actor_lr: float = Field(3e-4, gt=0, le=1.0, description="Actor peak learning rate (the tiny model's tested value: at 7e-4 its held-out reward fell; the report's 122B model: 1e-6).")
+    critic_lr_multiplier: float = Field(1.5, gt=0, le=1000, description="Critic LR as a multiple of the actor's (the report: 30x at a 1e-6 actor LR; a tiny critic at 30 x 7e-4 diverges, hence 1.5).")
+    lr_warmup_steps: int = Field(0, ge=0, le=100_000, description="RL steps over which both learning rates ramp linearly up to their peak (0: none, as the report).")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Learning rate after warmup: 'constant' (the report), or a 'linear' / 'cosine' decay to lr_min_ratio x peak at lr_decay_steps.")
+    lr_decay_steps: int | None = Field(None, ge=1, description="RL step at which a linear or cosine decay reaches its floor (warmup included); required by those schedules.")
+    lr_min_ratio: float = Field(0.0, ge=0, le=1, description="Floor of a decaying schedule as a fraction of the peak LR.")
+    mini_batches: int = Field(1, ge=1, le=1024, description="Optimizer steps per RL step and epoch: the batch's prompt groups are split into this many mini-batches, each its own clipped step (the walkthrough's train_batch_size / mini_batch_size); 1: one step per batch (the report).")
     critic_warmup_steps: int = Field(0, ge=0, description="Critic-only steps before the actor updates (report: 2, after a warm-loaded critic).")
     critic_warm_load: str | None = Field(None, description="Warm-load the critic from a checkpoint: a critic step dir (checkpoints/critic/step_N) or a critic role dir (its newest step) of an earlier run; None: a fresh critic (T1 report section 04: warm-loaded, then critic_warmup_steps critic-only steps).")
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
@@ -61,7 +70,7 @@ class TrainerSettings(BaseModel):
     weight_decay: float = Field(0.1, ge=0, le=1, description="AdamW weight decay.")
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
     adam_beta2: float = Field(0.98, ge=0, lt=1, description="Adam beta2.")
-    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm of each optimizer step to this (the walkthrough's max_grad_norm = 1.0); the pre-clip norm is the step row's actor_grad_norm.")
     ppo_epochs: int = Field(1, ge=1, le=16, description="Passes over each batch.")
     save_every: int = Field(4, ge=1, description="Write the full checkpoint (both roles and the trainer state: a resume point) every N steps and at the last step; the other steps only publish the actor to the engines.")
     warm_start_steps: int = Field(110, ge=0, description="Supervised warm-start steps on task solutions before RL (the report's RL starts from SFT).")
@@ -73,6 +82,16 @@ class TrainerSettings(BaseModel):
     grpo_norm_by_std: bool = Field(False, description="GRPO: divide group-centred advantages by the group's std (off: the walkthrough's Dr. GRPO-style centring).")
     advantage_whitening: bool = Field(False, description="PPO: whiten GAE advantages over the batch's tokens (off: the report, 'advantage normalization is not enabled').")
     gap_reducer: Literal["token_mean"] = Field("token_mean", description="Reducer of the train-vs-rollout log-prob gap, self-checked against the direct token mean on every step (rl.metrics.checked_logprob_gap); the chaos harness alone selects a wrong one (docs/failures.md, metrics-reducer).")
+
+    @model_validator(mode="after")
+    def _schedule(self) -> "TrainerSettings":
+        if self.lr_schedule != "constant" and self.lr_decay_steps is None:
+            raise ValueError(f"trainer.lr_schedule = '{self.lr_schedule}' decays to trainer.lr_min_ratio at "
+                             "trainer.lr_decay_steps: set it (e.g. to run.steps), or lr_schedule = 'constant'")
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= self.lr_warmup_steps:
+            raise ValueError(f"trainer.lr_decay_steps ({self.lr_decay_steps}) must be above "
+                             f"trainer.lr_warmup_steps ({self.lr_warmup_steps}): the decay starts after warmup")
+        return self
 
     @property
     def dppo_deltas(self) -> tuple[float, float]:

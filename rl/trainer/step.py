@@ -42,7 +42,9 @@ class BehaviourPlan:
 def behaviour_plan(s: TrainerSettings, behaviour: str) -> BehaviourPlan:
     if behaviour not in ("snapshot", "rollout"):
         raise InputError(f"behaviour must be 'snapshot' or 'rollout', got {behaviour!r}", argument="behaviour")
-    return BehaviourPlan(recompute=s.mode == "ppo" or s.tis_mode != "off",
+    # several optimizer steps per batch: later parts' forwards run on updated weights, so the
+    # behaviour (log-prob gap, entropy) is measured by a recompute under the snapshot
+    return BehaviourPlan(recompute=s.mode == "ppo" or s.tis_mode != "off" or s.mini_batches > 1,
                          ratio_from_rollout=behaviour == "rollout",
                          apply_tis=s.tis_mode != "off" and behaviour != "rollout")
 
@@ -73,6 +75,9 @@ class StepStats:
     tis_mode: str = "off"             # "off": recorded only; "token"/"sequence": applied to the loss
     behaviour_recomputed: bool = True  # False: GRPO without TIS skipped the old-log-prob forward
     entropy: float = math.nan          # policy entropy over loss tokens, logged without gradient
+    kl_behaviour: float = math.nan     # approx. KL(behaviour || policy) over the last epoch's forwards (k3)
+    actor_lr: float = math.nan         # the actor's LR this step (warmup and schedule applied)
+    optimizer_steps: int = 1           # actor optimizer steps this step: ppo_epochs x mini-batches (0: critic only)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -42,6 +42,7 @@ from t1ops.config import CampaignConfig
 from t1ops.tracking import Tracker
 from t1ops.guards.dist import timeout_for
 from t1ops.preflight import require_ok
+from t1ops.runs import mark
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
 
 # Observations a tiny policy should be able to read back (other output maps to UNK).
@@ -337,6 +338,7 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
     else:  # refused (config, checkpoints, steps) before anything starts
         run, point, previous = open_for_resume(resume, cfg)
     (run.path / "config.json").write_text(cfg.model_dump_json(indent=2))
+    mark(run.path, "running", steps=cfg.run.steps)   # `t1ops runs` (t1ops.runs)
     telemetry.setup(run.path, **_telemetry_kw(cfg))
     raise_nofile_limit()
     progress = Progress(cfg.run.steps, enabled=show_progress)
@@ -362,7 +364,11 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
         with progress:
             step_loop(c, summary, progress)
         tracker.report(plot(summary.save()), cfg.run.steps)
+        mark(run.path, "finished", steps=cfg.run.steps)
         return run.path
+    except BaseException as err:
+        mark(run.path, "crashed", error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300])
+        raise
     finally:
         if tracker is not None:
             tracker.close()

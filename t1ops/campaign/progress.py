@@ -50,12 +50,7 @@ class Progress:
         self.engines = engines or self.engines
         if row is not None:
             ev = self.eval_text(evaluation)
-            critic_only = " critic-only" if row.get("actor_updated") is False else ""
-            desc = (f"step {step}{critic_only} reward {_fmt(row['reward_mean'])} "
-                    f"EV {_fmt(row['explained_variance'], '.2f')} entropy {_fmt(row.get('entropy', float('nan')), '.3f')} "
-                    f"gap {_fmt(row['logprob_gap'], '.4f')} turns {_fmt(row['turns_mean'], '.1f')} "
-                    f"{row['step_s']:.1f}s/step (rollout {row['rollout_s']:.1f}s: {split_text(row)})"
-                    f"{' | ' + ev if ev else ''} | engines {self.engines}" + _async_part(row)
+            desc = (row_text(row, ev) + f" | engines {self.engines}" + _async_part(row)
                     + (f" | ALARM {' '.join(row['health_alarms'])}" if row.get("health_alarms") else ""))
             self._bar.update(self._task, completed=step, description=desc)
             if not self.enabled or not sys.stderr.isatty():
@@ -63,6 +58,18 @@ class Progress:
         else:
             self._bar.update(self._task, description=f"step {step}: {phase} (trials in flight {in_flight}) "
                                                      f"| engines {self.engines}")
+
+
+def row_text(row: dict, eval_text: str = "") -> str:
+    """A step row as the step line (`t1ops run`'s progress, `t1ops runs tail`)."""
+    critic_only = " critic-only" if row.get("actor_updated") is False else ""
+    nan = float("nan")
+    return (f"step {row['step']}{critic_only} reward {_fmt(row['reward_mean'])} "
+            f"EV {_fmt(row['explained_variance'], '.2f')} entropy {_fmt(row.get('entropy', nan), '.3f')} "
+            f"gap {_fmt(row['logprob_gap'], '.4f')} turns {_fmt(row['turns_mean'], '.1f')} "
+            f"lr {_fmt(row.get('actor_lr', nan), '.1e')} gnorm {_fmt(row.get('actor_grad_norm', nan), '.2f')} "
+            f"{row['step_s']:.1f}s/step (rollout {row['rollout_s']:.1f}s: {split_text(row)})"
+            + (f" | {eval_text}" if eval_text else ""))
 
 
 def _async_part(row: dict) -> str:

@@ -135,11 +135,16 @@ def plan_resume(ckpt_base: str | Path, needs_critic: bool) -> ResumePoint:
 
 
 def check_same_campaign(stored: dict, cfg: dict) -> None:
-    """Refuse a resume whose config differs from the run's own beyond RESUMABLE_KEYS."""
-    diffs = sorted(k for k in dotted(stored).keys() | dotted(cfg).keys()
-                   if dotted(stored).get(k) != dotted(cfg).get(k) and not _resumable(k))
+    """Refuse a resume whose config differs from the run's own beyond RESUMABLE_KEYS. A key the run's
+    config.json lacks (added to the schema after the run started) counts as its default."""
+    from t1ops.config import CampaignConfig
+
+    defaults, flat = dotted(CampaignConfig().model_dump()), dotted(stored)
+    flat.update({k: v for k, v in defaults.items() if k not in flat and k in dotted(cfg)})
+    diffs = sorted(k for k in flat.keys() | dotted(cfg).keys()
+                   if flat.get(k) != dotted(cfg).get(k) and not _resumable(k))
     if diffs:
-        flat_s, flat_c = dotted(stored), dotted(cfg)
+        flat_s, flat_c = flat, dotted(cfg)
         shown = "; ".join(f"{k}: run has {flat_s.get(k)!r}, config has {flat_c.get(k)!r}" for k in diffs[:6])
         raise ConfigError(f"the config differs from the run's own config.json in {len(diffs)} key(s) that a "
                           f"resume cannot change ({shown}). Resume with the run's config (its config.json), "

@@ -78,6 +78,10 @@ def _metrics_row(step: int, results: list[TrialResult], stats: dict, rollout_s: 
             "reward_fallbacks": _count(f"{r.reward_source} ({r.reward_fallback or 'no CTRF tag'})"
                                        for r in results if r.reward_source != "ctrf"),
             "entropy": stats.get("entropy", math.nan), "actor_updated": stats.get("actor_updated", True),
+            # the optimizer (docs/campaign.md, "Optimizer"): LR after warmup/schedule, steps taken, KL moved
+            "actor_lr": stats.get("actor_lr", math.nan), "optimizer_steps": stats.get("optimizer_steps", 1),
+            "kl_behaviour": stats.get("kl_behaviour", math.nan),
+            "critic_grad_norm": stats.get("critic_grad_norm", math.nan),
             "reward_trained_mean": (stats.get("policy") or {}).get("reward_trained_mean", math.nan),
             "reward_policy": {k: v for k, v in (stats.get("policy") or {}).items() if k != "reward_trained_mean"},
             "end_reasons": _count(r.end_reason for r in results),

@@ -14,6 +14,7 @@ into the row of the step whose weights it evaluated (step 0, the warm-started we
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,21 @@ class Summary:
         self.save()
         if self.tracker is not None:
             self.tracker.step(row)
+        if row["step"] % REPORT_EVERY == 0:
+            self.refresh_report(row["step"])
+
+    def refresh_report(self, step: int) -> None:
+        """Redraw report.png from summary.json so far and hand it to the trackers; a drawing failure
+        is an event, never the run's end (the final report is drawn again at the end)."""
+        from t1ops import telemetry
+
+        try:
+            path = plot(self.run_dir / "summary.json")
+        except Exception as err:  # matplotlib on a half-written run: report it, keep training
+            telemetry.event("campaign.report_error", severity="warn", step=step, error=f"{type(err).__name__}: {err}")
+            return
+        if self.tracker is not None:
+            self.tracker.report(path, step)
 
     def add_eval(self, row: dict) -> None:
         """Record one held-out evaluation (``t1ops.campaign.evaluation.eval_row``)."""
@@ -59,6 +75,8 @@ class Summary:
         self.save()
         if self.tracker is not None:
             self.tracker.eval(row)
+        if self.steps:
+            self.refresh_report(self.steps[-1]["step"])
 
     def save(self) -> Path:
         path = self.run_dir / "summary.json"
@@ -87,13 +105,26 @@ def report_panels(data: dict) -> list[str]:
 
 _CURVES = (("reward_mean", "mean reward (CTRF, passed/S)"), ("explained_variance", "critic explained variance"),
            ("logprob_gap", "train-vs-rollout log-prob gap"), ("step_s", "seconds per step"),
-           ("solved_share", "solved share"))
+           ("solved_share", "solved share"), ("policy_loss", "policy loss (last epoch)"),
+           ("clip_fraction", "clip fraction (PPO) / TV-masked share (DPPO)"), ("entropy", "policy entropy (nats/token)"),
+           ("actor_grad_norm", "actor grad norm (before clipping)"),
+           ("kl_behaviour", "KL to the behaviour policy (k3, last epoch)"))
+REPORT_EVERY = 5  # steps between report.png refreshes during a run (and at every evaluation)
 SPLIT_TITLE = "where trial time goes (share of trial-seconds)"
 
 
 def plot(summary_path: Path, out: Path | None = None) -> Path:
-    """Render reward, EV, log-prob gap and timings per step into a PNG next to summary.json; the
-    staleness panels only when the run produced them (:func:`report_panels`)."""
+    """Render reward, EV, log-prob gap, the optimizer's curves and timings per step into a PNG next to
+    summary.json; the staleness panels only when the run produced them (:func:`report_panels`).
+    One drawing at a time (evaluations report from their own thread; pyplot is not thread-safe)."""
+    with _PLOT_LOCK:
+        return _plot(summary_path, out)
+
+
+_PLOT_LOCK = threading.Lock()
+
+
+def _plot(summary_path: Path, out: Path | None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,7 +153,7 @@ def plot(summary_path: Path, out: Path | None = None) -> Path:
     for ax in list(axes.flat)[len(titles):]:
         ax.set_visible(False)
     fig.suptitle(f"t1ops run {data.get('run_id', '')}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the title above the first row
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
@@ -141,7 +172,7 @@ def _plot_eval_groups(ax, summary_path: Path) -> None:
         return
     for g in groups:
         ax.errorbar([p.step for p in g.points], [p.mean for p in g.points], yerr=[p.se for p in g.points],
-                    marker=".", linestyle="--", capsize=2, label=f"eval: {g.group}")
+                    marker=".", linestyle="none", capsize=2, label=f"eval: {g.group}")  # measured points only
 
 
 def _plot_curve(ax, key: str, x: list, steps: list[dict], evals: list[dict], summary_path: Path) -> None:
@@ -150,7 +181,7 @@ def _plot_curve(ax, key: str, x: list, steps: list[dict], evals: list[dict], sum
         ex = [e["step"] for e in evals]
         ey = [e["eval_" + key] for e in evals]
         err = [e.get("eval_reward_sem") or 0 for e in evals] if key == "reward_mean" else None
-        ax.errorbar(ex, ey, yerr=err, marker="s", capsize=3, label="held-out eval")
+        ax.errorbar(ex, ey, yerr=err, marker="s", linestyle="none", capsize=3, label="held-out eval (+- s.e.)")
         if key == "reward_mean":
             _plot_eval_groups(ax, summary_path)
         ax.legend()
@@ -169,5 +200,5 @@ def _plot_split(ax, steps: list[dict]) -> None:
         ax.bar(x, values, bottom=bottom, label=name)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.plot(x, [s.get("queue_share", 0.0) for s in steps], "k.--", label="queued (of all)")
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, 1.4)  # the legend sits above the bars (at most 1), never on them
+    ax.legend(fontsize=7, ncol=3, loc="upper center")

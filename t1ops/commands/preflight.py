@@ -14,7 +14,10 @@ DESCRIPTION = ("Reads a plan file (see examples/plans/), predicts per-GPU memory
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", type=Path, help="plan TOML file, e.g. examples/plans/qwen35-122b-128gpu-cp4.toml")
+    p.add_argument("plan", type=Path, nargs="?",
+                   help="plan TOML file, e.g. examples/plans/qwen35-122b-128gpu-cp4.toml (a cluster plan, not a "
+                        "campaign config: those go to `t1ops run` and `t1ops config`)")
+    p.add_argument("--schema", action="store_true", help="print every key of a plan file, its default and meaning")
     p.add_argument("--model", type=Path, metavar="DIR", default=None,
                    help="take the model from a Hugging Face checkpoint's config.json (qwen3_5_moe, qwen3_moe) instead of "
                         "the plan's [model]; docs/model.md")
@@ -23,8 +26,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from t1ops.errors import ConfigError
     from t1ops.preflight import check_plan, load_plan, render
 
+    if args.schema:
+        from t1ops.commands.config import print_schema
+        from t1ops.preflight.plan import Plan
+
+        print_schema(Plan)
+        return 0
+    if args.plan is None:
+        raise ConfigError("give a plan file, e.g. t1ops preflight examples/plans/qwen35-122b-128gpu-cp4.toml "
+                          "(its keys: t1ops preflight --schema)", key="plan")
     plan = load_plan(args.plan)
     if args.model is not None:
         from t1ops.preflight.from_checkpoint import model_shape

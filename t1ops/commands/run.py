@@ -26,6 +26,15 @@ Any key can be overridden for one run, validated like the file:
 After a crash, continue the same run directory from its newest verified step:
 
   t1ops run examples/tiny/campaign.toml --resume runs/tiny-20260101-120000-abcd
+
+Check before launch: print the effective config (each value's source: default, file, --set) and
+run every pre-start check (paths, isolation, task pool and eval split, layout, plan, resume,
+memory, open files) without starting Ray or creating a run directory:
+
+  t1ops run examples/tiny/campaign.toml --set trainer.actor_lr=1e-4 --dry-run
+
+Relative paths in the file resolve against its directory; run.out_dir (the runs' parent) against
+the working directory. List and follow runs with `t1ops runs`.
 """
 
 
@@ -41,16 +50,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", type=Path, metavar="RUN_DIR",
                    help="continue RUN_DIR from the newest step at which actor, critic and trainer state all "
                         "exist and verify, appending to it (docs/campaign.md)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the effective config with each value's source and run every pre-start check; "
+                        "start nothing, write nothing (exit 1 if `t1ops run` would refuse)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from t1ops.campaign.launch import run_campaign
-    from t1ops.config import load_toml
+    from t1ops.config import load_config
+    from t1ops.errors import ConfigError
     from t1ops.overrides import parse_assignments
 
     pairs = parse_assignments(args.overrides)
     pairs += [(k, v) for k, v in (("run.steps", args.steps), ("run.ray_address", args.ray_address)) if v is not None]
-    cfg = load_toml(args.config, overrides=pairs)
+    loaded = load_config(args.config, overrides=pairs)
+    if args.dry_run:
+        from t1ops.dry_run import effective_toml, prestart_checks, render
+
+        print(f"# effective config of {args.config} (source of each value after '#')\n")
+        print(effective_toml(loaded))
+        text, ok = render(prestart_checks(loaded, out_dir=str(args.out) if args.out else None, resume=args.resume))
+        print("pre-start checks (no Ray, no run directory):\n" + text)
+        return 0 if ok else 1
+    missing = loaded.missing_files()
+    if missing:  # before Ray and the run directory (15 s saved, and the resolved path named)
+        raise ConfigError(f"{args.config}: " + "; ".join(missing), path=str(args.config))
+    from t1ops.campaign.launch import run_campaign
+
+    cfg = loaded.config
     run_dir = run_campaign(cfg, out_dir=str(args.out) if args.out else None,
                            show_progress=not args.no_progress and sys.stderr.isatty(), resume=args.resume)
     print(f"run complete: {run_dir}\n  summary: {run_dir / 'summary.json'}\n  report:  {run_dir / 'report.png'}\n"

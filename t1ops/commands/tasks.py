@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--oracle", action="store_true",
                      help="run solution/solve.sh first (else the agent does nothing)")
     run.add_argument("--json", action="store_true", help="print a JSON list, one object per task")
+    run.add_argument("--scale", type=float, default=20.0, metavar="S",
+                     help="reward = passed tests / S (default 20, the report's; use your campaign's "
+                          "rollout.reward_scale, e.g. 4 for the tiny families)")
     run.add_argument("--allow-internet", action="store_true",
                      help="give the network to tasks that declare allow_internet = true")
     run.add_argument("--backend", choices=("local", "container"), default="local",
@@ -135,9 +138,12 @@ def _print_report(report: Report, *, checked: bool, backend: str = "local") -> N
 
 
 def _run_tasks(args: argparse.Namespace) -> int:
+    from t1ops.errors import ConfigError
     from t1ops.task_runs import print_rows, run_paths
 
-    rows = run_paths(args.paths, oracle=args.oracle, allow_internet=args.allow_internet,
+    if not args.scale > 0:
+        raise ConfigError(f"--scale must be > 0, got {args.scale}", key="--scale")
+    rows = run_paths(args.paths, oracle=args.oracle, allow_internet=args.allow_internet, scale=args.scale,
                      trials_root=args.trials_root, backend=args.backend)
     print_rows(rows, as_json=args.json)
     return 1 if any(r["reward"] is None for r in rows) else 0

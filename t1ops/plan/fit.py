@@ -291,7 +291,7 @@ def apply_sets(data: dict, sets: list[str]) -> dict:
     return data
 
 
-def build_config(data: dict) -> SimConfig:
+def build_config(data: dict, source: str = "t1ops plan simulate") -> SimConfig:
     from t1ops.config import parse_config
 
-    return parse_config(data, SimConfig, source="t1ops plan simulate")
+    return parse_config(data, SimConfig, source=source)

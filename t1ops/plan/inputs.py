@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from t1ops.config import Section
+from t1ops.config_errors import FileKind
 from t1ops.errors import ConfigError
 
 
@@ -108,6 +109,11 @@ class TrainIn(Section):
 
 
 class SimConfig(Section):
+    """The root of a simulation file (``examples/simulate/*.toml``, ``t1ops plan simulate --config``)."""
+
+    FILE_KIND: ClassVar[FileKind] = FileKind("simulation config", "t1ops plan simulate --schema",
+                                             "examples/simulate/t1-report-128gpu.toml",
+                                             "t1ops plan simulate --config")
     cluster: ClusterIn = Field(default_factory=ClusterIn, description="GPUs and engines.")
     rollout: RolloutIn = Field(default_factory=RolloutIn, description="Batch, concurrency, pacing, skim.")
     pipeline: PipelineIn = Field(default_factory=PipelineIn, description="Mode and staleness.")

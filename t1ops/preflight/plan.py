@@ -9,10 +9,12 @@ one number (say ``parallelism.cp``) is enough to ask about another layout.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
 from t1ops.config import Section, load_toml
+from t1ops.config_errors import FileKind
 from t1ops.parallel_layout import layers_split, plan_errors
 from t1ops.preflight.calibration import SANDBOX_WORKER_GIB
 
@@ -137,6 +139,9 @@ class HardwarePlan(Section):
 
 class Plan(Section):
     """The root of a plan file (``examples/plans/*.toml``)."""
+
+    FILE_KIND: ClassVar[FileKind] = FileKind("cluster plan", "t1ops preflight --schema",
+                                             "examples/plans/qwen35-122b-128gpu-cp4.toml", "t1ops preflight")
 
     model: ModelShape = Field(default_factory=ModelShape, description="Model shape.")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="Training layout.")

@@ -2,8 +2,9 @@
 
 Pure functions over the rows ``t1ops.campaign.summary.Summary`` writes (docs/tracking.md): every
 numeric leaf of a row becomes one scalar ``<section>/<key>`` (nested books flatten with ``/``,
-e.g. ``async/ledger/missing``; a list counts its items, e.g. ``engines/engines_dead``); strings and
-per-id maps (``group_lags``) are not curves.
+e.g. ``async/ledger/missing``); the lists of :data:`COUNTED_LISTS` are curves of their length (how many
+engines died), any other list (``group_ids``: identifiers) is not a curve; strings and per-id maps
+(``group_lags``) are not curves either.
 NaN and infinity mean "not defined this step" in a row (EV with constant returns) and are skipped.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ _ASYNC = frozenset({"ledger", "version_lag_tokens", "staleness_alarm", "stalenes
                     "trajectories_spanning_versions"})
 _CHECKPOINTS = frozenset({"checkpoint_bytes", "checkpoints_deleted"})
 _TIME_SUFFIXES = ("_s", "_share")
+COUNTED_LISTS = frozenset({"engines_dead", "engines_recreated"})  # lists whose length is the quantity
 
 
 def section(key: str) -> str:
@@ -57,8 +59,9 @@ def _leaves(tag: str, value: Any, out: dict[str, float]) -> None:
     if isinstance(value, dict):
         for sub, v in value.items():
             _leaves(f"{tag}/{sub}", v, out)
-    elif isinstance(value, (list, tuple)):  # e.g. engines_dead: the slots; the curve is how many
-        out[tag] = float(len(value))
+    elif isinstance(value, (list, tuple)):  # COUNTED_LISTS (engines_dead: the slots): the curve is how many;
+        if tag.rsplit("/", 1)[-1] in COUNTED_LISTS:  # any other list holds identifiers (group_ids): no curve
+            out[tag] = float(len(value))
     elif isinstance(value, bool):
         out[tag] = float(value)
     elif isinstance(value, (int, float)) and math.isfinite(value):

@@ -1,7 +1,7 @@
 """The TensorBoard sink: event files in the run directory, through torch's ``SummaryWriter``.
 
 Scalars per step; guard events as a text panel (``guards/events``) at their step; the config as
-hyperparameters (HPARAMS tab) and as a text panel; ``report.png`` as an image at the last step.
+hyperparameters (HPARAMS tab) and as a text panel; ``report.png`` as an image, refreshed during the run (the IMAGES tab's step slider).
 A resumed run opens its writer with ``purge_step`` = the first step it runs again: TensorBoard then
 drops what the crashed run wrote from that step on, so no step has two points.
 """

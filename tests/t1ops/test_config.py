@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_defaults_validate():
     cfg = parse_config({})
     assert isinstance(cfg, CampaignConfig)
-    assert cfg.trainer.critic_lr_multiplier == 30.0  # the report's 30x
+    assert cfg.trainer.critic_lr_multiplier == 1.5  # the tiny model's (the report's 30x diverges here)
 
 
 def test_unknown_key_is_named():

@@ -25,6 +25,7 @@ EXPECTED = {"sync": [], "one_step": [async_report.LAG_TITLE],
 def test_panels_follow_the_mode(tmp_path: Path, mode: str) -> None:
     data = {"run_id": mode, "steps": [{"step": s, **BASE, **ROWS[mode]} for s in (1, 2)], "eval": []}
     titles = report_panels(data)
-    assert titles[5] == SPLIT_TITLE and titles[6:] == EXPECTED[mode]
+    assert titles[10] == SPLIT_TITLE and titles[11:] == EXPECTED[mode]
+    assert "policy entropy (nats/token)" in titles and "actor grad norm (before clipping)" in titles
     (tmp_path / "summary.json").write_text(json.dumps(data))
     assert plot(tmp_path / "summary.json").stat().st_size > 1000

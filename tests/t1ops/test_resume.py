@@ -194,3 +194,16 @@ def test_open_for_resume_refusals_and_summary_carry_over(tmp_path):
     assert data["resumes"][0]["from_step"] == 2 and data["resumes"][0]["steps_run_again"] == [3]
     assert data["warm_start_loss"] == [3.0, 1.0]
     assert json.loads((Path(data["resumes"][0]["superseded"]) / "summary-steps.json").read_text())[0]["step"] == 3
+
+
+def test_a_key_added_to_the_schema_after_the_run_counts_as_its_default():
+    from t1ops.config import parse_config
+
+    cfg = json.loads(parse_config({}).model_dump_json())
+    old = json.loads(json.dumps(cfg))
+    for key in ("lr_warmup_steps", "lr_schedule", "mini_batches"):  # a run from before these keys (issue 55)
+        del old["trainer"][key]
+    check_same_campaign(old, cfg)
+    cfg["trainer"]["mini_batches"] = 2
+    with pytest.raises(ConfigError, match="trainer.mini_batches"):
+        check_same_campaign(old, cfg)

@@ -22,7 +22,12 @@ def _row(step: int, reward: float) -> dict:
     return {"step": step, "reward_mean": reward, "explained_variance": math.nan, "logprob_gap": 0.01,
             "turns_mean": 2.0, "tokens": 100, "rollout_s": 1.0, "train_s": 2.0, "step_s": 3.0, "mode": "sync",
             "ledger": {"missing": 0, "accepted": 8}, "engines_dead": ["e1"], "staleness_alarm": False,
-            "group_lags": {"g17": 1}, "generate_share": 0.5, "eval_trial_rewards": {"task-a": [0.0, 1.0]}}
+            "group_lags": {"g17": 1}, "generate_share": 0.5, "eval_trial_rewards": {"task-a": [0.0, 1.0]},
+            "group_ids": [3, 4, 5], "entropy": 1.2, "actor_grad_norm": 0.4, "kl_behaviour": 0.01,
+            "clip_fraction": 0.1, "policy_loss": -0.02, "actor_lr": 3e-4 * step / 4}
+
+
+EVAL_N = {"eval_reward_sem": 0.01, "eval_num_trials": 4}  # what every evaluation row carries
 
 
 def _campaign(run_dir: Path, tracking: TrackingConfig, steps: range, *, resume_step: int | None = None,
@@ -33,13 +38,13 @@ def _campaign(run_dir: Path, tracking: TrackingConfig, steps: range, *, resume_s
         summary = Summary(run_dir, "run-1", CONFIG)
         summary.tracker = Tracker.open(tracking, run_dir, "run-1", CONFIG, resume_step=resume_step)
         if resume_step is None:
-            summary.add_eval({"step": 0, "eval_reward_mean": 0.05, "eval_solved_share": 0.0})
+            summary.add_eval({"step": 0, "eval_reward_mean": 0.05, "eval_solved_share": 0.0, **EVAL_N})
         for step in steps:
             if step == fire_at:
                 telemetry.event("fd.near_limit", severity="warn", open=900, limit=1024)
                 telemetry.event("campaign.train_done", step=step)  # info: not a guard event
             summary.add_step(_row(step, reward=step / 10 + (0.01 if resume_step else 0.0)))
-            summary.add_eval({"step": step, "eval_reward_mean": step / 20, "eval_solved_share": 0.5})
+            summary.add_eval({"step": step, "eval_reward_mean": step / 20, "eval_solved_share": 0.5, **EVAL_N})
         summary.tracker.close()
     finally:
         telemetry.shutdown()
@@ -61,6 +66,9 @@ def test_row_scalars_sections_and_what_is_not_a_curve():
     assert values["engines/engines_dead"] == 1.0  # a list of slots: the curve is how many
     assert values["async/staleness_alarm"] == 0.0 and values["time/generate_share"] == 0.5
     assert "train/explained_variance" not in values  # NaN: not defined this step
+    assert not any("group_ids" in k for k in values)  # identifiers: no curve (issue 55: it read 8)
+    for key in ("entropy", "actor_grad_norm", "kl_behaviour", "clip_fraction", "policy_loss"):
+        assert f"train/{key}" in values
     assert not any("group_lags" in k or k.endswith("/mode") or k.endswith("/step") for k in values)
     ev = scalars({"step": 2, "eval_reward_mean": 0.5, "eval_num_trials": 4, "reward_mean": 9}, keys="eval")
     assert ev == {"reward/eval_reward_mean": 0.5, "eval/eval_num_trials": 4.0}
@@ -81,6 +89,10 @@ def test_tensorboard_gets_every_step_eval_guard_event_config_and_report(tmp_path
     assert [(e.step, e.value) for e in acc.Scalars("guards/warn_events")] == [(2, 1.0)]
     assert set(acc.PluginTagToContent("hparams")) >= {"_hparams_/experiment", "_hparams_/session_start_info"}
     assert b"actor_lr" in acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0]
+    # report.png during the run (each evaluation refreshes it), not only at the end (issue 55)
+    assert [e.step for e in acc.Images("report")] == [1, 2, 3]
+    for key in ("entropy", "actor_grad_norm", "kl_behaviour", "clip_fraction", "policy_loss"):
+        assert len(acc.Scalars(f"train/{key}")) == 3
 
 
 def test_resumed_tensorboard_has_one_point_per_step(tmp_path):

@@ -69,8 +69,10 @@ def chromium() -> str:
     return exe
 
 
-async def _screenshot_when_drawn(url: str, out: Path, tag: str, timeout_s: float) -> dict:
-    """Navigate to ``url`` and poll the page until ``tag``'s chart is drawn (or ``timeout_s``)."""
+async def _screenshot_when_drawn(url: str, out: Path, tag: str | tuple[str, ...], timeout_s: float) -> dict:
+    """Navigate to ``url`` and poll the page until ``tag``'s chart is drawn (or ``timeout_s``); several
+    tags: until each is drawn, returning ``{tag: found}``."""
+    tags = (tag,) if isinstance(tag, str) else tag
     import aiohttp
 
     with tempfile.TemporaryDirectory() as profile:
@@ -99,15 +101,18 @@ async def _screenshot_when_drawn(url: str, out: Path, tag: str, timeout_s: float
                         return msg["result"]
 
                     await call("Page.navigate", url=url)
-                    found, deadline = {"card": False, "drawn": False}, time.monotonic() + timeout_s
-                    while not found["drawn"] and time.monotonic() < deadline:
+                    found = {t: {"card": False, "drawn": False} for t in tags}
+                    deadline = time.monotonic() + timeout_s
+                    while not all(f["drawn"] for f in found.values()) and time.monotonic() < deadline:
                         await asyncio.sleep(0.5)
-                        r = await call("Runtime.evaluate", expression=_FIND_CHART % json.dumps(tag), returnByValue=True)
-                        found = json.loads(r["result"]["value"])
+                        for t in tags:
+                            r = await call("Runtime.evaluate", expression=_FIND_CHART % json.dumps(t),
+                                           returnByValue=True)
+                            found[t] = json.loads(r["result"]["value"])
                     await asyncio.sleep(1.0)  # let the chart's transition finish before the picture
                     shot = await call("Page.captureScreenshot", format="png")
                     out.write_bytes(base64.b64decode(shot["data"]))
-                    return found
+                    return found[tag] if isinstance(tag, str) else found
         finally:
             _stop_browser(proc)
 
@@ -148,14 +153,19 @@ def _stop_browser(proc: subprocess.Popen) -> None:
 
 # The training and held-out curves side by side, on one screen (TensorBoard's tag filter is a regex).
 REWARD_FILTER = "^reward/(eval_)?(reward_mean|solved_share)$"
+# The optimizer's curves (issue 55), from a few step rows through the same Tracker a campaign uses.
+TRAIN_TAGS = ("train/policy_loss", "train/clip_fraction", "train/entropy", "train/actor_grad_norm",
+              "train/kl_behaviour", "train/actor_lr")
+TRAIN_FILTER = "^train/(policy_loss|clip_fraction|entropy|actor_grad_norm|kl_behaviour|actor_lr)$"
 
 
-def screenshot_scalars(logdir: Path, out: Path, tag: str = TAG, tag_filter: str = REWARD_FILTER,
+def screenshot_scalars(logdir: Path, out: Path, tag: str | tuple[str, ...] = TAG, tag_filter: str = REWARD_FILTER,
                        timeout_s: float = 180) -> dict:
     """Open TensorBoard's scalars dashboard on ``logdir`` with ``tag_filter``, wait until ``tag``'s
     chart is drawn (or ``timeout_s``), save a screenshot to ``out``; returns what was found."""
     with tensorboard(logdir) as (url, log):
-        _wait_until_served(url, tag, timeout_s, log)
+        for t in ((tag,) if isinstance(tag, str) else tag):
+            _wait_until_served(url, t, timeout_s, log)
         return asyncio.run(_screenshot_when_drawn(f"{url}#scalars&tagFilter={quote(tag_filter, safe='')}", out,
                                                   tag, timeout_s))
 
@@ -166,3 +176,20 @@ def test_tensorboard_shows_the_campaign_reward_chart_in_chromium(tiny_campaign, 
     found = screenshot_scalars(tiny_campaign.run_dir, tmp_path / "tensorboard.png")
     assert found == {"card": True, "drawn": True}, f"no drawn {TAG} chart on the scalars dashboard: {found}"
     assert (tmp_path / "tensorboard.png").stat().st_size > 20_000  # a picture of a dashboard, not a blank page
+    # the campaign's own step rows carry the optimizer's curves (issue 55)
+    train = screenshot_scalars(tiny_campaign.run_dir, tmp_path / "train.png", tag=TRAIN_TAGS, tag_filter=TRAIN_FILTER)
+    assert all(f == {"card": True, "drawn": True} for f in train.values()), train
+
+
+
+def test_tensorboard_shows_the_optimizer_curves_in_chromium(tmp_path):
+    from t1ops.config import TrackingConfig
+    from tests.t1ops.test_tracking import _campaign
+
+    chromium()
+    (tmp_path / "run").mkdir()
+    _campaign(tmp_path / "run", TrackingConfig(), range(1, 5))
+    found = screenshot_scalars(tmp_path / "run", tmp_path / "train.png", tag=TRAIN_TAGS,
+                               tag_filter=TRAIN_FILTER)
+    assert all(f == {"card": True, "drawn": True} for f in found.values()), found
+    assert not any("group_ids" in t for t in found)
