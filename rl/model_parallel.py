@@ -27,17 +27,21 @@ def layer_spec(spec):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
+    from rl.model.context_parallel import cp_group, cp_layer_specs
+
+    with_cp = cp_layer_specs if cp_group()[1] > 1 else list
     if spec.hybrid:
         from rl.model import qwen35  # imports flash-linear-attention (and Triton): only for this architecture
 
-        return TransformerBlockSubmodules(layer_specs=qwen35.layer_specs(spec), layer_norm=qwen35.ZeroCentredNorm)
+        return TransformerBlockSubmodules(layer_specs=with_cp(qwen35.layer_specs(spec)),
+                                          layer_norm=qwen35.ZeroCentredNorm)
 
     layer = get_gpt_layer_local_spec(num_experts=spec.num_experts, qk_layernorm=True, normalization="RMSNorm")
     layer.submodules.input_layernorm = SequenceParallelNorm
     layer.submodules.pre_mlp_layernorm = SequenceParallelNorm
     attention = layer.submodules.self_attention.submodules
     attention.q_layernorm = attention.k_layernorm = SequenceParallelNorm
-    return TransformerBlockSubmodules(layer_specs=[layer] * spec.num_layers, layer_norm=SequenceParallelNorm)
+    return TransformerBlockSubmodules(layer_specs=with_cp([layer] * spec.num_layers), layer_norm=SequenceParallelNorm)
 
 
 class ReplicatedValueHead(torch.nn.Module):

@@ -5,6 +5,7 @@ import torch
 
 from rl.errors import InputError
 from rl.megatron_cpu import init_single_process
+from rl.model.context_parallel import enable_on_model as enable_context_parallel
 from rl.model.spec import ModelSpec, transformer_config
 from rl.model_parallel import ReplicatedValueHead, layer_spec, parallel_sizes
 
@@ -31,6 +32,7 @@ def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: b
         share_embeddings_and_output_weights=False,
     )
     model.t1_spec = spec
+    enable_context_parallel(model)
     if spec.hybrid:
         from rl.model.qwen35 import mark_sections
 

@@ -1,0 +1,78 @@
+"""A context-parallel rank's share of a micro-batch: one zig-zag slice for every per-position array.
+
+docs/parallelism.md, "Context parallelism". Tokens, targets, loss weights, the other per-token
+training arrays and the R3 routing rows all go through :func:`zigzag_BT`, which applies
+:func:`rl.routing.shard_for_rank` (pad, zig-zag chunks ``r`` and ``2cp-1-r``) to each row: the one
+token pipeline of the report's R3 contract. The model's positions are the same slice of
+``arange`` (:func:`rl.model.context_parallel.zigzag_positions`). :func:`routing_slice` carries each
+row's source position through the slice with the row and asserts, per sample, that the rank replays
+exactly one row per local token and that each row is the row of that token.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rl.errors import InputError, RoutingError
+from rl.model.context_parallel import zigzag_positions
+from rl.routing import assert_row_count, shard_for_rank
+
+#: A padded length is a multiple of ``cp x CP_ALIGN``: each rank's contiguous GatedDeltaNet shard is then
+#: whole 64-token chunks of the delta rule, which rounds as on one rank (rl.model.context_parallel).
+CP_ALIGN = 64
+
+
+def padded_length(num_positions: int, cp_size: int, align: int = CP_ALIGN) -> int:
+    """``num_positions`` rounded up to a multiple of ``cp_size * align`` (unchanged when cp = 1)."""
+    if cp_size == 1:
+        return num_positions
+    multiple = cp_size * align
+    return -(-num_positions // multiple) * multiple
+
+
+def zigzag_BT(x_BT, cp_size: int, cp_rank: int, *, num_positions: int, fill=0):
+    """``[B, T, ...]`` (tensor or array) -> this rank's ``[B, num_positions / cp, ...]``: each row padded
+    with ``fill`` to ``num_positions`` and zig-zag sliced by ``rl.routing.shard_for_rank``."""
+    if cp_size == 1:
+        return x_BT
+    is_tensor = isinstance(x_BT, torch.Tensor)
+    arr = x_BT.numpy() if is_tensor else np.asarray(x_BT)
+    if num_positions % (2 * cp_size) or num_positions < arr.shape[1]:
+        raise InputError(f"{num_positions} positions cannot hold {arr.shape[1]} in 2 x cp = {2 * cp_size} equal chunks; "
+                         "use rl.trainer.context.padded_length")
+    out = []
+    for row in arr:
+        padded = np.full((num_positions,) + row.shape[1:], fill, dtype=row.dtype)
+        padded[: row.shape[0]] = row
+        out.append(shard_for_rank(padded, num_tokens=num_positions, sp_size=1, cp_size=cp_size, cp_rank=cp_rank,
+                                  sp_rank=0, pad_value=fill))
+    local = np.stack(out)
+    return torch.from_numpy(local) if is_tensor else local
+
+
+def routing_slice(rows_bFLK: np.ndarray, num_local: int, cp_size: int, cp_rank: int,
+                  samples: list) -> list[np.ndarray]:
+    """This rank's R3 rows ``[num_local, L, K]`` of each sample: the tokens' slice, asserted per sample.
+
+    Each row travels with its source position; a row count other than ``num_local`` or a row of
+    another position than the rank's token there raises RoutingError naming the sample."""
+    b, F, L, K = rows_bFLK.shape
+    tagged = np.concatenate([rows_bFLK.reshape(b, F, L * K).astype(np.int64),
+                             np.broadcast_to(np.arange(F)[None, :, None], (b, F, 1))], axis=-1)
+    local = zigzag_BT(tagged, cp_size, cp_rank, num_positions=num_local * cp_size, fill=-1)
+    want = zigzag_positions(num_local, cp_size, cp_rank).numpy()
+    want = np.where(want < F, want, -1)  # padding positions carry no row of the sample
+    stage = f"context-parallel zig-zag {cp_rank}/{cp_size}"
+    out = []
+    for i, sample in enumerate(samples):
+        assert_row_count(num_local, local[i], sample=str(sample), stage=stage)
+        got = local[i][:, -1]
+        if not np.array_equal(got, want):
+            bad = int(np.flatnonzero(got != want)[0])
+            raise RoutingError(f"sample {sample} at {stage}: local position {bad} replays the row of position "
+                               f"{int(got[bad])}, its token is position {int(want[bad])}; rows and tokens went "
+                               "through different transforms", sample=str(sample), stage=stage)
+        rows = local[i][:, :-1].reshape(num_local, L, K)
+        rows = np.where(rows < 0, np.arange(K), rows)  # padding: experts 0..K-1, as rank_forward.routing_rows
+        out.append(rows.astype(np.int32))
+    return out
