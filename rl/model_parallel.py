@@ -21,6 +21,22 @@ def parallel_sizes() -> tuple[int, int]:
             parallel_state.get_expert_model_parallel_world_size())
 
 
+def stage_layers(spec) -> tuple[int, int]:
+    """(first layer, number of layers) of this pipeline stage; (0, num_layers) without pipelining."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 0, spec.num_layers
+    pp, rank = parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_rank()
+    if spec.num_layers % pp:
+        from rl.errors import InputError
+
+        raise InputError(f"pp = {pp} must divide num_layers = {spec.num_layers}: each stage holds whole layers, "
+                         "as many as the others", pp=pp, num_layers=spec.num_layers)
+    count = spec.num_layers // pp
+    return rank * count, count
+
+
 def layer_spec(spec):
     """megatron's local layer spec with :class:`SequenceParallelNorm` as every norm (same params);
     the Qwen3.5 hybrid's per-layer specs and zero-centred norms come from :mod:`rl.model.qwen35`."""
@@ -29,7 +45,11 @@ def layer_spec(spec):
 
     from rl.model.context_parallel import cp_group, cp_layer_specs
 
-    with_cp = cp_layer_specs if cp_group()[1] > 1 else list
+    first, count = stage_layers(spec)
+
+    def with_cp(specs: list) -> list:  # this pipeline stage's layers; CP modules under CP
+        specs = list(specs)[first:first + count]
+        return cp_layer_specs(specs) if cp_group()[1] > 1 else specs
     if spec.hybrid:
         from rl.model import qwen35  # imports flash-linear-attention (and Triton): only for this architecture
 

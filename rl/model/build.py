@@ -14,6 +14,8 @@ def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: b
                sequence_parallel: bool = False):
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from rl.model_parallel import stage_layers
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not parallel_state.model_parallel_is_initialized():
@@ -30,8 +32,11 @@ def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: b
         rotary_percent=spec.partial_rotary_factor,
         rotary_base=spec.rope_theta,
         share_embeddings_and_output_weights=False,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
     )
     model.t1_spec = spec
+    model.t1_layers = stage_layers(spec)  # this pipeline stage's (first layer, count): rl.trainer.pipeline
     enable_context_parallel(model)
     if spec.hybrid:
         from rl.model.qwen35 import mark_sections
@@ -75,6 +80,9 @@ def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32,
 
     model = _build_gpt(spec, seed, dtype, routing_replay=False, sequence_parallel=sequence_parallel)
     config = model.config
+    if not model.post_process:  # a pipeline stage before the last holds no head (rl.trainer.pipeline)
+        model.t1_unk_id = None
+        return model
     if parallel_sizes()[0] == 1:
         model.output_layer = tensor_parallel.ColumnParallelLinear(
             spec.hidden_size, 1, config=config, init_method=config.init_method,
