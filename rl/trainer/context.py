@@ -76,3 +76,73 @@ def routing_slice(rows_bFLK: np.ndarray, num_local: int, cp_size: int, cp_rank: 
         rows = np.where(rows < 0, np.arange(K), rows)  # padding: experts 0..K-1, as rank_forward.routing_rows
         out.append(rows.astype(np.int32))
     return out
+
+
+# --- a micro-batch's forward on a CP rank (rl.trainer.rank_forward delegates here) ------------------
+class _GatherPositions(torch.autograd.Function):
+    """``[b, n]`` per rank -> ``[b, n * cp]`` in sequence order on every CP rank. Every CP rank computes
+    the same loss from the gathered tensor, so backward keeps this rank's positions of the gradient
+    (summing the ranks' parameter gradients, ``rl.trainer.grads``, gives the whole gradient)."""
+
+    @staticmethod
+    def forward(ctx, local_bS, group, size, rank):
+        parts = [torch.empty_like(local_bS) for _ in range(size)]
+        torch.distributed.all_gather(parts, local_bS.contiguous(), group=group)
+        ctx.pos = zigzag_positions(local_bS.shape[1], size, rank)
+        return torch.from_numpy(np.stack([_unzigzag_row([p[b].numpy() for p in parts])
+                                          for b in range(local_bS.shape[0])]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[:, ctx.pos].contiguous(), None, None, None
+
+
+def _unzigzag_row(parts: list[np.ndarray]) -> np.ndarray:
+    from rl.routing import cp_zigzag_unslice
+
+    return cp_zigzag_unslice(parts)
+
+
+def _local_inputs(batch, mb, cp_size: int, cp_rank: int):
+    from rl.trainer.batch import PAD_TOKEN_ID
+    from rl.trainer.rank_forward import slice_rows
+
+    tokens = slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
+    ids, targets = tokens[:, :-1], tokens[:, 1:]
+    total = padded_length(ids.shape[1], cp_size)
+    local = [zigzag_BT(x, cp_size, cp_rank, num_positions=total, fill=PAD_TOKEN_ID) for x in (ids, targets)]
+    return ids.shape[1], total, local[0], local[1]
+
+
+def actor_logprobs(actor, batch, mb, *, replay: bool, temperature: float, with_entropy: bool):
+    """``rl.trainer.rank_forward.actor_logprobs`` on a CP rank: this rank's zig-zag tokens and R3 rows
+    through the model, the per-token results gathered whole over the CP group."""
+    import contextlib
+
+    from rl import model as rmodel
+    from rl.model.context_parallel import cp_group
+    from rl.trainer.forward import shift_to_tokens
+    from rl.trainer.rank_forward import routing_rows
+
+    group, size, rank = cp_group()
+    F, total, ids, targets = _local_inputs(batch, mb, size, rank)
+    replaying = contextlib.nullcontext()
+    if replay:
+        rows = routing_rows(batch, mb)[:, :F].numpy()
+        replaying = rmodel.replay_routing(actor, routing_slice(rows, total // size, size, rank, list(mb.rows)))
+    with replaying:
+        out = rmodel.token_logprobs(actor, ids, targets, temperature, with_entropy=with_entropy)
+    outs = out if with_entropy else (out,)
+    full = [shift_to_tokens(_GatherPositions.apply(o, group, size, rank)[:, :F]) for o in outs]
+    return tuple(full) if with_entropy else full[0]
+
+
+def critic_values(critic, batch, mb) -> torch.Tensor:
+    """``rl.trainer.rank_forward.critic_values`` on a CP rank (the critic routes freely)."""
+    from rl import model as rmodel
+    from rl.model.context_parallel import cp_group
+    from rl.trainer.forward import shift_to_tokens
+
+    group, size, rank = cp_group()
+    F, _, ids, _ = _local_inputs(batch, mb, size, rank)
+    return shift_to_tokens(_GatherPositions.apply(rmodel.values(critic, ids), group, size, rank)[:, :F])
