@@ -23,7 +23,8 @@ local tokens unchanged; three pieces see the whole sequence:
 
 A rank's contiguous shard must be a multiple of the delta rule's 64-token chunk for its arithmetic to
 be the single rank's exactly (the chunks then line up); any other length is the same recurrence with
-other float rounding.
+other float rounding. The CP path runs megatron's torch chunked rule and ``conv1d`` on any device (FLA's
+kernels with an initial state are the GPU's faster path, not wired here).
 """
 from __future__ import annotations
 
