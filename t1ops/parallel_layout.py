@@ -79,15 +79,6 @@ def sp_needs_tp(tp: int, sequence_parallel: bool) -> str | None:
     return None
 
 
-def cp_trainer_layout(tp: int, cp: int) -> str | None:
-    """The trainer's context parallelism runs with tp = 1 (rl.trainer.context): its CP slice and the
-    sequence-parallel split are not composed on training ranks yet."""
-    if cp > 1 and tp > 1:
-        return (f"cp = {cp} with tp = {tp}: the trainer's context parallelism runs with tp = 1 only "
-                "(docs/parallelism.md); set tp = 1 or cp = 1")
-    return None
-
-
 def plan_errors(world: int, tp: int, pp: int, cp: int, etp: int, dp: int | None) -> list[str]:
     """The structural rules a preflight plan's ``[parallelism]`` must satisfy on its own."""
     return [m for m in (dense_divides(world, tp, pp, cp), expert_fits(world, pp, etp),
@@ -102,5 +93,5 @@ def trainer_errors(*, dp: int, tp: int, pp: int, ep: int, sequence_parallel: boo
     rules = (plan_errors(world, tp, pp, cp, etp, dp)
              + [layers_split(num_layers, pp), expert_layout(world, pp, ep, etp, num_experts),
                 heads_split(num_attention_heads, tp, num_query_groups), moe_tp_needs_sp(tp, sequence_parallel),
-                sp_needs_tp(tp, sequence_parallel), cp_trainer_layout(tp, cp)])
+                sp_needs_tp(tp, sequence_parallel)])
     return [m for m in rules if m]

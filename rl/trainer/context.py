@@ -114,9 +114,27 @@ def _local_inputs(batch, mb, cp_size: int, cp_rank: int):
     return ids.shape[1], total, local[0], local[1]
 
 
-def actor_logprobs(actor, batch, mb, *, replay: bool, temperature: float, with_entropy: bool):
+def sp_split_rows(rows: list[np.ndarray], sp_size: int, sp_rank: int, samples: list) -> list[np.ndarray]:
+    """Under sequence parallelism, each CP-local sample's rows split as its tokens are (the token
+    pipeline's CP-then-SP order, ``rl.routing.shard_for_rank``), counts asserted per sample."""
+    if sp_size == 1:
+        return rows
+    out = []
+    for sample, r in zip(samples, rows):
+        n = r.shape[0]
+        tokens = np.arange(n)  # the CP-local positions, split as the embedding scatters them
+        tok = shard_for_rank(tokens, num_tokens=n, sp_size=sp_size, cp_size=1, cp_rank=0, sp_rank=sp_rank)
+        mine = shard_for_rank(r, num_tokens=n, sp_size=sp_size, cp_size=1, cp_rank=0, sp_rank=sp_rank)
+        assert_row_count(tok.shape[0], mine, sample=str(sample), stage=f"sequence-parallel shard {sp_rank}/{sp_size}")
+        out.append(mine)
+    return out
+
+
+def actor_logprobs(actor, batch, mb, *, replay: bool, temperature: float, with_entropy: bool,
+                   sp_size: int = 1, sp_rank: int = 0):
     """``rl.trainer.rank_forward.actor_logprobs`` on a CP rank: this rank's zig-zag tokens and R3 rows
-    through the model, the per-token results gathered whole over the CP group."""
+    through the model (then the sequence-parallel split of both when SP is on), the per-token results
+    gathered whole over the CP group."""
     import contextlib
 
     from rl import model as rmodel
@@ -129,7 +147,9 @@ def actor_logprobs(actor, batch, mb, *, replay: bool, temperature: float, with_e
     replaying = contextlib.nullcontext()
     if replay:
         rows = routing_rows(batch, mb)[:, :F].numpy()
-        replaying = rmodel.replay_routing(actor, routing_slice(rows, total // size, size, rank, list(mb.rows)))
+        local = routing_slice(rows, total // size, size, rank, list(mb.rows))
+        replaying = rmodel.replay_routing(actor, sp_split_rows(local, sp_size, sp_rank, list(mb.rows)),
+                                          sp_size=sp_size)
     with replaying:
         out = rmodel.token_logprobs(actor, ids, targets, temperature, with_entropy=with_entropy)
     outs = out if with_entropy else (out,)

@@ -83,7 +83,7 @@ def actor_logprobs(actor, batch: TrainBatch, mb: MicroBatch, *, replay: bool, sp
     Under context parallelism the forward is ``rl.trainer.context.actor_logprobs``'s (same result)."""
     if cp_group()[1] > 1:
         return context.actor_logprobs(actor, batch, mb, replay=replay, temperature=temperature,
-                                      with_entropy=with_entropy)
+                                      with_entropy=with_entropy, sp_size=sp_size, sp_rank=sp_rank)
     tokens = slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
     ids, targets = tokens[:, :-1], tokens[:, 1:]
     dev = _device(actor)

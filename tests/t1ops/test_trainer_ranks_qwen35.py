@@ -60,8 +60,9 @@ def test_one_rank_equals_transformers(reference):
 
 
 @pytest.mark.parametrize("layout", [Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP),
-                                    Layout(dp=2, max_tokens_per_gpu=CAP), Layout(cp=2, max_tokens_per_gpu=CAP)],
-                         ids=["tp2-sp-ep2", "dp2", "cp2"])
+                                    Layout(dp=2, max_tokens_per_gpu=CAP), Layout(cp=2, max_tokens_per_gpu=CAP),
+                                    Layout(tp=2, cp=2, sequence_parallel=True, max_tokens_per_gpu=CAP)],
+                         ids=["tp2-sp-ep2", "dp2", "cp2", "tp2-sp-cp2"])
 def test_layout_matches_one_rank_and_transformers(reference, layout):
     batch, ref_lp, hf_err, ref, ref_actor = reference
     got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE, own_shard=layout.dp > 1)
