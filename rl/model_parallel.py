@@ -1,7 +1,9 @@
 """Tensor/sequence-parallel pieces of ``rl.model`` (docs/parallelism.md).
 
 - :func:`parallel_sizes`: (tp, ep) of megatron's parallel state (1, 1 in a world of 1);
-- :func:`layer_spec`: megatron's local layer spec with ``SequenceParallelNorm`` as every norm;
+- :func:`stage_layers`: the layers of this pipeline stage (rl.trainer.pipeline);
+- :func:`layer_spec`: megatron's local layer spec with ``SequenceParallelNorm`` as every norm, this
+  stage's layers, the context-parallel modules under CP (rl.model.context_parallel);
 - :class:`ReplicatedValueHead`: the critic's 1-wide head, whole on every TP rank;
 - :func:`full_sequence` and :func:`apply_head`: the LM/value head over the whole sequence when the
   decoder's output is split by sequence parallelism and the LM head by vocabulary rows.
@@ -47,13 +49,13 @@ def layer_spec(spec):
 
     first, count = stage_layers(spec)
 
-    def with_cp(specs: list) -> list:  # this pipeline stage's layers; CP modules under CP
+    def stage_specs(specs: list) -> list:  # this pipeline stage's layers; CP modules under CP
         specs = list(specs)[first:first + count]
         return cp_layer_specs(specs) if cp_group()[1] > 1 else specs
     if spec.hybrid:
         from rl.model import qwen35  # imports flash-linear-attention (and Triton): only for this architecture
 
-        return TransformerBlockSubmodules(layer_specs=with_cp(qwen35.layer_specs(spec)),
+        return TransformerBlockSubmodules(layer_specs=stage_specs(qwen35.layer_specs(spec)),
                                           layer_norm=qwen35.ZeroCentredNorm)
 
     layer = get_gpt_layer_local_spec(num_experts=spec.num_experts, qk_layernorm=True, normalization="RMSNorm")
@@ -61,7 +63,7 @@ def layer_spec(spec):
     layer.submodules.pre_mlp_layernorm = SequenceParallelNorm
     attention = layer.submodules.self_attention.submodules
     attention.q_layernorm = attention.k_layernorm = SequenceParallelNorm
-    return TransformerBlockSubmodules(layer_specs=with_cp([layer] * spec.num_layers), layer_norm=SequenceParallelNorm)
+    return TransformerBlockSubmodules(layer_specs=stage_specs([layer] * spec.num_layers), layer_norm=SequenceParallelNorm)
 
 
 class ReplicatedValueHead(torch.nn.Module):

@@ -7,15 +7,13 @@ from rl.errors import InputError
 from rl.megatron_cpu import init_single_process
 from rl.model.context_parallel import enable_on_model as enable_context_parallel
 from rl.model.spec import ModelSpec, transformer_config
-from rl.model_parallel import ReplicatedValueHead, layer_spec, parallel_sizes
+from rl.model_parallel import ReplicatedValueHead, layer_spec, parallel_sizes, stage_layers
 
 
 def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: bool,
                sequence_parallel: bool = False):
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_model import GPTModel
-
-    from rl.model_parallel import stage_layers
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not parallel_state.model_parallel_is_initialized():
