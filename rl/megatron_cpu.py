@@ -137,9 +137,12 @@ class SequenceParallelNorm:
         return norm
 
 
-def init_model_parallel(*, tp: int = 1, pp: int = 1, ep: int = 1, seed: int = 1234,
+def init_model_parallel(*, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1, seed: int = 1234,
                         timeout_s: float) -> None:
-    """megatron parallel state over an existing default process group of ``dp * tp * pp`` ranks.
+    """megatron parallel state over an existing default process group of ``dp * tp * pp * cp`` ranks.
+
+    ``cp`` > 1 makes megatron's context-parallel groups, which ``rl.model.context_parallel`` reads
+    (the model's own config keeps ``context_parallel_size`` 1: megatron's GatedDeltaNet refuses CP).
 
     Every group megatron creates gets ``timeout_s`` (its own default is 30 min).
     Expert tensor parallelism is 1 (the report's layout); ``ep`` must divide
@@ -156,13 +159,14 @@ def init_model_parallel(*, tp: int = 1, pp: int = 1, ep: int = 1, seed: int = 12
     if parallel_state.model_parallel_is_initialized():
         have = (parallel_state.get_tensor_model_parallel_world_size(),
                 parallel_state.get_pipeline_model_parallel_world_size(),
-                parallel_state.get_expert_model_parallel_world_size())
-        if have != (tp, pp, ep):
-            raise InputError(f"megatron parallel state already holds tp/pp/ep = {have}, asked {(tp, pp, ep)}; "
+                parallel_state.get_expert_model_parallel_world_size(),
+                parallel_state.get_context_parallel_world_size())
+        if have != (tp, pp, ep, cp):
+            raise InputError(f"megatron parallel state already holds tp/pp/ep/cp = {have}, asked {(tp, pp, ep, cp)}; "
                              "call teardown() first", have=have)
         return
     parallel_state.initialize_model_parallel(
-        tp, pp, expert_model_parallel_size=ep, expert_tensor_parallel_size=1,
+        tp, pp, context_parallel_size=cp, expert_model_parallel_size=ep, expert_tensor_parallel_size=1,
         distributed_timeout_minutes=timeout_s / 60.0, create_gloo_process_groups=False)
     model_parallel_cuda_manual_seed(seed)
 

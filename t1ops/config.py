@@ -335,7 +335,8 @@ class CampaignConfig(Section):
         p = self.trainer.parallel
         errors = trainer_errors(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, sequence_parallel=p.sequence_parallel,
                                 num_layers=m.num_layers, num_experts=m.num_experts,
-                                num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups)
+                                num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups,
+                                cp=p.cp)
         if errors:
             raise ValueError("trainer.parallel: " + "; ".join(errors))
         return self

@@ -5,8 +5,9 @@ import torch
 
 from rl.errors import InputError
 from rl.megatron_cpu import init_single_process
+from rl.model.context_parallel import enable_on_model as enable_context_parallel
 from rl.model.spec import ModelSpec, transformer_config
-from rl.model_parallel import ReplicatedValueHead, layer_spec, parallel_sizes
+from rl.model_parallel import ReplicatedValueHead, layer_spec, parallel_sizes, stage_layers
 
 
 def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: bool,
@@ -29,8 +30,12 @@ def _build_gpt(spec: ModelSpec, seed: int, dtype: torch.dtype, routing_replay: b
         rotary_percent=spec.partial_rotary_factor,
         rotary_base=spec.rope_theta,
         share_embeddings_and_output_weights=False,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
     )
     model.t1_spec = spec
+    model.t1_layers = stage_layers(spec)  # this pipeline stage's (first layer, count): rl.trainer.pipeline
+    enable_context_parallel(model)
     if spec.hybrid:
         from rl.model.qwen35 import mark_sections
 
@@ -73,6 +78,9 @@ def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32,
 
     model = _build_gpt(spec, seed, dtype, routing_replay=False, sequence_parallel=sequence_parallel)
     config = model.config
+    if not model.post_process:  # a pipeline stage before the last holds no head (rl.trainer.pipeline)
+        model.t1_unk_id = None
+        return model
     if parallel_sizes()[0] == 1:
         model.output_layer = tensor_parallel.ColumnParallelLinear(
             spec.hidden_size, 1, config=config, init_method=config.init_method,

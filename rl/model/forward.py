@@ -13,6 +13,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rl.errors import InputError
+from rl.model.context_parallel import cp_group, zigzag_positions
 from rl.model.spec import ModelSpec
 from rl.model_parallel import apply_head, full_sequence
 
@@ -34,12 +35,21 @@ def _check_ids(model, ids_BT: torch.Tensor, name: str = "ids_BT") -> None:
 
 
 def _model_inputs(ids_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ids, positions and the causal mask (True = masked). Under context parallelism ``ids_BT`` is this
+    rank's zig-zag slice (rl.trainer.context): its positions are the slice's global ones and the mask is
+    local queries x all keys (rl.model.context_parallel)."""
     num_positions = ids_BT.shape[1]
     device = ids_BT.device
-    position_ids_BT = torch.arange(num_positions, device=device).unsqueeze(0).expand_as(ids_BT)
+    _, cp_size, cp_rank = cp_group()
+    if cp_size > 1:
+        query_T = zigzag_positions(num_positions, cp_size, cp_rank, device=device)
+    else:
+        query_T = torch.arange(num_positions, device=device)
+    key_T = torch.arange(num_positions * cp_size, device=device)
+    position_ids_BT = query_T.unsqueeze(0).expand_as(ids_BT)
     # megatron's default causal mask is built on "cuda"; pass our own (True = masked).
-    mask_11TT = torch.triu(torch.ones(num_positions, num_positions, dtype=torch.bool, device=device), 1)
-    return ids_BT.long(), position_ids_BT, mask_11TT.view(1, 1, num_positions, num_positions)
+    mask_TK = key_T.unsqueeze(0) > query_T.unsqueeze(1)
+    return ids_BT.long(), position_ids_BT, mask_TK.view(1, 1, num_positions, num_positions * cp_size)
 
 
 def policy_forward(model, ids_BT: torch.Tensor) -> torch.Tensor:

@@ -24,13 +24,19 @@ CATCHES = {
 
 def router_replays(model) -> list:
     replays = [m.router_replay for m in model.modules() if getattr(m, "router_replay", None) is not None]
-    if len(replays) != model.t1_spec.num_layers:
+    expected = _num_layers(model)
+    if len(replays) != expected:
         raise RoutingError(
-            f"model has {len(replays)} routers with replay, expected {model.t1_spec.num_layers}; "
+            f"model has {len(replays)} routers with replay, expected {expected}; "
             "build it with build_policy()",
             num_routers=len(replays),
         )
     return replays
+
+
+def _num_layers(model) -> int:
+    """Layers this model holds: all of them, or a pipeline stage's (``t1_layers``, rl.trainer.pipeline)."""
+    return getattr(model, "t1_layers", (0, model.t1_spec.num_layers))[1]
 
 
 class RoutingRecord:
@@ -77,13 +83,13 @@ def record_routing(model) -> Iterator[RoutingRecord]:
             replay.clear_indices()
 
 
-def _check_rows(rows: Sequence[np.ndarray], spec: ModelSpec) -> list[np.ndarray]:
+def _check_rows(rows: Sequence[np.ndarray], spec: ModelSpec, num_layers: int) -> list[np.ndarray]:
     checked = []
     for b, rows_TLK in enumerate(rows):
         rows_TLK = np.asarray(rows_TLK)
-        if rows_TLK.ndim != 3 or rows_TLK.shape[1:] != (spec.num_layers, spec.moe_router_topk):
+        if rows_TLK.ndim != 3 or rows_TLK.shape[1:] != (num_layers, spec.moe_router_topk):
             raise RoutingError(
-                f"rows[{b}] has shape {rows_TLK.shape}, expected [T, {spec.num_layers}, {spec.moe_router_topk}]",
+                f"rows[{b}] has shape {rows_TLK.shape}, expected [T, {num_layers}, {spec.moe_router_topk}]",
                 sample=b, shape=rows_TLK.shape,
             )
         if rows_TLK.size and (rows_TLK.min() < 0 or rows_TLK.max() >= spec.num_experts):
@@ -113,7 +119,7 @@ def replay_routing(model, rows: Sequence[np.ndarray], sp_size: int = 1) -> Itera
 
     spec: ModelSpec = model.t1_spec
     replays = router_replays(model)
-    checked = _check_rows(rows, spec)
+    checked = _check_rows(rows, spec, len(replays))
 
     def set_targets(_module, args, kwargs):
         ids = args[0] if args else kwargs["input_ids"]
@@ -125,7 +131,7 @@ def replay_routing(model, rows: Sequence[np.ndarray], sp_size: int = 1) -> Itera
         if batch_size != len(checked):
             raise RoutingError(f"replay has rows for {len(checked)} samples, forward has {batch_size}")
         targets_TBLK = np.broadcast_to(
-            np.arange(spec.moe_router_topk), (num_positions, batch_size, spec.num_layers, spec.moe_router_topk)
+            np.arange(spec.moe_router_topk), (num_positions, batch_size, len(replays), spec.moe_router_topk)
         ).copy()
         for b, rows_TLK in enumerate(checked):
             if rows_TLK.shape[0] > num_positions:

@@ -146,6 +146,16 @@ def _hybrid_fields(spec: ModelSpec) -> dict:
     )
 
 
+def _pipeline_fields(dtype: torch.dtype) -> dict:
+    """The pipeline size of megatron's parallel state (rl.trainer.pipeline); empty without pipelining."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return {}
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    return dict(pipeline_model_parallel_size=pp, pipeline_dtype=dtype) if pp > 1 else {}
+
+
 def transformer_config(spec: ModelSpec, dtype: torch.dtype, routing_replay: bool, sequence_parallel: bool = False):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -182,5 +192,6 @@ def transformer_config(spec: ModelSpec, dtype: torch.dtype, routing_replay: bool
         sequence_parallel=sequence_parallel,
         expert_model_parallel_size=ep,
         expert_tensor_parallel_size=1,
+        **_pipeline_fields(dtype),
         **_hybrid_fields(spec),
     )

@@ -6,7 +6,8 @@ already weighted by the whole batch's reduction weights, so sums are right):
 - sequence-parallel replicas (norms, router: marked ``sequence_parallel``)
   saw only this rank's slice of the sequence, and the q/k norms only this
   rank's heads: summed over the TP group;
-- dense parameters: summed over the data-parallel group;
+- dense parameters: summed over the data-parallel group (with the context-parallel ranks, which
+  hold the same weights and saw other positions of the same samples, rl.trainer.context);
 - experts: summed over the expert-data-parallel group (ranks holding the
   same experts; with ep = 1 and tp > 1 that includes the TP peers, which
   routed different sequence slices through them).
@@ -60,8 +61,9 @@ def reduce_grads(model: torch.nn.Module) -> None:
             p.grad = torch.zeros_like(p)
     tp = ps.get_tensor_model_parallel_world_size()
     _all_reduce_flat([p.grad for n, p in named if _tp_partial(n, p)], ps.get_tensor_model_parallel_group(), tp)
-    _all_reduce_flat([p.grad for n, p in named if not is_expert(n)], ps.get_data_parallel_group(),
-                     ps.get_data_parallel_world_size())
+    # context-parallel ranks hold the same dense weights and saw other tokens: summed with the DP ranks
+    _all_reduce_flat([p.grad for n, p in named if not is_expert(n)], ps.get_data_parallel_group(with_context_parallel=True),
+                     ps.get_data_parallel_world_size(with_context_parallel=True))
     _all_reduce_flat([p.grad for n, p in named if is_expert(n)], ps.get_expert_data_parallel_group(),
                      ps.get_expert_data_parallel_world_size())
 
@@ -73,7 +75,7 @@ def copies(name: str, param: torch.Tensor) -> int:
         return ps.get_expert_data_parallel_world_size()
     tp = ps.get_tensor_model_parallel_world_size()
     split = getattr(param, "tensor_model_parallel", False) and tp > 1
-    return ps.get_data_parallel_world_size() * (1 if split else tp)
+    return ps.get_data_parallel_world_size(with_context_parallel=True) * (1 if split else tp)
 
 
 def comm_device() -> str:

@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 
 from rl import model as rmodel
+from rl.model.context_parallel import cp_group
+from rl.trainer import context
 from rl.routing import assert_row_count, shard_for_rank
 from rl.trainer.batch import PAD_TOKEN_ID, TrainBatch
 from rl.trainer.forward import require_routing, shift_to_tokens
@@ -77,7 +79,11 @@ def actor_logprobs(actor, batch: TrainBatch, mb: MicroBatch, *, replay: bool, sp
     """fp32 token-aligned ``[rows, positions]`` log-probs of the micro-batch (differentiable under grad);
     ``with_entropy``: ``(logprobs, entropy)``, the entropy without gradient, aligned the same way.
 
-    The forward runs on the model's device; the result comes back to the CPU, where the batch lives."""
+    The forward runs on the model's device; the result comes back to the CPU, where the batch lives.
+    Under context parallelism the forward is ``rl.trainer.context.actor_logprobs``'s (same result)."""
+    if cp_group()[1] > 1:
+        return context.actor_logprobs(actor, batch, mb, replay=replay, temperature=temperature,
+                                      with_entropy=with_entropy, sp_size=sp_size, sp_rank=sp_rank)
     tokens = slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
     ids, targets = tokens[:, :-1], tokens[:, 1:]
     dev = _device(actor)
@@ -92,6 +98,8 @@ def actor_logprobs(actor, batch: TrainBatch, mb: MicroBatch, *, replay: bool, sp
 
 def critic_values(critic, batch: TrainBatch, mb: MicroBatch) -> torch.Tensor:
     """fp32 token-aligned ``[rows, positions]`` values (the critic routes freely)."""
+    if cp_group()[1] > 1:
+        return context.critic_values(critic, batch, mb)
     tokens = slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
     return shift_to_tokens(rmodel.values(critic, tokens[:, :-1].to(_device(critic))).cpu())
 

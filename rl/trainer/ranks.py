@@ -82,7 +82,7 @@ class RankTrainer:
         from megatron.core import parallel_state as ps
 
         if dist.get_world_size() != layout.world_size:
-            raise InputError(f"layout needs {layout.world_size} ranks (dp*tp*pp), the process group has "
+            raise InputError(f"layout needs {layout.world_size} ranks (dp*tp*pp*cp), the process group has "
                              f"{dist.get_world_size()}", world_size=dist.get_world_size())
         if not temperature >= 0:
             raise InputError(f"temperature must be >= 0, got {temperature!r}", argument="temperature")

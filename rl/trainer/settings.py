@@ -20,7 +20,7 @@ MODES = ("ppo", "grpo")
 
 
 class Layout(BaseModel):
-    """A trainer layout (docs/parallelism.md); world size = dp * tp * pp. The ``[trainer.parallel]``
+    """A trainer layout (docs/parallelism.md); world size = dp * tp * pp * cp. The ``[trainer.parallel]``
     section (``t1ops.config.ParallelConfig``) extends it with the process-group backend."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -28,13 +28,14 @@ class Layout(BaseModel):
     dp: int = Field(1, ge=1, le=4096, description="Data-parallel ranks: trajectories are packed to them by token count.")
     tp: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks (megatron-core; > 1 needs sequence_parallel).")
     ep: int = Field(1, ge=1, le=1024, description="Expert-parallel ranks: must divide num_experts and dp*tp (expert tensor parallelism is 1).")
-    pp: int = Field(1, ge=1, le=1, description="Pipeline stages: 1 only; pipeline schedules are not wired (docs/parallelism.md says why).")
+    pp: int = Field(1, ge=1, le=1, description="Pipeline stages: 1 only in the trainer; the stages and the 1F1B schedule exist (rl.trainer.pipeline) but the PPO step does not run through them yet (docs/parallelism.md).")
+    cp: int = Field(1, ge=1, le=64, description="Context-parallel ranks: each holds a zig-zag slice of every sample's tokens (attention exchanges K/V, GatedDeltaNet passes its states; docs/parallelism.md).")
     sequence_parallel: bool = Field(False, description="Split the sequence over the tensor-parallel ranks (megatron SP); requires tp > 1.")
     max_tokens_per_gpu: int = Field(8192, ge=16, description="Token cap of one micro-batch (padded tokens) on one rank; a longer sample is its own micro-batch.")
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def sp_size(self) -> int:

@@ -48,7 +48,8 @@ def join_world(rank: int, world_size: int, init_method: str, layout: Layout, *, 
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist_guard.init_process_group(backend, timeout=timeout, guards=guards, init_method=init_method,
                                   rank=rank, world_size=world_size)
-    init_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep, seed=seed, timeout_s=timeout.total_seconds())
+    init_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep, cp=layout.cp, seed=seed,
+                        timeout_s=timeout.total_seconds())
     return timeout
 
 

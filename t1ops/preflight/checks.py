@@ -193,5 +193,35 @@ def check_routing_record(plan: Plan, est: MemoryEstimate) -> list[Finding]:
                     f"{b.mean_sample_tokens * per_token / cal.MIB:.0f} MiB per {b.mean_sample_tokens}-token trajectory")]
 
 
+def check_trainer_layout(plan: Plan, est: MemoryEstimate) -> list[Finding]:
+    """Whether t1ops' rank trainer runs this layout: the rules a campaign's ``[trainer.parallel]`` passes
+    (t1ops.parallel_layout) and the layouts ``rl.trainer.settings.Layout`` accepts (docs/parallelism.md)."""
+    from pydantic import ValidationError
+
+    from rl.trainer.settings import Layout
+    from t1ops.parallel_layout import trainer_errors
+
+    par, m = plan.parallelism, plan.model
+    keys = dict(dp=par.derived_dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, sequence_parallel=par.tp > 1)
+    spelled = ", ".join(f"{k} = {str(v).lower()}" for k, v in keys.items())
+    errors = trainer_errors(**keys, num_layers=m.num_layers, num_experts=m.num_experts,
+                            num_attention_heads=m.num_attention_heads, num_query_groups=m.num_kv_groups,
+                            etp=par.etp)
+    if par.etp != 1:
+        errors.append(f"etp = {par.etp}: the trainer's expert tensor parallelism is 1")
+    try:
+        Layout(**keys)
+    except ValidationError as exc:
+        if par.pp > 1:
+            errors.append(f"pp = {par.pp}: the stages and the 1F1B schedule exist (rl.trainer.pipeline) but the "
+                          "rank trainer's PPO step does not run through them yet")
+        else:
+            errors.append(str(exc.errors()[0]["msg"]))
+    if errors:
+        return [Finding("trainer-layout", "info", f"t1ops' rank trainer does not run this layout ({spelled}): "
+                        + "; ".join(errors))]
+    return [Finding("trainer-layout", "info", f"t1ops' rank trainer runs this layout: [trainer.parallel] {spelled}")]
+
+
 ALL_CHECKS = (check_memory, check_gdn_cp, check_dp1, check_max_tokens, check_expert_identity,
-              check_tensor_parallel, check_host_ram, check_routing_record)
+              check_tensor_parallel, check_host_ram, check_routing_record, check_trainer_layout)

@@ -15,6 +15,9 @@ def test_valid_layouts_load():
     assert _cfg(dp=2).trainer.parallel.world_size == 2
     assert _cfg(tp=2, sequence_parallel=True).trainer.parallel.world_size == 2
     assert _cfg(dp=2, ep=2).trainer.parallel.ep == 2
+    assert _cfg(cp=2).trainer.parallel.world_size == 2      # context parallelism (rl.trainer.context)
+    assert _cfg(dp=2, cp=2, ep=2).trainer.parallel.world_size == 4
+    assert _cfg(tp=2, cp=2, sequence_parallel=True).trainer.parallel.world_size == 4
 
 
 @pytest.mark.parametrize("parallel, match", [
@@ -24,6 +27,7 @@ def test_valid_layouts_load():
     ({"dp": 3, "ep": 3}, "does not divide num_experts 8"),
     ({"tp": 3, "sequence_parallel": True}, "does not divide num_attention_heads 4"),
     ({"pp": 2}, "less than or equal to 1"),
+    ({"cp": 2, "ep": 4}, "pp\\*ep\\*etp = 4; 2 is not"),                # the CP ranks count in the expert world
 ])
 def test_bad_layouts_are_named_at_load(parallel, match):
     with pytest.raises(ConfigError, match=match):

@@ -43,8 +43,9 @@ def reference():
 @pytest.mark.parametrize("layout", [Layout(tp=2, sequence_parallel=True, max_tokens_per_gpu=CAP),
                                     Layout(dp=2, ep=2, max_tokens_per_gpu=CAP),
                                     Layout(dp=2, max_tokens_per_gpu=CAP),
-                                    Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP)],
-                         ids=["tp2-sp", "ep2", "dp2", "tp2-sp-ep2"])
+                                    Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP),
+                                    Layout(cp=2, ep=2, max_tokens_per_gpu=CAP)],
+                         ids=["tp2-sp", "ep2", "dp2", "tp2-sp-ep2", "cp2-ep2"])
 def test_layout_matches_one_rank(reference, layout, tmp_path):
     batch, ref_lp, ref, ref_actor = reference
     # dp > 1: each rank holds routing rows for its own rows only, as in a campaign (dataplane.fetch_shard)

@@ -1,4 +1,4 @@
-"""The Qwen3.5-MoE hybrid on real ranks: tp = 2 (+SP) + ep = 2, and dp = 2, against one rank and against
+"""The Qwen3.5-MoE hybrid on real ranks: tp = 2 (+SP) + ep = 2, dp = 2 and cp = 2, against one rank and against
 ``transformers``.
 
 GatedDeltaNet's ``in_proj`` and ``conv1d`` are split over TP section by section (rl.trainer.shard), its
@@ -60,7 +60,9 @@ def test_one_rank_equals_transformers(reference):
 
 
 @pytest.mark.parametrize("layout", [Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP),
-                                    Layout(dp=2, max_tokens_per_gpu=CAP)], ids=["tp2-sp-ep2", "dp2"])
+                                    Layout(dp=2, max_tokens_per_gpu=CAP), Layout(cp=2, max_tokens_per_gpu=CAP),
+                                    Layout(tp=2, cp=2, sequence_parallel=True, max_tokens_per_gpu=CAP)],
+                         ids=["tp2-sp-ep2", "dp2", "cp2", "tp2-sp-cp2"])
 def test_layout_matches_one_rank_and_transformers(reference, layout):
     batch, ref_lp, hf_err, ref, ref_actor = reference
     got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE, own_shard=layout.dp > 1)
