@@ -89,7 +89,7 @@ class AsyncDriver:
                                   num_workers=fa.num_parallel_generation_workers,
                                   zero_variance_filter=fa.zero_variance_filter,
                                   sample_full_batch=fa.sample_full_batch, max_draws_factor=fa.max_draws_factor,
-                                  first_step=first_step)
+                                  first_step=first_step, policy=c.reward_policy)
         self.planner = GroupPlanner(c.rollouts.task_names, r.n_samples_per_prompt, cfg.run.seed, planner_start,
                                     replay)
         self.in_flight: dict = {}  # ray ref -> (started_step, group_id)

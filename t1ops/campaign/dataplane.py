@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rl.trainer.packing import pack_to_ranks
 from t1ops import telemetry
 from t1ops.campaign.trials import TrialResult
 
@@ -134,24 +135,18 @@ def _placeholder(chunk):
     return replace(chunk, routing=zeros, meta={k: v for k, v in chunk.meta.items() if k != ROUTING_ROWS})
 
 
-def batch_rows(results: list[TrialResult], policy) -> list[tuple[int, int]]:
-    """(trial index, tokens) of every row of the batch the trainer builds from ``results``, in its
-    order (``TrainerHost.build_batch``: the chunks of the trainable trials, t1ops.campaign.reward_policy)."""
-    from t1ops.campaign.reward_policy import prepare
-
-    prep = prepare(results, policy)
-    return [(i, len(c.tokens)) for i, (r, t) in enumerate(zip(prep.results, prep.trainable)) if t
-            for c in r.chunks]
+def batch_rows(trials: list[TrialResult]) -> list[tuple[int, int]]:
+    """(trial index, tokens) of every row of the batch the trainer builds from the credit stage's
+    trainable ``trials`` (``TrainerHost.build_batch``: every chunk of each, in order)."""
+    return [(i, len(c.tokens)) for i, r in enumerate(trials) for c in r.chunks]
 
 
-def shard_trials(results: list[TrialResult], policy, dp: int, dp_rank: int) -> set[int]:
+def shard_trials(trials: list[TrialResult], dp: int, dp_rank: int) -> set[int]:
     """Trials whose rows data-parallel rank ``dp_rank`` of ``dp`` trains: the split of
     ``rl.trainer.ranks.RankTrainer.plan`` (``pack_to_ranks`` over the rows' token counts)."""
-    from rl.trainer.packing import pack_to_ranks
-
-    rows = batch_rows(results, policy)
+    rows = batch_rows(trials)
     if len(rows) < dp:  # the trainer refuses this batch with its own error: fetch everything
-        return set(range(len(results)))
+        return set(range(len(trials)))
     return {rows[j][0] for j in pack_to_ranks([n for _, n in rows], dp)[dp_rank]}
 
 

@@ -20,6 +20,7 @@ sharded: one file per rank under one checksummed manifest
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import time
@@ -33,10 +34,10 @@ from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from rl.vocab import CompactVocab
 from t1ops import telemetry
 from t1ops.campaign.dataplane import batch_rows, fetch_shard, shard_trials
-from t1ops.campaign.reward_policy import RewardPolicy
-from t1ops.campaign.trainer_host import TrainerHost, load_rank_state, rank_state, resumed
+from t1ops.campaign.credit import CreditBatch
+from t1ops.campaign.roles import CheckpointReport, RankInfo, TrainReport
+from t1ops.campaign.trainer_host import TrainerHost, load_rank_state, rank_state, require_credit, resumed
 from t1ops.campaign.trainer_rank import join_world
-from t1ops.campaign.trials import TrialResult, require_results
 from t1ops.config import CampaignConfig, CheckpointsConfig, GuardsConfig, TrainerConfig
 from t1ops.errors import ConfigError
 from t1ops.guards.checkpoints import CheckpointManager
@@ -51,10 +52,8 @@ class TrainerRankHost(TrainerHost):
 
     def __init__(self, *, rank: int, layout: Layout, spec: dict, settings: TrainerConfig, vocab_path: str,
                  ckpt_base: str, seed: int, run_dir: str, guards: GuardsConfig, telemetry_cfg: dict | None = None,
-                 temperature: float = 1.0, num_threads: int = 1, retention: CheckpointsConfig | None = None,
-                 reward_policy: RewardPolicy | None = None) -> None:
+                 temperature: float = 1.0, num_threads: int = 1, retention: CheckpointsConfig | None = None) -> None:
         torch.set_num_threads(num_threads)
-        self.reward_policy, self.last_policy_counts = reward_policy or RewardPolicy(), {}
         self.rank, self.layout, self.run_dir = rank, layout, Path(run_dir)
         telemetry.setup(run_dir, role=f"trainer-rank{rank}", **(telemetry_cfg or {}))
         self.guards = guards
@@ -71,7 +70,7 @@ class TrainerRankHost(TrainerHost):
 
         self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.settings.mode == "ppo",
                                    **(retention or CheckpointsConfig(keep_last=None)).model_dump())
-        self.last_report: dict = {}
+        self.last_report = CheckpointReport()
         self._fetched: set[int] | None = None  # trials this rank fetched in full this step (fetch_shard)
 
     def address(self) -> str:
@@ -98,31 +97,35 @@ class TrainerRankHost(TrainerHost):
                         timeout_s=timeout.total_seconds())
         return os.getpid()
 
-    def train(self, results: list[TrialResult], behaviour: str = "snapshot") -> dict:
+    def train(self, credit: CreditBatch, behaviour: str = "snapshot") -> TrainReport:
         """This rank fetches only its data-parallel shard's trajectories (``dataplane.fetch_shard``:
         the light arrays of all, the full chunks of the trials its rows come from), then steps."""
+        credit = require_credit(credit, "TrainerRankHost.train")
+        if credit.no_signal is not None:  # every rank gets the same credit: all skip together
+            return TrainReport(skipped=credit.no_signal)
         t0, mbs0 = time.perf_counter(), self.trainer.micro_batches_done
         dp, dp_rank = self.layout.dp, self.trainer.dp_rank
-        results, fetched = fetch_shard(require_results(results, "TrainerRankHost.train"),
-                                       lambda light: shard_trials(light, self.reward_policy, dp, dp_rank))
+        trials, fetched = fetch_shard(list(credit.trials), lambda light: shard_trials(light, dp, dp_rank))
         self._fetched = set(fetched["fetched"]) if fetched["staged"] else None
-        stats = super().train(results, behaviour)
-        info = {"rank": self.rank, "dp_rank": dp_rank, "train_s": round(time.perf_counter() - t0, 3),
-                "micro_batches": self.trainer.micro_batches_done - mbs0, **fetched}
-        telemetry.gauge("trainer.rank_fetched_bytes", fetched["fetched_bytes"], rank=self.rank)
-        telemetry.gauge("trainer.rank_train_s", info["train_s"], rank=self.rank)
-        telemetry.gauge("trainer.rank_micro_batches", info["micro_batches"], rank=self.rank)
-        telemetry.event("trainer.rank_step", step=stats.get("step"), **info)
-        return {**stats, "rank_info": info}
+        report = self._step(credit.with_trials(trials), behaviour)
+        info = RankInfo(rank=self.rank, dp_rank=dp_rank, train_s=round(time.perf_counter() - t0, 3),
+                        micro_batches=self.trainer.micro_batches_done - mbs0, staged=fetched["staged"],
+                        fetched=list(fetched["fetched"]), fetched_bytes=fetched["fetched_bytes"],
+                        light_bytes=fetched["light_bytes"])
+        telemetry.gauge("trainer.rank_fetched_bytes", info.fetched_bytes, rank=self.rank)
+        telemetry.gauge("trainer.rank_train_s", info.train_s, rank=self.rank)
+        telemetry.gauge("trainer.rank_micro_batches", info.micro_batches, rank=self.rank)
+        telemetry.event("trainer.rank_step", step=report.stats.step, **dataclasses.asdict(info))
+        return dataclasses.replace(report, rank_info=info)
 
-    def build_batch(self, results: list[TrialResult]):
+    def build_batch(self, credit: CreditBatch):
         """The batch as every rank builds it; a row this rank trains must come from a trial it
         fetched in full (else its forward would read placeholder routing rows): a named error."""
-        batch = super().build_batch(results)
+        batch = super().build_batch(credit)
         if self._fetched is not None:
             from rl.trainer.packing import FILLER
 
-            trial_of = [i for i, _ in batch_rows(results, self.reward_policy)]
+            trial_of = [i for i, _ in batch_rows(list(credit.trials))]
             rows = {r for mb in self.trainer.plan(batch) for r in mb.rows if r != FILLER}
             stray = sorted({trial_of[r] for r in rows} - self._fetched)
             if stray:
@@ -166,8 +169,8 @@ class TrainerRankHost(TrainerHost):
                     self.ckpt.save("critic", version, critic)
                 save_trainer_state(self.retention.base, version, trainer_state(self.trainer, version, ranks))
             deleted = self.retention.apply() + self._prune_shards()
-            self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base),
-                                "checkpoints_deleted": len(deleted), "resume_point": self.retention.resume_point()}
+            self.last_report = CheckpointReport(disk_bytes(self.retention.base), len(deleted),
+                                                self.retention.resume_point())
             path = self.newest_actor_checkpoint()
         self.published[version] = self.trainer.snapshot_behaviour()
         if self.rank == 0:  # the full weights the weight sender exports or broadcasts (rl.weights.sender)
@@ -272,8 +275,7 @@ def start_ranks(cfg: CampaignConfig, run, spec: dict) -> tuple[RankGroup, RankWa
         ckpt_base=str(run.checkpoints), seed=cfg.run.seed, run_dir=str(run.path), guards=cfg.guards,
         telemetry_cfg={"otlp_endpoint": cfg.telemetry.otlp_endpoint,
                        "export_interval_s": cfg.telemetry.export_interval_s},
-        temperature=cfg.rollout.temperature, retention=cfg.checkpoints,
-        reward_policy=RewardPolicy.from_config(cfg))
+        temperature=cfg.rollout.temperature, retention=cfg.checkpoints)
         for r in range(layout.world_size)]
     init_method = ray.get(actors[0].address.remote())
     pids = ray.get([a.join.remote(init_method) for a in actors])

@@ -18,6 +18,7 @@ each batch is trained with its real behaviour policy as the PPO denominator.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -27,10 +28,13 @@ import numpy as np
 from t1ops import telemetry
 from t1ops.campaign.barrier import engine_barrier
 from t1ops.campaign.async_loop import AsyncSource
+from t1ops.campaign.credit import CreditBatch, assign_credit
 from t1ops.campaign.dataplane import write_dumps
 from t1ops.campaign.group_ledger import audit_groups
 from t1ops.campaign.guarding import CampaignGuards
 from t1ops.campaign.progress import Progress
+from t1ops.campaign.reward_policy import RewardPolicy
+from t1ops.campaign.roles import TrainReport
 from t1ops.campaign.rollouts import PipelinedSource, Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.summary import Summary
@@ -58,28 +62,32 @@ class Campaign:
     resume_from: int | None = None    # the verified step a resumed run continues from (None: a new run)
     on_step: list = field(default_factory=list)   # callables (campaign, step) run as each step starts
 
+    @property
+    def reward_policy(self) -> RewardPolicy:
+        """What the credit stage applies (``t1ops.campaign.credit``), from the config."""
+        return RewardPolicy.from_config(self.cfg)
 
-def _metrics_row(step: int, results: list[TrialResult], stats: dict, rollout_s: float, train_s: float,
-                 step_s: float, sync_s: float) -> dict:
+
+def _metrics_row(step: int, results: list[TrialResult], credit: CreditBatch, report: TrainReport,
+                 rollout_s: float, train_s: float, step_s: float, sync_s: float) -> dict:
     rewards = [r.reward for r in results]
     return {"step": step, "reward_mean": float(np.mean(rewards)) if rewards else math.nan,
-            "explained_variance": stats.get("explained_variance", math.nan),
-            "logprob_gap": stats.get("logprob_gap", math.nan),
+            "explained_variance": report.value("explained_variance"), "logprob_gap": report.value("logprob_gap"),
             "turns_mean": float(np.mean([r.num_turns for r in results])) if results else math.nan,
-            "tokens": int(stats.get("num_tokens", 0)), "rollout_s": round(rollout_s, 3),
+            "tokens": report.num_tokens, "rollout_s": round(rollout_s, 3),
             "train_s": round(train_s, 3), "step_s": round(step_s, 3), "sync_s": round(sync_s, 3),
             "solved_share": float(np.mean([bool(r.total) and r.passed == r.total for r in results])),
             "no_verdict": sum(r.reward_source == "no-verdict" for r in results),
-            "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
-            "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
-            "policy_loss": stats.get("policy_loss", math.nan), "value_loss": stats.get("value_loss", math.nan),
+            "clip_fraction": report.value("clip_fraction"), "tis_mean": report.value("tis_mean"),
+            "actor_grad_norm": report.value("actor_grad_norm"), "num_trajectories": len(results),
+            "policy_loss": report.value("policy_loss"), "value_loss": report.value("value_loss"),
             "reward_sources": _count(r.reward_source for r in results),
             # every non-CTRF reward named by its source and why CTRF was not used (T1 report, section 06)
             "reward_fallbacks": _count(f"{r.reward_source} ({r.reward_fallback or 'no CTRF tag'})"
                                        for r in results if r.reward_source != "ctrf"),
-            "entropy": stats.get("entropy", math.nan), "actor_updated": stats.get("actor_updated", True),
-            "reward_trained_mean": (stats.get("policy") or {}).get("reward_trained_mean", math.nan),
-            "reward_policy": {k: v for k, v in (stats.get("policy") or {}).items() if k != "reward_trained_mean"},
+            "entropy": report.value("entropy"), "actor_updated": report.actor_updated,
+            "optimizer_skipped": report.skipped,  # the credit stage found no signal: no optimizer step
+            "reward_trained_mean": credit.reward_trained_mean, "reward_policy": credit.counts.as_row(),
             "end_reasons": _count(r.end_reason for r in results),
             "compactions": sum(r.compactions for r in results),
             "summary_failures": sum(r.summary_failures for r in results)}
@@ -138,13 +146,16 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
         hook(c, step)
     batch = source.take(step, progress)
     results = batch.results
+    credit = assign_credit(results, c.reward_policy)  # decided once, here, for every mode (t1ops.campaign.credit)
     progress.update(step=step, phase="train", in_flight=source.in_flight)
     t_train = time.monotonic()
     c.guards.train_submitted(step)
     telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
-    train_ref = c.trainer.train.remote(results, source.behaviour)
+    train_ref = c.trainer.train.remote(credit, source.behaviour)
     source.while_training(train_ref, c.guards)  # generation goes on while step t trains
-    stats = c.guards.wait_train(train_ref, step)
+    report = c.guards.wait_train(train_ref, step)
+    if report.skipped is not None:
+        telemetry.event("trainer.step_skipped", severity="warn", step=step, reason=report.skipped)
     train_s = time.monotonic() - t_train
     telemetry.event("campaign.train_done", step=step)
     source.before_sync()  # what must not span the weight sync is drained
@@ -162,14 +173,14 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     if ev is not None:
         ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
     write_dumps(c.workers, c.run, step, results, debug=c.cfg.rollout.debug_dump)  # by the workers that hold them
-    row = _metrics_row(step, results, stats, batch.rollout_s, train_s, time.monotonic() - t_step, sync_s)
-    row.update(ray.get(c.trainer.checkpoint_report.remote()))  # disk used, retention
+    row = _metrics_row(step, results, credit, report, batch.rollout_s, train_s, time.monotonic() - t_step, sync_s)
+    row.update(ray.get(c.trainer.checkpoint_report.remote()).as_row())  # disk used, retention
     row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,
                **source.row_fields(step, batch), **step_split(results, batch.rollout_s))
     c.guards.after_step(step)
     row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
-    if stats.get("ranks"):  # per-rank timing of a multi-rank trainer
-        row["ranks"] = stats["ranks"]
+    if report.ranks:  # per-rank timing of a multi-rank trainer
+        row["ranks"] = [dataclasses.asdict(r) for r in report.ranks]
     source.before_row(summary)
     summary.add_step(row)
     source.after_step()

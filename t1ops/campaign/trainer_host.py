@@ -24,8 +24,8 @@ from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
 from rl.weights.sender import WeightSender
 from t1ops.campaign.dataplane import fetch
-from t1ops.campaign.reward_policy import RewardPolicy
-from t1ops.campaign.trials import TrialResult, require_results
+from t1ops.campaign.credit import CreditBatch
+from t1ops.campaign.roles import CheckpointReport, TrainReport
 from t1ops.campaign.weight_push import WeightPush
 from t1ops.config import CheckpointsConfig, TrainerConfig
 from t1ops.guards.checkpoints import CheckpointManager
@@ -35,7 +35,7 @@ class TrainerHost(WeightSender, WeightPush):
     def __init__(self, *, spec: dict, settings: TrainerConfig, vocab_path: str, ckpt_base: str, seed: int,
                  num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
                  gloo_timeout_s: float = 3600.0, temperature: float = 1.0,
-                 retention: CheckpointsConfig | None = None, reward_policy: RewardPolicy | None = None) -> None:
+                 retention: CheckpointsConfig | None = None) -> None:
         torch.set_num_threads(num_threads)
         if run_dir is not None:
             from t1ops import telemetry
@@ -54,15 +54,13 @@ class TrainerHost(WeightSender, WeightPush):
         self.trainer = Trainer(self.spec, self.settings, seed=seed, unk_id=self.vocab.unk_id,
                                temperature=temperature, max_tokens_per_gpu=settings.parallel.max_tokens_per_gpu)
         self.seed = seed
-        self.reward_policy = reward_policy or RewardPolicy()
-        self.last_policy_counts: dict = {}
         if self.settings.critic_warm_load:
             self.warm_load_critic(self.settings.critic_warm_load)
         from t1ops.campaign.retention import Retention
 
         self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.trainer.critic is not None,
                                    **(retention or CheckpointsConfig(keep_last=None)).model_dump())
-        self.last_report: dict = {}
+        self.last_report = CheckpointReport()
         self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> actor weights (behaviour snapshots)
 
     # --- warm start ----------------------------------------------------------------
@@ -110,63 +108,62 @@ class TrainerHost(WeightSender, WeightPush):
         return str(step_dir)
 
     # --- RL ----------------------------------------------------------------------------
-    def build_batch(self, results: list[TrialResult]) -> TrainBatch:
-        """The batch of a step: every chunk of every trainable trial (``t1ops.campaign.reward_policy``
-        decides the trained reward and which trials keep rows); a trajectory's chunks share its id."""
-        from t1ops.campaign.reward_policy import prepare
-
-        prep = prepare(results, self.reward_policy)
-        self.last_policy_counts = prep.counts
-        chunks = [(c, r, x) for r, x, t in zip(prep.results, prep.rewards, prep.trainable) if t for c in r.chunks]
-        if not chunks:
-            raise DataContractError(f"no trial of this step has loss-bearing rows after the reward policy "
-                                    f"({prep.counts}); check rollout.failed_trials / context_overflow_clear_mask")
-        tokens, masks, lps, rewards, groups, prompts, routing, tids = [], [], [], [], [], [], [], []
-        for c, r, reward in chunks:
-            loss = c.loss_mask.astype(bool)
-            self.vocab.encode_targets(c.tokens[loss])  # sampled ids must be sampleable: else a named error
-            tokens.append(np.asarray(self.vocab.encode_inputs(c.tokens), dtype=np.int64))
-            masks.append(c.loss_mask)
-            lps.append(c.rollout_logprobs)
-            rewards.append(float(reward))
-            groups.append(r.group_id)
-            prompts.append(r.task)
-            routing.append(c.routing)
-            tids.append(r.sample_id or id(r))
+    def build_batch(self, credit: CreditBatch) -> TrainBatch:
+        """The batch of a step, as the credit stage decided it (``t1ops.campaign.credit``): every chunk
+        of every trainable trial (chunks fetched) with its trained reward; a trajectory's chunks share
+        its id; the baseline-only trials count in their groups; prompt_mean's unit is the group."""
+        tokens, masks, lps, rewards, groups, routing, tids = [], [], [], [], [], [], []
+        for r, reward in zip(credit.trials, credit.rewards):
+            for c in r.chunks:
+                self.vocab.encode_targets(c.tokens[c.loss_mask.astype(bool)])  # sampled ids must be sampleable
+                tokens.append(np.asarray(self.vocab.encode_inputs(c.tokens), dtype=np.int64))
+                masks.append(c.loss_mask)
+                lps.append(c.rollout_logprobs)
+                rewards.append(float(reward))
+                groups.append(r.group_id)
+                routing.append(c.routing)
+                tids.append(r.sample_id or id(r))
         has_routing = all(x is not None for x in routing)
         return TrainBatch.from_sequences(tokens=tokens, loss_mask=masks, rollout_logprobs=lps, rewards=rewards,
-                                         group_ids=groups, prompt_ids=prompts,
+                                         group_ids=groups, prompt_ids=list(groups),
                                          routing=routing if has_routing else None, trajectory_ids=tids,
-                                         baseline_only=prep.baseline_only)
+                                         baseline_only=list(credit.baseline_only))
 
-    def train(self, results: list[TrialResult], behaviour: str = "snapshot") -> dict:
-        """One RL step on a batch; old log-probs are recomputed under the weights that sampled it
-        (``behaviour="rollout"``, fully async: the per-token rollout log-probs are the behaviour)."""
-        results = fetch(require_results(results, "TrainerHost.train"))  # the chunks, straight from the object store (t1ops.campaign.dataplane)
+    def train(self, credit: CreditBatch, behaviour: str = "snapshot") -> TrainReport:
+        """One RL step on the credit stage's batch; old log-probs are recomputed under the weights
+        that sampled it (``behaviour="rollout"``, fully async: the per-token rollout log-probs are
+        the behaviour). A batch with no signal takes no optimizer step (``TrainReport.skipped``)."""
+        credit = require_credit(credit, "TrainerHost.train")
+        if credit.no_signal is not None:
+            return TrainReport(skipped=credit.no_signal)
+        # the chunks, straight from the object store (t1ops.campaign.dataplane)
+        return self._step(credit.with_trials(fetch(list(credit.trials))), behaviour)
+
+    def _step(self, credit: CreditBatch, behaviour: str) -> TrainReport:
+        chunks = [c for r in credit.trials for c in r.chunks]
         if behaviour == "rollout":
-            return self._train_on_rollout_logprobs(results)
-        versions = {int(v) for r in results for c in r.chunks for v in c.policy_version[c.loss_mask == 1]}
+            return self._train_on_rollout_logprobs(credit, chunks)
+        versions = {int(v) for c in chunks for v in c.policy_version[c.loss_mask == 1]}
         if len(versions) != 1 or next(iter(versions)) not in self.published:
             raise DataContractError(f"batch sampled by policy versions {sorted(versions)}; the trainer holds "
                                     f"snapshots of {sorted(self.published)} (one version per batch expected)")
         # The behaviour policy is the snapshot of the version that sampled this batch: with the
         # one-step pipeline that is one version behind the trainer's current weights.
         self.trainer.set_behaviour(self.published[next(iter(versions))])
-        stats = self.trainer.train_step(self.build_batch(results))
-        return {**stats.as_dict(), "behaviour_version": next(iter(versions)), "policy": dict(self.last_policy_counts)}
+        stats = self.trainer.train_step(self.build_batch(credit))
+        return TrainReport(stats=stats, behaviour_version=next(iter(versions)))
 
-    def _train_on_rollout_logprobs(self, results: list[TrialResult]) -> dict:
+    def _train_on_rollout_logprobs(self, credit: CreditBatch, chunks: list) -> TrainReport:
         """Fully async: trajectories may span versions; every sampled token must name a version
         this trainer published (never a future one, never none)."""
-        sampled = np.concatenate([c.policy_version[c.loss_mask == 1] for r in results for c in r.chunks])
+        sampled = np.concatenate([c.policy_version[c.loss_mask == 1] for c in chunks])
         latest = max(self.published) if self.published else -1
         if sampled.size and (sampled.min() < 0 or sampled.max() > latest):
             raise DataContractError(f"sampled tokens carry policy versions {sorted(set(sampled.tolist()))[:8]}; "
                                     f"valid versions are 0..{latest} (the trainer's published ones)")
         self.trainer.set_behaviour(None)  # the proximal policy for TIS / gap: the current weights
-        stats = self.trainer.train_step(self.build_batch(results), behaviour="rollout")
-        return {**stats.as_dict(), "behaviour_version": None, "policy": dict(self.last_policy_counts),
-                "policy_versions": sorted({int(v) for v in sampled.tolist()})}
+        stats = self.trainer.train_step(self.build_batch(credit), behaviour="rollout")
+        return TrainReport(stats=stats, policy_versions=sorted({int(v) for v in sampled.tolist()}))
 
     def is_resume_point(self, version: int, final: bool) -> bool:
         """The full checkpoint (both roles and the trainer state) is written every ``save_every``
@@ -202,8 +199,8 @@ class TrainerHost(WeightSender, WeightPush):
         from t1ops.campaign.retention import disk_bytes
 
         deleted = self.retention.apply()
-        self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base), "checkpoints_deleted": len(deleted),
-                            "resume_point": self.retention.resume_point()}
+        self.last_report = CheckpointReport(disk_bytes(self.retention.base), len(deleted),
+                                            self.retention.resume_point())
         return self.newest_actor_checkpoint()
 
     def _published_weights(self, version: str):
@@ -211,9 +208,9 @@ class TrainerHost(WeightSender, WeightPush):
         state = self.published[int(version)]
         return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}, self.spec
 
-    def checkpoint_report(self) -> dict:
+    def checkpoint_report(self) -> CheckpointReport:
         """Disk used by checkpoints after the last publish, steps deleted, and the resume point."""
-        return dict(self.last_report)
+        return self.last_report
 
     def _trainer_state(self, version: int) -> dict:
         from t1ops.campaign.resume import trainer_state
@@ -251,6 +248,15 @@ class TrainerHost(WeightSender, WeightPush):
 
         self._stack_file = install_stack_dump(path)
         return os.getpid()
+
+
+def require_credit(credit, where: str) -> CreditBatch:
+    """``credit`` as a :class:`~t1ops.campaign.credit.CreditBatch`; a TypeError naming the fix for
+    anything else (trial results: the coordinator's credit stage turns them into one)."""
+    if not isinstance(credit, CreditBatch):
+        raise TypeError(f"{where} takes a t1ops.campaign.credit.CreditBatch, got a {type(credit).__name__}; "
+                        "pass the settled trials through t1ops.campaign.credit.assign_credit first")
+    return credit
 
 
 def rank_state(trainer) -> dict:

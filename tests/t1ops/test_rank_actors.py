@@ -16,8 +16,12 @@ def test_retention_prunes_sharded_steps(tmp_path):
 
 
 def test_train_answer_is_rank_zeros_with_every_ranks_timing():
-    out = _combine("train", {"loss": 1.0, "rank_info": {"rank": 0}}, {"loss": 1.0, "rank_info": {"rank": 1}})
-    assert out["loss"] == 1.0 and [r["rank"] for r in out["ranks"]] == [0, 1]
+    from t1ops.campaign.roles import RankInfo, TrainReport
+
+    info = [RankInfo(rank=r, dp_rank=r, train_s=0.1, micro_batches=1, staged=0, fetched=[], fetched_bytes=0,
+                     light_bytes=0) for r in (0, 1)]
+    out = _combine("train", TrainReport(stats="rank0", rank_info=info[0]), TrainReport(stats="rank1", rank_info=info[1]))
+    assert out.stats == "rank0" and [r.rank for r in out.ranks] == [0, 1] and out.rank_info is None
     assert _combine("publish", "/ckpt/step_1", None) == "/ckpt/step_1"
 
 
