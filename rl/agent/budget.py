@@ -65,6 +65,25 @@ def fit_generation(prompt_tokens: int, max_new_tokens: int, context_window: int,
         prompt_tokens=prompt_tokens, context_window=context_window, min_new_tokens=min_new_tokens)
 
 
+CUT_REASONS = ("context_exhausted", "truncated", "max_new_tokens")
+
+
+def cut_reason(budget: Budget, num_generated: int, has_tool_call: bool) -> str:
+    """Why a reply that ended without a stop token ends the episode, one meaning per name (both
+    agents: ``rl.agent.loop`` and the harness session, ``rl.harness.session``):
+
+    - ``context_exhausted``: the reply filled the context window (its ``max_new_tokens`` was
+      lowered to what the context had left, and it used all of it);
+    - ``truncated``: the per-turn cap ``max_new_tokens`` was reached with no tool call in the
+      reply: the SkyRL walkthrough's rule (section 5), which ``rollout.truncated_reward_zero``
+      trains at reward 0;
+    - ``max_new_tokens``: the per-turn cap cut a reply that did call a tool.
+    """
+    if budget.prompt_tokens + num_generated >= budget.context_window:
+        return "context_exhausted"
+    return "max_new_tokens" if has_tool_call else "truncated"
+
+
 def compaction_threshold(context_window: int, request_tokens: int) -> int:
     """The prompt length past which history must be compacted before the summary call.
 

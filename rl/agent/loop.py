@@ -10,8 +10,11 @@ Turn protocol (Qwen tool calling): the assistant answers with one
 the command runs in the trial's sandbox and its output comes back as a
 ``tool`` message. An answer with no tool call ends the episode. A tool call
 that does not parse gets a corrective observation (the turn still counts).
-A generation that hits ``max_new_tokens`` without a stop token ends the
-trajectory (a truncated turn cannot be followed by an observation).
+A generation that ends without a stop token ends the trajectory (a cut turn cannot be
+followed by an observation); its end reason says why, one meaning per name
+(``rl.agent.budget.cut_reason``): ``context_exhausted`` (the context is full),
+``truncated`` (the per-turn cap with no tool call: the walkthrough's rule) or
+``max_new_tokens`` (the per-turn cap cut a reply that called a tool).
 
 Context budget: every request satisfies ``prompt + max_new_tokens <=
 context_window`` (``rl.agent.budget``); a prompt that no longer leaves room
@@ -50,8 +53,8 @@ class Episode:
 
     chunks: list[Trajectory]
     num_turns: int
-    end_reason: str                    # done | max_turns | truncated | context_exhausted | budget_exhausted
-    #                                    | summary_failed
+    end_reason: str                    # done | max_turns | truncated | max_new_tokens | context_exhausted
+    #                                    | budget_exhausted | summary_failed
     commands: list[str] = field(default_factory=list)
     parse_failures: int = 0
     budget_clamps: int = 0
@@ -162,8 +165,10 @@ def _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id, r
     routed_upto = len(builder.tokens) - 1
     ep.num_turns += 1
     last = int(resp.output_ids[-1])
-    if last not in STOP_IDS:
-        ep.end_reason = "truncated"
+    if last not in STOP_IDS:  # cut: the context is full, or the per-turn cap with or without a tool call
+        text = renderer.decode(resp.output_ids)
+        ep.end_reason = budget.cut_reason(fit, len(resp.output_ids),
+                                          parse_command(text)[0] is not None or "</tool_call>" in text)
         return routed_upto, True
     tool_obs = None
     if tools is None:
