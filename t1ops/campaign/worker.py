@@ -36,7 +36,7 @@ from rl.errors import RoutingError
 from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
 from t1ops.campaign.dataplane import stage, write_dump_items
-from t1ops.campaign.trials import BatchResult, GroupResult, TrialResult, TrialSpec, request_seed, seeded
+from t1ops.campaign.trials import BatchResult, GroupResult, TrialResult, TrialSpec, failed_row, request_seed, seeded
 from t1ops.campaign.trialtrace import TrialClock
 from t1ops.config import EngineConfig, EnvironmentConfig, RolloutConfig, RunConfig, SandboxConfig
 from t1ops.engines.direct import DirectEngines
@@ -370,15 +370,6 @@ def task_agent(agent: AgentSettings, task) -> AgentSettings:
     if own is None or own >= agent.max_turns:
         return agent
     return agent.model_copy(update={"max_turns": int(own)})
-
-
-def failed_row(spec: TrialSpec, family: str, err: BaseException) -> TrialResult:
-    """A failed trial kept as reward 0 with loss mask 0 (``rollout.failed_trials = "zero"``; SkyRL
-    walkthrough, section 5): no chunks, so it has no batch rows, but it counts in its group's baseline."""
-    sample_id = f"{spec.group_id}-s{spec.sample_idx}"
-    return TrialResult(trial_id=sample_id, task=spec.task, family=family, group_id=spec.group_id,
-                       sample_id=sample_id, reward=0.0, reward_source="failed", solved=False, end_reason="failed",
-                       failed=True, error=f"{type(err).__name__}: {err}"[:300], chunks=[])
 
 
 def plan_groups(task_names: list[str], step: int, batch_size: int, n_samples: int, seed: int,
