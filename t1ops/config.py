@@ -83,6 +83,7 @@ class TrainerConfig(TrainerSettings, Section):
     """The ``[trainer]`` section: the step's settings (``rl.trainer.settings``) and the rank layout."""
 
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Layout of the trainer's ranks.")
+    critic_warmup_steps: int | None = Field(None, ge=0, description="Critic-only steps before the actor updates. None (the default): by the critic's start, 2 after critic_warm_load (T1 report, section 04) and 10 on a cold critic (the report: a cold start 'needs tens'; rl.trainer.settings.COLD_CRITIC_WARMUP_STEPS, docs/campaign.md 'Critic warm-up'). GRPO: none.")
 
 
 class RolloutConfig(AgentLimits, Section):

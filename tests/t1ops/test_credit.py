@@ -95,3 +95,12 @@ def test_no_signal_is_named_for_grpo_only():
     assert assign_credit(flat, RewardPolicy()).no_signal is None  # PPO: the critic still gives an advantage
     failed = [trial("g-s0", 0.0, failed=True, chunks=[])]
     assert "no trainable trial" in assign_credit(failed, RewardPolicy()).no_signal
+
+
+def test_a_cold_critic_gets_critic_only_steps_by_default():
+    """The campaign's default (issue 50): 10 critic-only steps on a cold critic, the report's 2 after a warm
+    load, none under GRPO; an explicit value wins. Failed before: the default was 0 critic-only steps."""
+    assert parse_config({}).trainer.critic_only_steps() == 10
+    assert parse_config({"trainer": {"critic_warm_load": "runs/x/checkpoints/critic"}}).trainer.critic_only_steps() == 2
+    assert parse_config({"trainer": {"mode": "grpo"}}).trainer.critic_only_steps() == 0
+    assert parse_config({"trainer": {"critic_warmup_steps": 3}}).trainer.critic_only_steps() == 3
