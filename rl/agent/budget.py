@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rl.chat import STOP_IDS
+from rl.engines.protocol import GenerateRequest, SamplingParams
 from rl.errors import BudgetError
 
 
@@ -29,9 +31,6 @@ class Budget:
     def request(self, prompt: list[int], rid: str, *, temperature: float, routed_upto: int, routing: bool):
         """The engine request of this fitted call: the only way the agent loop builds one, so no
         request leaves without its budget (a turn or a summary; R3 rows from ``routed_upto``)."""
-        from rl.chat import STOP_IDS
-        from rl.engines.protocol import GenerateRequest, SamplingParams
-
         if len(prompt) != self.prompt_tokens:
             raise BudgetError(f"{rid}: the budget was fitted for {self.prompt_tokens} prompt tokens, not {len(prompt)}")
         return GenerateRequest(

@@ -26,6 +26,7 @@ point: a summary turn, then a new chunk from a fresh context
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,6 +36,8 @@ from rl.agent import budget, response
 from rl.agent.compaction import Compactor
 from rl.agent.settings import AgentSettings
 from rl.chat import IM_END_ID, STOP_IDS, ChatRenderer, parse_assistant
+from rl.chat.template import render
+from rl.chat.toolcalls import parse_reply
 from rl.engines.protocol import GenerateRequest
 from rl.errors import BudgetError
 from rl.tito import TitoBuilder, Trajectory
@@ -116,12 +119,8 @@ def run_episode(instruction: str, execute: Callable[[str], Any], generate: Calla
     ``rl.harness.mcp_tools.McpToolbox``: ``openai_tools`` and ``call(name, args) -> str``)
     adds tools next to bash: the prompt then carries the Qwen3 tools section and a call
     to one of them is dispatched to ``tools.call`` (docs/harness.md)."""
-    import time
-
     clock = clock or time.monotonic
     if tools is not None:
-        from rl.chat.template import render
-
         def encode_prompt(messages):
             return renderer.encode(render(messages, [BASH_TOOL, *tools.openai_tools]))
     else:
@@ -205,10 +204,6 @@ BASH_TOOL = {"type": "function", "function": {
 
 def _dispatch_tools(text: str, tools: Any, ep: Episode) -> tuple[str | None, str | None, str | None]:
     """(bash command, problem, other tool's result) for a reply when extra tools are offered."""
-    import json
-
-    from rl.chat.toolcalls import parse_reply
-
     reply = parse_reply(text, offered={TOOL_NAME, *(t["function"]["name"] for t in tools.openai_tools)})
     if reply.problem is not None:
         return None, reply.problem, None

@@ -26,6 +26,7 @@ harness that sends two at once gets them one after the other).
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -162,8 +163,6 @@ class HarnessSession:
                                   sampling_params=self._sampling(req, budget.max_new_tokens),
                                   return_logprob=True, return_routed_experts=lim.num_layers is not None,
                                   routed_experts_start_len=start)
-        import time
-
         t0 = time.monotonic()
         try:
             resp = self.generate(request)

@@ -19,6 +19,10 @@ through the coordinator (docs/scale.md):
 
 A :class:`~t1ops.campaign.trials.TrialResult` that still carries its chunks (a worker without a
 store) takes the old path everywhere: every function here accepts both.
+
+``ray`` is imported inside the functions that call it (the module's only in-function imports):
+``t1ops.campaign.async_buffer``, pure Python and property-tested without Ray, imports
+:func:`versions_of` from here.
 """
 from __future__ import annotations
 
@@ -30,7 +34,9 @@ import numpy as np
 
 from rl.trainer.packing import pack_to_ranks
 from t1ops import telemetry
+from t1ops.audit import write_trajectory
 from t1ops.campaign.trials import TrialResult
+from t1ops.tito_debug import write_debug
 
 
 @dataclass(frozen=True)
@@ -183,7 +189,6 @@ def write_dumps(workers: list, run, step: int, results: list[TrialResult], debug
     local = [r for r in results if not r.staged]
     n = dump_results(run, step, local, debug=debug) if local else 0
     if debug:  # a debugging switch: fetching the chunks to the coordinator is its accepted cost
-        from t1ops.tito_debug import write_debug
 
         for r in fetch([r for r in results if r.staged and r.payload is not None]):
             if r.chunks:
@@ -225,16 +230,12 @@ def dump_results(run, step: int, results: list[TrialResult], debug: bool = False
     for r in results:
         n += _write_chunks(run.dumps, step, r, r.chunks)
         if debug and r.chunks:
-            from t1ops.tito_debug import write_debug
-
             write_debug(run.path / "debug", r)
     return n
 
 
 def _write_chunks(dump_dir, step: int, meta: TrialResult, chunks: list) -> int:
     """One trial's chunks, each written with the trial's reward and provenance (t1ops.audit)."""
-    from t1ops.audit import write_trajectory
-
     for chunk in chunks:
         write_trajectory(chunk, dump_dir, step=step, reward=meta.reward, reward_source=meta.reward_source,
                          task=meta.task, trial_id=meta.trial_id, end_reason=meta.end_reason)

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import ray
 
 from t1ops import telemetry
 from t1ops.campaign.trials import BatchResult, TrialResult, TrialSpec, eval_group_id, failed_row
@@ -179,8 +180,6 @@ class Evaluator:
 
     def collect(self) -> dict | None:
         """Wait for the pending evaluation (if any); check its books; hand its row to ``on_result``."""
-        import ray
-
         p = self.pending
         if p is None:
             return None

@@ -11,11 +11,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 from pathlib import Path
 
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 from rl.agent.loop import sft_example, solution_command
-from rl.agent.settings import AgentLimits, AgentSettings
 from rl.agent.sandbox import require_isolation
+from rl.agent.settings import AgentLimits, AgentSettings
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.model import ModelSpec
@@ -25,23 +29,24 @@ from t1ops.campaign.barrier import engine_barrier
 from t1ops.campaign.dataplane import TrajectoryStore
 from t1ops.campaign.engines import INITIAL_VERSION, EngineRouter
 from t1ops.campaign.evaluation import Evaluator, eval_task_names
-from t1ops.campaign.resume import open_for_resume, resumed_summary
 from t1ops.campaign.guarding import CampaignGuards
+from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.progress import Progress
+from t1ops.campaign.rank_actors import start_ranks
 from t1ops.campaign.ray_start import start_with_retry
+from t1ops.campaign.resume import open_for_resume, resumed_summary
+from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.rollouts import Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.runner import Campaign, step_loop
 from t1ops.campaign.summary import Summary, plot
-from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trainer_host import TrainerHost
-from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
-from t1ops.tracking import Tracker
 from t1ops.guards.dist import timeout_for
-from t1ops.preflight import require_ok
 from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
+from t1ops.preflight import require_ok
+from t1ops.tracking import Tracker
 
 # Observations a tiny policy should be able to read back (other output maps to UNK).
 _OBSERVATION_TEXTS = ("[exit code 0]", "[exit code 1]", "[exit code 2]", "[stopped: timeout]",
@@ -67,8 +72,6 @@ def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int, multiple: i
 
 
 def _init_ray(cfg: CampaignConfig):
-    import ray
-
     if not ray.is_initialized():
         address = cfg.run.ray_address
         if address is None and not os.environ.get("RAY_ADDRESS"):
@@ -150,8 +153,7 @@ def _quiet_auth_notice() -> None:
 def start_roles(c: Campaign, progress: Progress) -> Campaign:
     """Fill ``c`` with running roles (so a failure half-way still lets the caller shut them down)."""
     cfg, run = c.cfg, c.run
-    ray = _init_ray(cfg)
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    _init_ray(cfg)
 
     tasks = load_pool(cfg.rollout.tasks_dir)
     c.eval_tasks = held_out_tasks(cfg, tasks)  # refused before any role starts when not held out
@@ -167,7 +169,6 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
                  f"vocabulary {vocab.size} ids, dir {run.path}")
     rank_watch = None
     if cfg.trainer.parallel.world_size > 1:  # one Ray actor per rank in a placement group
-        from t1ops.campaign.rank_actors import start_ranks
 
         c.trainer, rank_watch = start_ranks(cfg, run, spec)
         progress.log(f"trainer: {cfg.trainer.parallel.world_size} ranks (dp {cfg.trainer.parallel.dp}, "
@@ -283,8 +284,6 @@ def warm_start_examples(tasks, noise: float, seed: int) -> list[tuple[str, str]]
     policy then solves some but not all of its attempts, as the report's RL
     starts from an SFT checkpoint that solves some tasks: RL has room to improve.
     """
-    import random
-
     solved = [t for t in tasks if t.solution]
     own = [(t.instruction, solution_command(t.solution)) for t in solved]
     num_wrong = round(len(own) * noise / (1 - noise))
@@ -302,8 +301,6 @@ def _telemetry_kw(cfg: CampaignConfig) -> dict:
 
 def train_task_names(tasks, cfg: CampaignConfig) -> list[str]:
     """The tasks RL samples from: the whole pool, or a fixed seeded subset (``num_train_tasks``)."""
-    import random
-
     names = sorted(t.name for t in tasks)
     n = cfg.rollout.num_train_tasks
     return names if n is None or n >= len(names) else sorted(random.Random(cfg.run.seed).sample(names, n))
@@ -365,8 +362,6 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
 
 
 def _shutdown(c: Campaign | None) -> None:
-    import ray
-
     if c is not None and c.router is not None:
         try:
             ray.get(c.router.close.remote(), timeout=30)

@@ -23,25 +23,34 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import shutil
 import time
 from pathlib import Path
 
+import ray
 import torch
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rl.errors import DataContractError
 from rl.model import ModelSpec
+from rl.trainer.packing import FILLER
 from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from rl.vocab import CompactVocab
 from t1ops import telemetry
-from t1ops.campaign.dataplane import batch_rows, fetch_shard, shard_trials
 from t1ops.campaign.credit import CreditBatch
+from t1ops.campaign.dataplane import batch_rows, fetch_shard, shard_trials
+from t1ops.campaign.rank_combine import Combiner
+from t1ops.campaign.resume import load_trainer_state, save_trainer_state, trainer_state
+from t1ops.campaign.retention import Retention, disk_bytes
 from t1ops.campaign.roles import CheckpointReport, RankInfo, TrainReport
 from t1ops.campaign.trainer_host import TrainerHost, load_rank_state, rank_state, require_credit, resumed
 from t1ops.campaign.trainer_rank import join_world
 from t1ops.config import CampaignConfig, CheckpointsConfig, GuardsConfig, TrainerConfig
 from t1ops.errors import ConfigError
-from t1ops.guards.checkpoints import CheckpointManager
+from t1ops.guards.checkpoints import CheckpointManager, list_steps, step_dir_name
 from t1ops.guards.rank_watch import ProgressBeacon, RankProcess, RankWatch, collective_watch
+from t1ops.guards.rendezvous import plan_rendezvous
 from t1ops.guards.sharded_checkpoints import save_sharded
 
 PG_READY_TIMEOUT_S = 120.0
@@ -66,7 +75,6 @@ class TrainerRankHost(TrainerHost):
         self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> this rank's behaviour shard
         self.full_published: dict[int, dict[str, torch.Tensor]] = {}  # rank 0: version -> full actor
         self.trainer: RankTrainer | None = None
-        from t1ops.campaign.retention import Retention
 
         self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.settings.mode == "ppo",
                                    **(retention or CheckpointsConfig(keep_last=None)).model_dump())
@@ -76,10 +84,6 @@ class TrainerRankHost(TrainerHost):
     def address(self) -> str:
         """Rank 0: the rendezvous on its own node, one fresh port per attempt (group-init-race:
         ``t1ops.guards.rendezvous``, bounded by ``guards.field.group_init_timeout_s``)."""
-        import ray
-
-        from t1ops.guards.rendezvous import plan_rendezvous
-
         return plan_rendezvous(ray.util.get_node_ip_address(), self.guards.field)
 
     def join(self, init_method: str) -> int:
@@ -123,8 +127,6 @@ class TrainerRankHost(TrainerHost):
         fetched in full (else its forward would read placeholder routing rows): a named error."""
         batch = super().build_batch(credit)
         if self._fetched is not None:
-            from rl.trainer.packing import FILLER
-
             trial_of = [i for i, _ in batch_rows(list(credit.trials))]
             rows = {r for mb in self.trainer.plan(batch) for r in mb.rows if r != FILLER}
             stray = sorted({trial_of[r] for r in rows} - self._fetched)
@@ -160,9 +162,6 @@ class TrainerRankHost(TrainerHost):
             ranks = None if ranks is None else [torch.load(io.BytesIO(b), weights_only=True) for b in ranks]
         path = None
         if self.rank == 0:
-            from t1ops.campaign.resume import save_trainer_state, trainer_state
-            from t1ops.campaign.retention import disk_bytes
-
             if resume_point:
                 self.ckpt.save("actor", version, actor)
                 if critic is not None:
@@ -190,8 +189,6 @@ class TrainerRankHost(TrainerHost):
 
     def resume(self, step: int) -> dict:
         """Every rank: the full (layout-free) weights of ``step``, its own optimizer and RNG state."""
-        from t1ops.campaign.resume import load_trainer_state
-
         actor = self.ckpt.load("actor", step)
         critic = self.ckpt.load("critic", step) if self.trainer.critic is not None else None
         state = load_trainer_state(self.retention.base, step)
@@ -210,10 +207,6 @@ def _to_bytes(obj) -> bytes:
 
 def _prune(role_dir: Path, keep) -> list[str]:
     """Sharded steps of one role outside the retention policy's ``keep`` set, deleted."""
-    import shutil
-
-    from t1ops.guards.checkpoints import list_steps, step_dir_name
-
     steps = list_steps(role_dir) if role_dir.is_dir() else []
     gone = sorted(set(steps) - keep(steps, None))
     for step in gone:
@@ -226,8 +219,6 @@ class _Broadcast:
         self.group, self.name = group, name
 
     def remote(self, *args, **kwargs):
-        import ray
-
         args = [ray.put(a) for a in args]  # once in the object store, whatever the rank count
         refs = [getattr(a, self.name).remote(*args, **kwargs) for a in self.group.actors]
         return self.group.combiner.combine.remote(self.name, *refs)
@@ -237,10 +228,7 @@ class RankGroup:
     """Coordinator-side handle: ``group.<method>.remote(...)`` runs on every rank (see module docstring)."""
 
     def __init__(self, actors: list, placement) -> None:
-        import ray
-
         self.actors, self.placement = actors, placement
-        from t1ops.campaign.rank_combine import Combiner
 
         self.combiner = ray.remote(Combiner).options(num_cpus=0).remote()
 
@@ -252,11 +240,6 @@ class RankGroup:
 
 def start_ranks(cfg: CampaignConfig, run, spec: dict) -> tuple[RankGroup, RankWatch]:
     """Placement group, one actor per rank, rendezvous; returns the group and the coordinator's watch."""
-    import ray
-
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
     p = cfg.trainer.parallel
     layout = p  # a ParallelConfig is the rank trainer's Layout
     gpus = ray.cluster_resources().get("GPU", 0) >= layout.world_size and p.backend != "gloo"

@@ -24,10 +24,11 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import ray
 
 from t1ops import telemetry
-from t1ops.campaign.barrier import engine_barrier
 from t1ops.campaign.async_loop import AsyncSource
+from t1ops.campaign.barrier import engine_barrier
 from t1ops.campaign.credit import CreditBatch, assign_credit
 from t1ops.campaign.dataplane import write_dumps
 from t1ops.campaign.group_ledger import audit_groups
@@ -139,8 +140,6 @@ def audit_run_groups(c: Campaign, summary: Summary) -> dict:
 
 def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: int) -> dict:
     """One step of any mode: batch, train, weight sync (with the eval around it), the step row."""
-    import ray
-
     t_step, ev = time.monotonic(), c.evaluator
     for hook in c.on_step:  # e.g. a chaos fault schedule
         hook(c, step)

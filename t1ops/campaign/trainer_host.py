@@ -9,7 +9,9 @@ role-separated and checksummed, and the trainer state) is written every
 """
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -17,18 +19,23 @@ import torch
 from rl.agent.loop import sft_example
 from rl.chat import ChatRenderer
 from rl.errors import ConfigError, DataContractError
+from rl.megatron_cpu import init_single_process
 from rl.model import ModelSpec, weights_state_dict
 from rl.trainer.batch import TrainBatch
 from rl.trainer.optim import build_optimizer
 from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
 from rl.weights.sender import WeightSender
-from t1ops.campaign.dataplane import fetch
+from t1ops import telemetry
 from t1ops.campaign.credit import CreditBatch
+from t1ops.campaign.dataplane import fetch
+from t1ops.campaign.resume import load_trainer_state, rng_state, save_trainer_state, set_rng_state, trainer_state
+from t1ops.campaign.retention import Retention, disk_bytes
 from t1ops.campaign.roles import CheckpointReport, TrainReport
 from t1ops.campaign.weight_push import WeightPush
 from t1ops.config import CheckpointsConfig, TrainerConfig
-from t1ops.guards.checkpoints import CheckpointManager
+from t1ops.guards.checkpoints import CheckpointManager, list_steps, load_checkpoint, step_dir_name
+from t1ops.guards.watchdog import install_stack_dump
 
 
 class TrainerHost(WeightSender, WeightPush):
@@ -38,12 +45,8 @@ class TrainerHost(WeightSender, WeightPush):
                  retention: CheckpointsConfig | None = None) -> None:
         torch.set_num_threads(num_threads)
         if run_dir is not None:
-            from t1ops import telemetry
-
             telemetry.setup(run_dir, role="trainer", **(telemetry_cfg or {}))
         # The trainer's process group gets the configured Gloo timeout, never the library default.
-        from rl.megatron_cpu import init_single_process
-
         init_single_process(timeout_s=gloo_timeout_s)
         self.vocab = CompactVocab.load(vocab_path)
         self.spec = ModelSpec(**{**spec, "vocab_size": self.vocab.size})
@@ -56,8 +59,6 @@ class TrainerHost(WeightSender, WeightPush):
         self.seed = seed
         if self.settings.critic_warm_load:
             self.warm_load_critic(self.settings.critic_warm_load)
-        from t1ops.campaign.retention import Retention
-
         self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.trainer.critic is not None,
                                    **(retention or CheckpointsConfig(keep_last=None)).model_dump())
         self.last_report = CheckpointReport()
@@ -89,10 +90,6 @@ class TrainerHost(WeightSender, WeightPush):
         """Load the critic's weights from an earlier run (``trainer.critic_warm_load``): a critic step
         dir, or a critic role dir whose newest step is taken. The step count stays 0, so the first
         ``critic_warmup_steps`` steps recalibrate it (T1 report, section 04). Returns the step dir."""
-        from pathlib import Path
-
-        from t1ops.guards.checkpoints import list_steps, load_checkpoint, step_dir_name
-
         if self.trainer.critic is None:
             raise ConfigError("trainer.critic_warm_load is set but trainer.mode = 'grpo' has no critic",
                               key="trainer.critic_warm_load")
@@ -172,8 +169,6 @@ class TrainerHost(WeightSender, WeightPush):
 
     def newest_actor_checkpoint(self) -> str | None:
         """The newest saved actor step directory (None before the first save)."""
-        from t1ops.guards.checkpoints import list_steps, step_dir_name
-
         steps = list_steps(self.ckpt.actor_dir)
         return str(self.ckpt.actor_dir / step_dir_name(steps[-1])) if steps else None
 
@@ -186,8 +181,6 @@ class TrainerHost(WeightSender, WeightPush):
         weights published now are the behaviour policy of the batch the engines sample next;
         snapshots older than the previous one can no longer be needed and are dropped."""
         if self.is_resume_point(version, final):
-            from t1ops.campaign.resume import save_trainer_state
-
             self.ckpt.save("actor", version, weights_state_dict(self.trainer.actor))
             if self.trainer.critic is not None:
                 self.ckpt.save("critic", version, weights_state_dict(self.trainer.critic))
@@ -196,8 +189,6 @@ class TrainerHost(WeightSender, WeightPush):
                                    for k, v in self.trainer.actor_state().items()}
         for old in sorted(self.published)[:-2]:
             del self.published[old]
-        from t1ops.campaign.retention import disk_bytes
-
         deleted = self.retention.apply()
         self.last_report = CheckpointReport(disk_bytes(self.retention.base), len(deleted),
                                             self.retention.resume_point())
@@ -213,15 +204,11 @@ class TrainerHost(WeightSender, WeightPush):
         return self.last_report
 
     def _trainer_state(self, version: int) -> dict:
-        from t1ops.campaign.resume import trainer_state
-
         return trainer_state(self.trainer, version, [rank_state(self.trainer)])
 
     def resume(self, step: int) -> dict:
         """Load weights, optimizer states, step count and RNG of ``step`` (verified); the actor
         weights at ``step`` are the behaviour snapshot of the next batch. Returns what was loaded."""
-        from t1ops.campaign.resume import load_trainer_state
-
         actor = self.ckpt.load("actor", step)
         critic = self.ckpt.load("critic", step) if self.trainer.critic is not None else None
         state = load_trainer_state(self.retention.base, step)
@@ -242,10 +229,6 @@ class TrainerHost(WeightSender, WeightPush):
 
     def install_stack_dump(self, path: str) -> int:
         """Let the watchdog dump this process's Python stacks (SIGUSR1); returns the pid."""
-        import os
-
-        from t1ops.guards.watchdog import install_stack_dump
-
         self._stack_file = install_stack_dump(path)
         return os.getpid()
 
@@ -261,16 +244,12 @@ def require_credit(credit, where: str) -> CreditBatch:
 
 def rank_state(trainer) -> dict:
     """One rank's share of the trainer state: its optimizers' states and its RNG (1 rank or N)."""
-    from t1ops.campaign.resume import rng_state
-
     return {"rng": rng_state(), "actor_optimizer": trainer.actor_optimizer.state_dict(),
             "critic_optimizer": None if trainer.critic_optimizer is None else trainer.critic_optimizer.state_dict()}
 
 
 def load_rank_state(trainer, state: dict, *, rank: int, world_size: int) -> None:
     """Restore this rank's optimizers and RNG from a trainer state saved at the same layout."""
-    from t1ops.campaign.resume import set_rng_state
-
     ranks = state.get("ranks") or [state]  # a state written before per-rank states: one rank
     if len(ranks) != world_size:
         raise ConfigError(f"the trainer state holds {len(ranks)} rank(s), this trainer has {world_size}: optimizer "
