@@ -1,6 +1,6 @@
 """Where a multi-rank trainer call becomes one answer: rank 0's, once every rank has answered.
 
-:class:`t1ops.campaign.rank_actors.RankGroup` sends a call to every rank and returns one reference to
+:class:`t1ops.campaign.rank_actors.TrainerGroup` sends a call to every rank and returns one reference to
 :meth:`Combiner.combine`'s result, so the step loop waits on one reference for 1 rank or N. The
 combiner is one small actor per rank group, in a module that imports nothing. It was a Ray task
 defined in ``rank_actors`` before: every worker that ran it imported torch and the trainer (about

@@ -22,6 +22,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
@@ -43,6 +44,9 @@ from t1ops.campaign.trials import TrialResult
 from t1ops.campaign.trialtrace import step_split
 from t1ops.config import CampaignConfig
 
+if TYPE_CHECKING:  # the type only: the handle's module imports the trainer (torch, megatron)
+    from t1ops.campaign.rank_actors import TrainerGroup
+
 
 @dataclass
 class Campaign:
@@ -50,9 +54,9 @@ class Campaign:
 
     cfg: CampaignConfig
     run: RunDir
-    trainer: object = None            # Ray actor: t1ops.campaign.trainer_host.TrainerHost
+    trainer: TrainerGroup | None = None  # the trainer's ranks (t1ops.campaign.rank_actors; 1 rank or N)
     router: object = None             # Ray actor: t1ops.campaign.engines.EngineRouter
-    sender: object = None             # the trainer actor that pushes weights (rank 0 of several ranks)
+    sender: object = None             # the trainer actor that pushes weights (rank 0: TrainerGroup.sender)
     store: object = None              # Ray actor: t1ops.campaign.dataplane.TrajectoryStore (object_store plane)
     workers: list = field(default_factory=list)   # Ray actors: RolloutWorker, one per node
     rollouts: Rollouts | None = None
@@ -150,7 +154,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     t_train = time.monotonic()
     c.guards.train_submitted(step)
     telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
-    train_ref = c.trainer.train.remote(credit, source.behaviour)
+    train_ref = c.trainer.train(credit, source.behaviour)
     source.while_training(train_ref, c.guards)  # generation goes on while step t trains
     report = c.guards.wait_train(train_ref, step)
     if report.skipped is not None:
@@ -161,7 +165,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     if ev is not None:
         ev.collect()  # nor an eval request: each eval sees exactly the weights it evaluates
     t_sync = time.monotonic()
-    ckpt = ray.get(c.trainer.publish.remote(step, step == c.cfg.run.steps))  # the last step is a resume point
+    ckpt = ray.get(c.trainer.publish(step, step == c.cfg.run.steps))  # the last step is a resume point
     telemetry.event("campaign.sync_barrier", step=step)
     with engine_barrier(c.router, step, ckpt) as barrier:  # the coordinator owns the transaction
         barrier.push_from(c.sender)
@@ -173,7 +177,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
         ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
     write_dumps(c.workers, c.run, step, results, debug=c.cfg.rollout.debug_dump)  # by the workers that hold them
     row = _metrics_row(step, results, credit, report, batch.rollout_s, train_s, time.monotonic() - t_step, sync_s)
-    row.update(ray.get(c.trainer.checkpoint_report.remote()).as_row())  # disk used, retention
+    row.update(ray.get(c.trainer.checkpoint_report()).as_row())  # disk used, retention
     row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,
                **source.row_fields(step, batch), **step_split(results, batch.rollout_s))
     c.guards.after_step(step)

@@ -148,7 +148,7 @@ def test_trainer_host_publish_saves_resume_state_retains_and_resumes(tmp_path):
             host.trainer.actor_optimizer.step()
             host.trainer.actor_optimizer.zero_grad()
     report = host.checkpoint_report()
-    assert report["resume_point"] == 4 and report["checkpoint_bytes"] > 0
+    assert report.resume_point == 4 and report.checkpoint_bytes > 0
     base = tmp_path / "ck"
     # the full checkpoint is written at save_every only (steps 0, 2, 4; keep_last = 2), not on every publish
     assert list_steps(base / "actor") == list_steps(base / "critic") == list_steps(base / "trainer_state") == [2, 4]
