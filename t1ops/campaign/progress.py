@@ -51,6 +51,8 @@ class Progress:
         if row is not None:
             ev = self.eval_text(evaluation)
             critic_only = " critic-only" if row.get("actor_updated") is False else ""
+            if row.get("optimizer_skipped"):  # the credit stage found no signal (t1ops.campaign.credit)
+                critic_only = " no signal: optimizer step skipped"
             desc = (f"step {step}{critic_only} reward {_fmt(row['reward_mean'])} "
                     f"EV {_fmt(row['explained_variance'], '.2f')} entropy {_fmt(row.get('entropy', float('nan')), '.3f')} "
                     f"gap {_fmt(row['logprob_gap'], '.4f')} turns {_fmt(row['turns_mean'], '.1f')} "

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the type only: the coordinator's side reads it without importing the trainer
+    from rl.trainer.step import StepStats
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class RankInfo:
 class TrainReport:
     """One ``train`` call's answer."""
 
-    stats: Any = None                      # rl.trainer.step.StepStats; None: the optimizer step was skipped
+    stats: StepStats | None = None         # None: the optimizer step was skipped
     skipped: str | None = None             # why the step was skipped (credit.CreditBatch.no_signal)
     behaviour_version: int | None = None   # snapshot behaviour: the version that sampled the batch
     policy_versions: list[int] = field(default_factory=list)  # rollout behaviour: versions of the sampled tokens
