@@ -18,5 +18,7 @@ class Combiner:
         if name == "train":  # a roles.TrainReport from each rank
             import dataclasses  # the standard library only: this module imports nothing at load
 
-            return dataclasses.replace(results[0], rank_info=None, ranks=[r.rank_info for r in results])
+            # a skipped step (no signal) ran on no rank: no rank info
+            return dataclasses.replace(results[0], rank_info=None,
+                                       ranks=[r.rank_info for r in results if r.rank_info is not None])
         return results[0]

@@ -91,3 +91,12 @@ def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
     assert got[0][3:] == [True, 2] and got[1][3:] == [True, 2]  # each rank resumed its own state
     full, manifest = load_full(shard_dir(tmp_path / "checkpoints", "critic", 1), "critic")
     assert len(manifest["shards"]) == 2 and not shard_dir(tmp_path / "checkpoints", "critic", 0).exists()
+
+
+def test_a_skipped_step_combines_to_no_rank_info():
+    """A batch with no signal is skipped on every rank (no RankInfo): the row gets no ranks, not Nones
+    (a fully_async dp = 2 walkthrough run crashed on this before the fix)."""
+    from t1ops.campaign.roles import TrainReport
+
+    out = _combine("train", TrainReport(skipped="no signal"), TrainReport(skipped="no signal"))
+    assert out.skipped == "no signal" and out.ranks == []
