@@ -91,11 +91,10 @@ class SinkTrainer:
         """Bytes each of ``dp`` data-parallel ranks fetches (``dataplane.fetch_shard``; the old path:
         the whole batch, which every rank receives)."""
         from t1ops.campaign.dataplane import fetch_shard, shard_trials
-        from t1ops.campaign.reward_policy import RewardPolicy
 
         out = []
         for rank in range(dp):
-            _, info = fetch_shard(results, lambda light: shard_trials(light, RewardPolicy(), dp, rank))
+            _, info = fetch_shard(results, lambda light: shard_trials(light, dp, rank))
             out.append(info["fetched_bytes"] + info["light_bytes"])
         return out
 

@@ -118,6 +118,7 @@ class TrainerConfig(TrainerSettings, Section):
     """The ``[trainer]`` section: the step's settings (``rl.trainer.settings``) and the rank layout."""
 
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Layout of the trainer's ranks.")
+    critic_warmup_steps: int | None = Field(None, ge=0, description="Critic-only steps before the actor updates. None (the default): by the critic's start, 2 after critic_warm_load (T1 report, section 04) and 10 on a cold critic (the report: a cold start 'needs tens'; rl.trainer.settings.COLD_CRITIC_WARMUP_STEPS, docs/campaign.md 'Critic warm-up'). GRPO: none.")
 
 
 class RolloutConfig(AgentLimits, Section):
@@ -133,7 +134,7 @@ class RolloutConfig(AgentLimits, Section):
     reward_scale: float = Field(20.0, gt=0, description="CTRF reward = passed tests / scale (report: S = 20).")
     num_workers: int = Field(1, ge=1, description="Rollout workers (one per node).")
     num_train_tasks: int | None = Field(None, ge=1, description="Train on a fixed, seeded subset of this many tasks (None: the whole pool).")
-    failed_trials: Literal["drop", "zero", "abort"] = Field("drop", description="A trial that raised (sandbox or engine error): 'drop' it (counted in the ledger); 'zero' = keep it as reward 0 with loss mask 0, so it still counts in its group's GRPO baseline (SkyRL walkthrough, section 5); 'abort' = the rollout fails, nothing is dropped (T1 report, section 05: dropping conditions the batch on success). A RoutingError always aborts.")
+    failed_trials: Literal["drop", "zero", "abort"] = Field("zero", description="A trial that raised (sandbox or engine error): 'zero' (the default) = keep it as reward 0 with loss mask 0, so it still counts in its group's baseline and a fully_async group stays whole (SkyRL walkthrough, section 5); 'drop' it (counted in the ledger; a fully_async group short of a trial is dropped: the batch is then conditioned on sandbox success, and failures concentrate on the hardest tasks); 'abort' = the rollout fails, nothing is dropped (T1 report, section 05: dropping conditions the batch on success). A RoutingError always aborts.")
     truncated_reward_zero: bool = Field(False, description="A trial whose last turn hit max_new_tokens without a tool call (end_reason 'truncated') trains on reward 0 whatever the verifier said (walkthrough, section 5).")
     context_overflow_clear_mask: bool = Field(False, description="A trial that ran out of context (end_reason 'context_exhausted') trains with its whole loss mask cleared (walkthrough, section 5); its reward still counts in its GRPO group.")
     zero_variance_filter: bool = Field(False, description="sync / one_step pipelines: drop groups whose trained rewards are all equal (no GRPO signal), counted per step (fully_async uses fully_async.zero_variance_filter). Needs n_samples_per_prompt > 1.")

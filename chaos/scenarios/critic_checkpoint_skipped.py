@@ -34,7 +34,7 @@ def _host(tmp: Path, name: str):
     cfg = CampaignConfig()
     vocab = CompactVocab(range(300), 248_320, has_unk=True)
     vocab.save(tmp / "vocab.json")
-    spec = {**cfg.model.model_dump(), "num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
+    spec = {**cfg.model.model_spec().to_dict(), "num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
             "moe_ffn_hidden_size": 32, "max_seq_len": 64}
     settings = cfg.trainer.model_copy(update={"save_every": SAVE_EVERY, "mode": "ppo"})
     return TrainerHost(spec=spec, settings=settings, vocab_path=str(tmp / "vocab.json"), ckpt_base=str(tmp / name),

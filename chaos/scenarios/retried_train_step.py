@@ -9,7 +9,7 @@ response is lost on the way back and the caller sends the same call again.
 
 - Unguarded (the call without its step number, as an idempotency-blind client sends it): the second
   call runs the optimizer again: the actor's weights are two steps from the start, not one.
-- Guarded: the coordinator sends the campaign step with every call (``train.remote(results,
+- Guarded: the coordinator sends the campaign step with every call (``train(credit,
   behaviour, step)``); ``TrainerHost.train`` asks ``StepLedger`` first: the retry of step 1 gets step
   1's stats back and trains nothing (a ``trainer.step_repeated`` event), so the weights are exactly
   those of one step; a call for an older step would be a ``DataContractError``; step 2 trains
@@ -35,7 +35,7 @@ def _host(tmp: Path, name: str):
     cfg = CampaignConfig()
     vocab = CompactVocab(range(300), 248_320, has_unk=True)
     vocab.save(tmp / "vocab.json")
-    spec = {**cfg.model.model_dump(), "num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
+    spec = {**cfg.model.model_spec().to_dict(), "num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
             "moe_ffn_hidden_size": 32, "max_seq_len": 64}
     settings = cfg.trainer.model_copy(update={"mode": "grpo", "r3": False, "save_every": 100})
     host = TrainerHost(spec=spec, settings=settings, vocab_path=str(tmp / "vocab.json"), ckpt_base=str(tmp / name),
@@ -46,6 +46,8 @@ def _host(tmp: Path, name: str):
 
 def _results():
     from rl.tito import Trajectory
+    from t1ops.campaign.credit import assign_credit
+    from t1ops.campaign.reward_policy import RewardPolicy
     from t1ops.campaign.trials import TrialResult
 
     def chunk(seed: int) -> Trajectory:
@@ -56,8 +58,9 @@ def _results():
                           engine_tokens=np.zeros(n, dtype=np.int64), origin=np.zeros(n, dtype=np.int8),
                           policy_version=np.where(mask == 1, 0, -1).astype(np.int32), routing=None,
                           meta={"sample_id": f"s{seed}", "relations": ["strict"]})
-    return [TrialResult(sample_id=f"s{i}", group_id="g", task="t", reward=float(i), passed=i, total=1, num_turns=1,
-                        end_reason="done", chunks=[chunk(i)]) for i in range(2)]
+    results = [TrialResult(sample_id=f"s{i}", group_id="g", task="t", reward=float(i), passed=i, total=1,
+                           num_turns=1, end_reason="done", chunks=[chunk(i)]) for i in range(2)]
+    return assign_credit(results, RewardPolicy())  # the coordinator's credit stage: what the trainer executes
 
 
 def _actor(host) -> dict[str, torch.Tensor]:

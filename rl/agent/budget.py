@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rl.chat import STOP_IDS
+from rl.engines.protocol import GenerateRequest, SamplingParams
 from rl.errors import BudgetError
 
 
@@ -29,9 +31,6 @@ class Budget:
     def request(self, prompt: list[int], rid: str, *, temperature: float, routed_upto: int, routing: bool):
         """The engine request of this fitted call: the only way the agent loop builds one, so no
         request leaves without its budget (a turn or a summary; R3 rows from ``routed_upto``)."""
-        from rl.chat import STOP_IDS
-        from rl.engines.protocol import GenerateRequest, SamplingParams
-
         if len(prompt) != self.prompt_tokens:
             raise BudgetError(f"{rid}: the budget was fitted for {self.prompt_tokens} prompt tokens, not {len(prompt)}")
         return GenerateRequest(
@@ -63,6 +62,25 @@ def fit_generation(prompt_tokens: int, max_new_tokens: int, context_window: int,
         f"context, below the {min_new_tokens} tokens this call needs; compact the history by at least "
         f"{min_new_tokens - free} tokens before calling",
         prompt_tokens=prompt_tokens, context_window=context_window, min_new_tokens=min_new_tokens)
+
+
+CUT_REASONS = ("context_exhausted", "truncated", "max_new_tokens")
+
+
+def cut_reason(budget: Budget, num_generated: int, has_tool_call: bool) -> str:
+    """Why a reply that ended without a stop token ends the episode, one meaning per name (both
+    agents: ``rl.agent.loop`` and the harness session, ``rl.harness.session``):
+
+    - ``context_exhausted``: the reply filled the context window (its ``max_new_tokens`` was
+      lowered to what the context had left, and it used all of it);
+    - ``truncated``: the per-turn cap ``max_new_tokens`` was reached with no tool call in the
+      reply: the SkyRL walkthrough's rule (section 5), which ``rollout.truncated_reward_zero``
+      trains at reward 0;
+    - ``max_new_tokens``: the per-turn cap cut a reply that did call a tool.
+    """
+    if budget.prompt_tokens + num_generated >= budget.context_window:
+        return "context_exhausted"
+    return "max_new_tokens" if has_tool_call else "truncated"
 
 
 def compaction_threshold(context_window: int, request_tokens: int) -> int:

@@ -10,8 +10,11 @@ Turn protocol (Qwen tool calling): the assistant answers with one
 the command runs in the trial's sandbox and its output comes back as a
 ``tool`` message. An answer with no tool call ends the episode. A tool call
 that does not parse gets a corrective observation (the turn still counts).
-A generation that hits ``max_new_tokens`` without a stop token ends the
-trajectory (a truncated turn cannot be followed by an observation).
+A generation that ends without a stop token ends the trajectory (a cut turn cannot be
+followed by an observation); its end reason says why, one meaning per name
+(``rl.agent.budget.cut_reason``): ``context_exhausted`` (the context is full),
+``truncated`` (the per-turn cap with no tool call: the walkthrough's rule) or
+``max_new_tokens`` (the per-turn cap cut a reply that called a tool).
 
 Context budget: every request satisfies ``prompt + max_new_tokens <=
 context_window`` (``rl.agent.budget``); a prompt that no longer leaves room
@@ -23,6 +26,7 @@ point: a summary turn, then a new chunk from a fresh context
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -32,6 +36,8 @@ from rl.agent import budget, response
 from rl.agent.compaction import Compactor
 from rl.agent.settings import AgentSettings
 from rl.chat import IM_END_ID, STOP_IDS, ChatRenderer, parse_assistant
+from rl.chat.template import render
+from rl.chat.toolcalls import parse_reply
 from rl.engines.protocol import GenerateRequest
 from rl.errors import BudgetError
 from rl.tito import TitoBuilder, Trajectory
@@ -50,8 +56,8 @@ class Episode:
 
     chunks: list[Trajectory]
     num_turns: int
-    end_reason: str                    # done | max_turns | truncated | context_exhausted | budget_exhausted
-    #                                    | summary_failed
+    end_reason: str                    # done | max_turns | truncated | max_new_tokens | context_exhausted
+    #                                    | budget_exhausted | summary_failed
     commands: list[str] = field(default_factory=list)
     parse_failures: int = 0
     budget_clamps: int = 0
@@ -113,12 +119,8 @@ def run_episode(instruction: str, execute: Callable[[str], Any], generate: Calla
     ``rl.harness.mcp_tools.McpToolbox``: ``openai_tools`` and ``call(name, args) -> str``)
     adds tools next to bash: the prompt then carries the Qwen3 tools section and a call
     to one of them is dispatched to ``tools.call`` (docs/harness.md)."""
-    import time
-
     clock = clock or time.monotonic
     if tools is not None:
-        from rl.chat.template import render
-
         def encode_prompt(messages):
             return renderer.encode(render(messages, [BASH_TOOL, *tools.openai_tools]))
     else:
@@ -162,8 +164,10 @@ def _turn(turn, builder, ep, execute, generate, renderer, settings, sample_id, r
     routed_upto = len(builder.tokens) - 1
     ep.num_turns += 1
     last = int(resp.output_ids[-1])
-    if last not in STOP_IDS:
-        ep.end_reason = "truncated"
+    if last not in STOP_IDS:  # cut: the context is full, or the per-turn cap with or without a tool call
+        text = renderer.decode(resp.output_ids)
+        ep.end_reason = budget.cut_reason(fit, len(resp.output_ids),
+                                          parse_command(text)[0] is not None or "</tool_call>" in text)
         return routed_upto, True
     tool_obs = None
     if tools is None:
@@ -200,10 +204,6 @@ BASH_TOOL = {"type": "function", "function": {
 
 def _dispatch_tools(text: str, tools: Any, ep: Episode) -> tuple[str | None, str | None, str | None]:
     """(bash command, problem, other tool's result) for a reply when extra tools are offered."""
-    import json
-
-    from rl.chat.toolcalls import parse_reply
-
     reply = parse_reply(text, offered={TOOL_NAME, *(t["function"]["name"] for t in tools.openai_tools)})
     if reply.problem is not None:
         return None, reply.problem, None

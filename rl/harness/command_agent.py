@@ -33,10 +33,11 @@ import os
 import stat
 import sys
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rl.agent.sandbox import ExecResult, run_jailed
 from rl.errors import InputError, SandboxError, TitoError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,10 +154,6 @@ def run_in_trial(trial, argv: list[str], env: dict[str, str], *, socket_dir: Pat
     the endpoint's socket directory is bound in read-write at :data:`JAIL_SOCKET_DIR`
     and the harness program directory read-only at :data:`JAIL_HARNESS_DIR`.
     """
-    from dataclasses import replace
-
-    from rl.agent.sandbox import ExecResult, run_jailed
-
     if trial.finished:
         raise SandboxError(f"trial {trial.trial_id} is finished; the verifier owns it now", trial_id=trial.trial_id)
     remaining = trial.remaining_s

@@ -26,11 +26,12 @@ harness that sends two at once gets them one after the other).
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rl.agent.budget import fit_generation
+from rl.agent.budget import Budget, cut_reason, fit_generation
 from rl.agent.response import policy_version  # one version per turn, or per token across a sync
 from rl.chat import STOP_IDS, ChatRenderer, token_bytes
 from rl.engines.protocol import GenerateRequest, GenerateResponse, SamplingParams
@@ -76,6 +77,8 @@ class HarnessSession:
         self.temperature_overrides = 0
         self.emission_log = None  # an rl.engines.emission_log.EmissionLog (the OpenAI endpoint's record)
         self.last_relation = ""
+        self.last_cut: str | None = None  # why the latest reply had no stop token (rl.agent.budget.cut_reason)
+        self._last_budget: Budget | None = None
         self.fatal: BaseException | None = None
         self._routed_upto = 0
         self._lock = threading.Lock()
@@ -154,13 +157,12 @@ class HarnessSession:
         except BudgetError as err:
             self.end_reason = "context_exhausted"
             raise ApiError(400, str(err), param="messages", code="context_length_exceeded") from None
+        self._last_budget = budget
         start = self._routed_upto if continuation else 0
         request = GenerateRequest(input_ids=tuple(prompt), rid=f"{self.sample_id}-c{self.num_calls}",
                                   sampling_params=self._sampling(req, budget.max_new_tokens),
                                   return_logprob=True, return_routed_experts=lim.num_layers is not None,
                                   routed_experts_start_len=start)
-        import time
-
         t0 = time.monotonic()
         try:
             resp = self.generate(request)
@@ -198,8 +200,10 @@ class HarnessSession:
         self._routed_upto = len(self.builder.tokens) - 1
 
     def _completion(self, prompt: list[int], resp: GenerateResponse, reply: Reply, req: ChatRequest) -> Completion:
+        self.last_cut = None
         if not self._stopped(resp):
             finish = "length"
+            self.last_cut = cut_reason(self._last_budget, len(resp.output_ids), bool(reply.tool_calls))
         else:
             finish = "tool_calls" if reply.tool_calls else "stop"
         lps = []
@@ -224,6 +228,10 @@ class HarnessSession:
             return [] if self.builder is None else self.builder.finish()
 
     def stats(self) -> dict:
+        """``end_reason``: the session's own (a budget it refused), else why the last reply was cut
+        (``context_exhausted``, ``truncated``, ``max_new_tokens``: the trajectory ends with that reply,
+        whatever the harness did next), else "done"."""
+        end = self.last_cut if self.end_reason == "done" and self.last_cut is not None else self.end_reason
         return {"requests": self.num_requests, "model_calls": self.num_calls, "parse_failures": self.parse_failures,
-                "relations": dict(self.relations), "end_reason": self.end_reason,
+                "relations": dict(self.relations), "end_reason": end,
                 "temperature_overrides": self.temperature_overrides, "generate_s": self.generate_s}

@@ -349,7 +349,7 @@ class RankTrainer:
         tis_BT = None
         if bp.apply_tis:  # apply_tis implies recompute
             tis_BT, _ = tis_weights(old_BT, batch.rollout_logprobs_BT, mask_BT, s.tis_cap, s.tis_mode)
-        actor_updated = s.mode != "ppo" or self.step >= s.critic_warmup_steps
+        actor_updated = self.step >= s.critic_only_steps()
         ratio_old_BT = batch.rollout_logprobs_BT if bp.ratio_from_rollout else old_BT
         actor = self._actor_update(batch, minis, advantages, ratio_old_BT, tis_BT) \
             if actor_updated else None

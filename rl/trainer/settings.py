@@ -18,6 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MODES = ("ppo", "grpo")
 
+# Critic-only steps when ``critic_warmup_steps`` is None (T1 report, section 04 and its EV discussion):
+# a warm-loaded critic starts near EV 0 and needs 2 re-calibration steps; a cold one began at EV -33.6
+# ("residuals carry ~34x the variance of the returns") and "needs tens", paying the deficit down over
+# roughly the first half of a 90-step campaign. 10 is the low end of "tens": this repository's value
+# head starts at exactly 0 (rl/model/build.py), so its cold EV starts at 0, not -33.6 (docs/campaign.md,
+# "Critic warm-up").
+WARM_CRITIC_WARMUP_STEPS = 2
+COLD_CRITIC_WARMUP_STEPS = 10
+
 
 class Layout(BaseModel):
     """A trainer layout (docs/parallelism.md); world size = dp * tp * pp * cp. The ``[trainer.parallel]``
@@ -56,7 +65,7 @@ class TrainerSettings(BaseModel):
     lr_decay_steps: int | None = Field(None, ge=1, description="RL step at which a linear or cosine decay reaches its floor (warmup included); required by those schedules.")
     lr_min_ratio: float = Field(0.0, ge=0, le=1, description="Floor of a decaying schedule as a fraction of the peak LR.")
     mini_batches: int = Field(1, ge=1, le=1024, description="Optimizer steps per RL step and epoch: the batch's prompt groups are split into this many mini-batches, each its own clipped step (the walkthrough's train_batch_size / mini_batch_size); 1: one step per batch (the report).")
-    critic_warmup_steps: int = Field(0, ge=0, description="Critic-only steps before the actor updates (report: 2, after a warm-loaded critic).")
+    critic_warmup_steps: int | None = Field(0, ge=0, description="Critic-only steps before the actor updates (report: 2, after a warm-loaded critic). None: by the critic's start (critic_only_steps): 2 after critic_warm_load, COLD_CRITIC_WARMUP_STEPS on a cold critic. The campaign's [trainer] defaults to None; this library's step defaults to 0.")
     critic_warm_load: str | None = Field(None, description="Warm-load the critic from a checkpoint: a critic step dir (checkpoints/critic/step_N) or a critic role dir (its newest step) of an earlier run; None: a fresh critic (T1 report section 04: warm-loaded, then critic_warmup_steps critic-only steps).")
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
@@ -100,6 +109,14 @@ class TrainerSettings(BaseModel):
         low = self.dppo_delta if self.dppo_delta_low is None else self.dppo_delta_low
         high = self.dppo_delta if self.dppo_delta_high is None else self.dppo_delta_high
         return low, high
+
+    def critic_only_steps(self) -> int:
+        """The critic-only steps this trainer takes before its actor moves (GRPO: none, no critic)."""
+        if self.mode != "ppo":
+            return 0
+        if self.critic_warmup_steps is not None:
+            return self.critic_warmup_steps
+        return WARM_CRITIC_WARMUP_STEPS if self.critic_warm_load else COLD_CRITIC_WARMUP_STEPS
 
     @property
     def critic_lr(self) -> float:

@@ -6,9 +6,12 @@ Pure Python (no Ray), so its bounds are property-tested. The walkthrough's loop
 - :meth:`GroupBuffer.try_start` asks :class:`rl.staleness.StalenessManager` for a
   submission slot; the group is tagged with the step it starts in.
 - :meth:`GroupBuffer.on_done` settles a finished group exactly once: a group
-  missing trials (failed) or, with ``zero_variance_filter`` and
-  ``sample_full_batch``, one whose rewards are all equal, is released (its slot
-  returns; counted); any other is accepted into the bounded queue. Accepting a
+  missing trials (failed as a whole, or a trial dropped under ``rollout.failed_trials =
+  "drop"``; a failed trial kept at reward 0 under the default "zero" is a full group) or,
+  with ``zero_variance_filter`` and ``sample_full_batch``, one whose *trained* rewards are
+  all equal (the credit stage's rewards and filter, ``t1ops.campaign.credit.judge_group``
+  and ``is_flat``: what the group would train on, never the verifier's raw reward), is
+  released (its slot returns; counted); any other is accepted into the bounded queue. Accepting a
   group older than ``max_staleness`` steps records a violation with its lag:
   staleness is a budget, the group is kept.
 - :meth:`GroupBuffer.take_batch` hands the trainer ``groups_per_step`` queued
@@ -34,11 +37,11 @@ import queue
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from rl.errors import ConfigError
 from rl.staleness import CapacityError, StalenessManager, StalenessViolation
+from t1ops.campaign.credit import is_flat, judge_group
 from t1ops.campaign.dataplane import versions_of
+from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trials import GroupResult, TrialResult
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
@@ -66,11 +69,6 @@ class Group:
         return self.data.group_id
 
 
-def is_zero_variance(rewards: list[float]) -> bool:
-    """True when every reward of the group is the same (GRPO centring leaves no signal)."""
-    return len(rewards) > 0 and float(np.ptp(np.asarray(rewards, dtype=np.float64))) == 0.0
-
-
 @dataclass
 class StepBooks:
     """One step's group accounting (reset by :meth:`GroupBuffer.close_step`)."""
@@ -86,8 +84,9 @@ class StepBooks:
 class GroupBuffer:
     def __init__(self, *, groups_per_step: int, group_size: int, max_staleness: int, num_workers: int,
                  zero_variance_filter: bool = True, sample_full_batch: bool = True,
-                 max_draws_factor: int = 8, first_step: int = 1) -> None:
+                 max_draws_factor: int = 8, first_step: int = 1, policy: RewardPolicy | None = None) -> None:
         self.groups_per_step, self.group_size = groups_per_step, group_size
+        self.policy = policy or RewardPolicy(per_group=True)  # the credit stage's (RewardPolicy.from_config)
         self.zero_variance_filter, self.sample_full_batch = zero_variance_filter, sample_full_batch
         self.max_draws = max_draws_factor * groups_per_step
         # a resumed run's counters come from the rule at its version, never from the crashed run's
@@ -120,7 +119,7 @@ class GroupBuffer:
             outcome = "cancelled"
         elif len(results) < self.group_size:
             outcome = "failed"  # a partial group would skew its group mean: dropped, counted
-        elif self.zero_variance_filter and is_zero_variance([r.reward for r in results]):
+        elif self.zero_variance_filter and is_flat(judge_group(results, self.policy)):
             outcome = "zero_variance"
         else:
             outcome = "accepted"

@@ -33,8 +33,10 @@ import random
 import time
 from typing import TYPE_CHECKING
 
+import ray
+
 from t1ops import telemetry
-from t1ops.campaign.async_buffer import GroupBuffer, version_lag_histogram, spans_versions
+from t1ops.campaign.async_buffer import GroupBuffer, spans_versions, version_lag_histogram
 from t1ops.campaign.group_ledger import async_index, replay_plan
 from t1ops.campaign.progress import Progress
 from t1ops.campaign.rollouts import StepBatch
@@ -89,7 +91,7 @@ class AsyncDriver:
                                   num_workers=fa.num_parallel_generation_workers,
                                   zero_variance_filter=fa.zero_variance_filter,
                                   sample_full_batch=fa.sample_full_batch, max_draws_factor=fa.max_draws_factor,
-                                  first_step=first_step)
+                                  first_step=first_step, policy=c.reward_policy)
         self.planner = GroupPlanner(c.rollouts.task_names, r.n_samples_per_prompt, cfg.run.seed, planner_start,
                                     replay)
         self.in_flight: dict = {}  # ray ref -> (started_step, group_id)
@@ -109,8 +111,6 @@ class AsyncDriver:
     def poll(self, extra: list | None = None) -> bool:
         """Wait up to POLL_S for a group (or one of ``extra``); settle finished groups.
         Returns True when one of ``extra`` is ready."""
-        import ray
-
         refs = list(self.in_flight) + list(extra or [])
         if not refs:
             return False
@@ -124,8 +124,6 @@ class AsyncDriver:
         return any(r in ready for r in (extra or []))
 
     def _settle(self, ref, cancelled: bool = False) -> None:
-        import ray
-
         started, group_id = self.in_flight.pop(ref)
         stall = self.c.guards.stall
         stall.on_complete(min(self._sizes.pop(ref), stall.num_in_flight))  # arrived (or definitively failed)
@@ -155,8 +153,6 @@ class AsyncDriver:
 
     def stop(self) -> dict:
         """End of run: stop running groups at their next turn, settle them as cancelled."""
-        import ray
-
         ray.get([w.stop_groups.remote() for w in self.c.workers])
         deadline = time.monotonic() + END_GRACE_S
         while self.in_flight and time.monotonic() < deadline:

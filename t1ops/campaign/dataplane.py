@@ -19,6 +19,10 @@ through the coordinator (docs/scale.md):
 
 A :class:`~t1ops.campaign.trials.TrialResult` that still carries its chunks (a worker without a
 store) takes the old path everywhere: every function here accepts both.
+
+``ray`` is imported inside the functions that call it (the module's only in-function imports):
+``t1ops.campaign.async_buffer``, pure Python and property-tested without Ray, imports
+:func:`versions_of` from here.
 """
 from __future__ import annotations
 
@@ -28,8 +32,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rl.trainer.packing import pack_to_ranks
 from t1ops import telemetry
+from t1ops.audit import write_trajectory
 from t1ops.campaign.trials import TrialResult
+from t1ops.tito_debug import write_debug
 
 
 @dataclass(frozen=True)
@@ -134,24 +141,18 @@ def _placeholder(chunk):
     return replace(chunk, routing=zeros, meta={k: v for k, v in chunk.meta.items() if k != ROUTING_ROWS})
 
 
-def batch_rows(results: list[TrialResult], policy) -> list[tuple[int, int]]:
-    """(trial index, tokens) of every row of the batch the trainer builds from ``results``, in its
-    order (``TrainerHost.build_batch``: the chunks of the trainable trials, t1ops.campaign.reward_policy)."""
-    from t1ops.campaign.reward_policy import prepare
-
-    prep = prepare(results, policy)
-    return [(i, len(c.tokens)) for i, (r, t) in enumerate(zip(prep.results, prep.trainable)) if t
-            for c in r.chunks]
+def batch_rows(trials: list[TrialResult]) -> list[tuple[int, int]]:
+    """(trial index, tokens) of every row of the batch the trainer builds from the credit stage's
+    trainable ``trials`` (``TrainerHost.build_batch``: every chunk of each, in order)."""
+    return [(i, len(c.tokens)) for i, r in enumerate(trials) for c in r.chunks]
 
 
-def shard_trials(results: list[TrialResult], policy, dp: int, dp_rank: int) -> set[int]:
+def shard_trials(trials: list[TrialResult], dp: int, dp_rank: int) -> set[int]:
     """Trials whose rows data-parallel rank ``dp_rank`` of ``dp`` trains: the split of
     ``rl.trainer.ranks.RankTrainer.plan`` (``pack_to_ranks`` over the rows' token counts)."""
-    from rl.trainer.packing import pack_to_ranks
-
-    rows = batch_rows(results, policy)
+    rows = batch_rows(trials)
     if len(rows) < dp:  # the trainer refuses this batch with its own error: fetch everything
-        return set(range(len(results)))
+        return set(range(len(trials)))
     return {rows[j][0] for j in pack_to_ranks([n for _, n in rows], dp)[dp_rank]}
 
 
@@ -188,7 +189,6 @@ def write_dumps(workers: list, run, step: int, results: list[TrialResult], debug
     local = [r for r in results if not r.staged]
     n = dump_results(run, step, local, debug=debug) if local else 0
     if debug:  # a debugging switch: fetching the chunks to the coordinator is its accepted cost
-        from t1ops.tito_debug import write_debug
 
         for r in fetch([r for r in results if r.staged and r.payload is not None]):
             if r.chunks:
@@ -230,16 +230,12 @@ def dump_results(run, step: int, results: list[TrialResult], debug: bool = False
     for r in results:
         n += _write_chunks(run.dumps, step, r, r.chunks)
         if debug and r.chunks:
-            from t1ops.tito_debug import write_debug
-
             write_debug(run.path / "debug", r)
     return n
 
 
 def _write_chunks(dump_dir, step: int, meta: TrialResult, chunks: list) -> int:
     """One trial's chunks, each written with the trial's reward and provenance (t1ops.audit)."""
-    from t1ops.audit import write_trajectory
-
     for chunk in chunks:
         write_trajectory(chunk, dump_dir, step=step, reward=meta.reward, reward_source=meta.reward_source,
                          task=meta.task, trial_id=meta.trial_id, end_reason=meta.end_reason)

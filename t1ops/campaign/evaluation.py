@@ -16,7 +16,8 @@ eval quietly shrank. Here the eval really runs that way, guarded:
   same object the training loop awaits (loop-keyed, so both loops can);
 - every eval trial is booked in a :class:`~t1ops.guards.pacing.TrialLedger`
   and the coordinator checks expected = completed + failed over all workers:
-  a trial that vanished raises, a failed one is counted and reported.
+  a trial that vanished raises; a failed one counts in the held-out mean at
+  reward 0 (unsolved) and is reported beside it (``eval_failed``).
 
 Held-out means never in the training set: :func:`eval_task_names` refuses an
 overlap by name (and, for a separate pool, by instruction) before any role starts.
@@ -31,9 +32,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import ray
 
 from t1ops import telemetry
-from t1ops.campaign.trials import BatchResult, TrialResult, TrialSpec, eval_group_id
+from t1ops.campaign.trials import BatchResult, TrialResult, TrialSpec, eval_group_id, failed_row
 from t1ops.errors import ConfigError, StallError
 from t1ops.guards.pacing import TrialLedger
 
@@ -125,9 +127,13 @@ async def _eval_trials(worker, step: int, trials: list[EvalTrial], agent, tasks:
     finally:
         pool.shutdown(wait=False)
     results = []
-    for tid, out in zip(ids, outs):
+    for t, tid, out in zip(trials, ids, outs):
         if isinstance(out, BaseException):
             ledger.fail(tid, out)
+            # counted in the held-out mean at reward 0 (failures concentrate on the hardest tasks:
+            # leaving them out would flatter the mean); eval_failed reports them beside it
+            results.append(failed_row(TrialSpec(t.task, eval_group_id(step, t.task), t.sample_idx),
+                                      tasks[t.task].family, out))
         else:
             ledger.complete(tid)
             results.append(out.replace(chunks=[], commands=[]))  # an eval trains nothing: no trajectories travel
@@ -174,8 +180,6 @@ class Evaluator:
 
     def collect(self) -> dict | None:
         """Wait for the pending evaluation (if any); check its books; hand its row to ``on_result``."""
-        import ray
-
         p = self.pending
         if p is None:
             return None

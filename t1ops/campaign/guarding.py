@@ -96,7 +96,7 @@ class CampaignGuards:
         if self.watchdog is not None:
             self.watchdog.report(TRAINER_RANK, 2 * step - 1)
 
-    def wait_train(self, ref, step: int) -> dict:
+    def wait_train(self, ref, step: int):
         stats = self.wait(ref, "train")
         if self.watchdog is not None:
             self.watchdog.report(TRAINER_RANK, 2 * step)

@@ -11,11 +11,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 from pathlib import Path
 
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 from rl.agent.loop import sft_example, solution_command
-from rl.agent.settings import AgentLimits, AgentSettings
 from rl.agent.sandbox import require_isolation
+from rl.agent.settings import AgentLimits, AgentSettings
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
 from rl.hf.checkpoint import export_vocab as checkpoint_vocab
@@ -26,24 +30,22 @@ from t1ops.campaign.barrier import engine_barrier
 from t1ops.campaign.dataplane import TrajectoryStore
 from t1ops.campaign.engines import INITIAL_VERSION, EngineRouter
 from t1ops.campaign.evaluation import Evaluator, eval_task_names
-from t1ops.campaign.resume import open_for_resume, resumed_summary
 from t1ops.campaign.guarding import CampaignGuards
+from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.progress import Progress
+from t1ops.campaign.rank_actors import start_trainer
 from t1ops.campaign.ray_start import start_with_retry
+from t1ops.campaign.resume import open_for_resume, resumed_summary
 from t1ops.campaign.rollouts import Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.runner import Campaign, step_loop
 from t1ops.campaign.summary import Summary, plot
-from t1ops.campaign.reward_policy import RewardPolicy
-from t1ops.campaign.trainer_host import TrainerHost
-from t1ops.campaign.harness import harness_settings
 from t1ops.campaign.worker import RolloutWorker, WorkerSettings
 from t1ops.config import CampaignConfig
-from t1ops.tracking import Tracker
-from t1ops.guards.dist import timeout_for
+from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
 from t1ops.preflight import require_ok
 from t1ops.runs import mark
-from t1ops.guards.fds import raise_nofile_limit, ray_runtime_env
+from t1ops.tracking import Tracker
 
 # Observations a tiny policy should be able to read back (other output maps to UNK).
 _OBSERVATION_TEXTS = ("[exit code 0]", "[exit code 1]", "[exit code 2]", "[stopped: timeout]",
@@ -69,8 +71,6 @@ def build_vocab(tasks, renderer: ChatRenderer, full_vocab_size: int, multiple: i
 
 
 def _init_ray(cfg: CampaignConfig):
-    import ray
-
     if not ray.is_initialized():
         address = cfg.run.ray_address
         if address is None and not os.environ.get("RAY_ADDRESS"):
@@ -152,8 +152,7 @@ def _quiet_auth_notice() -> None:
 def start_roles(c: Campaign, progress: Progress) -> Campaign:
     """Fill ``c`` with running roles (so a failure half-way still lets the caller shut them down)."""
     cfg, run = c.cfg, c.run
-    ray = _init_ray(cfg)
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    _init_ray(cfg)
 
     tasks = load_pool(cfg.rollout.tasks_dir)
     c.eval_tasks = held_out_tasks(cfg, tasks)  # refused before any role starts when not held out
@@ -172,20 +171,10 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     spec = {**cfg.model.model_spec().to_dict(), "vocab_size": vocab.size}
     progress.log(f"run {run.run_id}: {len(tasks)} tasks, {'compact' if cfg.engine.compact_vocab else 'full'} "
                  f"vocabulary {vocab.size} ids, dir {run.path}")
-    rank_watch = None
-    if cfg.trainer.parallel.world_size > 1:  # one Ray actor per rank in a placement group
-        from t1ops.campaign.rank_actors import start_ranks
-
-        c.trainer, rank_watch = start_ranks(cfg, run, spec)
+    c.trainer, rank_watch = start_trainer(cfg, run, spec)  # one path for every world size
+    if cfg.trainer.parallel.world_size > 1:
         progress.log(f"trainer: {cfg.trainer.parallel.world_size} ranks (dp {cfg.trainer.parallel.dp}, "
                      f"tp {cfg.trainer.parallel.tp}, ep {cfg.trainer.parallel.ep})")
-    else:
-        c.trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(
-            spec=spec, settings=cfg.trainer, vocab_path=str(run.vocab),
-            ckpt_base=str(run.checkpoints), seed=cfg.run.seed, num_threads=1, run_dir=str(run.path),
-            telemetry_cfg=_telemetry_kw(cfg), gloo_timeout_s=timeout_for("gloo", cfg.guards).total_seconds(),
-            temperature=cfg.rollout.temperature, retention=cfg.checkpoints,
-            reward_policy=RewardPolicy.from_config(cfg), model_path=cfg.model.path)
     # The engines start now, from the model's seeded weights (as SGLang starts from the base model),
     # while the trainer warm-starts or loads the resumed checkpoint; version 0 (or the resumed step)
     # reaches them through the normal weight sync below. Calls on the trainer actor run in order. (The
@@ -193,10 +182,10 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
     c.sender, sender_ready = _configure_weight_sender(cfg, c.trainer, run)
     if c.resume_from is None:
         examples = warm_start_examples(tasks, cfg.trainer.warm_start_noise, cfg.run.seed)
-        warm = c.trainer.warm_start.remote(examples, cfg.trainer.warm_start_steps)
-        first = c.trainer.publish.remote(0)
+        warm = c.trainer.warm_start(examples, cfg.trainer.warm_start_steps)
+        first = c.trainer.publish(0)
     else:
-        first = c.trainer.resume.remote(c.resume_from)
+        first = c.trainer.resume(c.resume_from)
     # named: a rollout worker (restartable) looks the router up by name rather than taking its handle
     # as a constructor argument, which Ray reports as an error at creation (ray-project/ray#53727)
     c.router = ray.remote(EngineRouter).options(name=f"t1ops-router-{run.run_id}", num_cpus=0,
@@ -245,11 +234,11 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
                               roles=lambda: {"coordinator": os.getpid(),
                                              **{f"engine-{i}": p for i, p in enumerate(ray.get(c.router.engine_pids.remote()))},
                                              **{f"worker-{i}": p for i, p in enumerate(c.rollouts.pids if c.rollouts else [])}})
-    progress.log("host memory: " + c.guards.project_host_memory(*ray.get(c.trainer.num_params.remote())))
+    progress.log("host memory: " + c.guards.project_host_memory(*ray.get(c.trainer.num_params())))
     if rank_watch is not None:
         c.guards.attach_ranks(rank_watch)
     else:
-        pid = ray.get(c.trainer.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
+        pid = ray.get(c.trainer.sender.install_stack_dump.remote(str(run.path / "trainer-stacks.txt")))
         c.guards.attach_trainer(pid, run.path / "trainer-stacks.txt")
     ray.get([w.ping.remote() for w in c.workers])
     c.rollouts = Rollouts(cfg, c.workers, train_task_names(tasks, cfg), c.guards.stall)
@@ -268,11 +257,10 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
 
 
 def _configure_weight_sender(cfg: CampaignConfig, trainer, run: RunDir):
-    """The trainer's side of the weight sync (t1ops.guards.weight_sync): the 1-rank trainer, or rank 0;
-    and the call that configures it (submitted, not awaited)."""
+    """The trainer's side of the weight sync (t1ops.guards.weight_sync): rank 0, which holds the full
+    actor it gathers at publish; and the call that configures it (submitted, not awaited)."""
     e = cfg.engine
-    if cfg.trainer.parallel.world_size > 1:  # rank 0 holds the full actor it gathers at publish: the sender
-        trainer = trainer.actors[0]
+    trainer = trainer.sender
     trainer.configure_weight_sender.remote(
         dtype=e.dtype, bucket_bytes=int(e.weight_sync_bucket_mb * (1 << 20)), master_address=e.weight_sync_master_address,
         timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports"))
@@ -290,8 +278,6 @@ def warm_start_examples(tasks, noise: float, seed: int) -> list[tuple[str, str]]
     policy then solves some but not all of its attempts, as the report's RL
     starts from an SFT checkpoint that solves some tasks: RL has room to improve.
     """
-    import random
-
     solved = [t for t in tasks if t.solution]
     own = [(t.instruction, solution_command(t.solution)) for t in solved]
     num_wrong = round(len(own) * noise / (1 - noise))
@@ -309,8 +295,6 @@ def _telemetry_kw(cfg: CampaignConfig) -> dict:
 
 def train_task_names(tasks, cfg: CampaignConfig) -> list[str]:
     """The tasks RL samples from: the whole pool, or a fixed seeded subset (``num_train_tasks``)."""
-    import random
-
     names = sorted(t.name for t in tasks)
     n = cfg.rollout.num_train_tasks
     return names if n is None or n >= len(names) else sorted(random.Random(cfg.run.seed).sample(names, n))
@@ -377,8 +361,6 @@ def run_campaign(cfg: CampaignConfig, *, out_dir: str | None = None, show_progre
 
 
 def _shutdown(c: Campaign | None) -> None:
-    import ray
-
     if c is not None and c.router is not None:
         try:
             ray.get(c.router.close.remote(), timeout=30)

@@ -63,6 +63,8 @@ class Progress:
 def row_text(row: dict, eval_text: str = "") -> str:
     """A step row as the step line (`t1ops run`'s progress, `t1ops runs tail`)."""
     critic_only = " critic-only" if row.get("actor_updated") is False else ""
+    if row.get("optimizer_skipped"):  # the credit stage found no signal (t1ops.campaign.credit)
+        critic_only = " no signal: optimizer step skipped"
     nan = float("nan")
     return (f"step {row['step']}{critic_only} reward {_fmt(row['reward_mean'])} "
             f"EV {_fmt(row['explained_variance'], '.2f')} entropy {_fmt(row.get('entropy', nan), '.3f')} "

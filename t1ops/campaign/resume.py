@@ -207,6 +207,32 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def rank_state(trainer) -> dict:
+    """One rank's share of the trainer state: its optimizers' states and its RNG (1 rank or N)."""
+    return {"rng": rng_state(), "actor_optimizer": trainer.actor_optimizer.state_dict(),
+            "critic_optimizer": None if trainer.critic_optimizer is None else trainer.critic_optimizer.state_dict()}
+
+
+def load_rank_state(trainer, state: dict, *, rank: int, world_size: int) -> None:
+    """Restore this rank's optimizers and RNG from a trainer state saved at the same layout."""
+    ranks = state.get("ranks") or [state]  # a state written before per-rank states: one rank
+    if len(ranks) != world_size:
+        raise ConfigError(f"the trainer state holds {len(ranks)} rank(s), this trainer has {world_size}: optimizer "
+                          "state is per rank; resume with the run's own trainer.parallel", key="trainer.parallel")
+    mine = ranks[rank]
+    trainer.actor_optimizer.load_state_dict(mine["actor_optimizer"])
+    if trainer.critic_optimizer is not None:
+        trainer.critic_optimizer.load_state_dict(mine["critic_optimizer"])
+    set_rng_state(mine["rng"])
+
+
+def resumed(host, step: int, state: dict, has_critic: bool) -> dict:
+    """What a resume loaded (the coordinator logs it and records ``campaign.resumed``)."""
+    return {"step": step, "trainer_step": host.trainer.step, "next_step": int(state["next_step"]),
+            "actor": str(host.ckpt.actor_dir / f"step_{step:08d}"),
+            "critic": str(host.ckpt.critic_dir / f"step_{step:08d}") if has_critic else None}
+
+
 def open_for_resume(run_dir: str | Path, cfg) -> tuple:
     """(RunDir, ResumePoint, the previous summary.json) for ``--resume``; refuses before anything starts."""
     from t1ops.campaign.rundir import RunDir

@@ -11,7 +11,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import ray
+
 from t1ops import telemetry
+from t1ops.campaign.async_buffer import version_lag_histogram
+from t1ops.campaign.group_ledger import trained_group_ids
 from t1ops.campaign.trials import BatchResult, TrialResult, require_results
 from t1ops.campaign.worker import plan_groups
 from t1ops.errors import RoutingError
@@ -31,8 +35,6 @@ class Pending:
 
 class Rollouts:
     def __init__(self, cfg, workers: list, task_names: list[str], stall) -> None:
-        import ray
-
         self.cfg, self.workers, self.task_names, self.stall = cfg, workers, task_names, stall
         self.in_flight = 0
         self.pids = ray.get([w.pid.remote() for w in workers])
@@ -42,8 +44,6 @@ class Rollouts:
 
     def check_workers(self) -> list[int]:
         """Indices of workers Ray restarted since the last check (their rollouts were rerun)."""
-        import ray
-
         pids = ray.get([w.pid.remote() for w in self.workers])
         restarted = [i for i, (a, b) in enumerate(zip(self.pids, pids)) if a != b]
         for i in restarted:
@@ -73,8 +73,6 @@ class Rollouts:
         """Tell the stall detector about the workers' progress (trials they finished and sent), then
         let it judge the silence. Completions are counted where results arrive (:meth:`collect`,
         the async loop's settle), so a result lost on its way stays in flight and is named."""
-        import ray
-
         now = ray.get([w.progress.remote() for w in self.workers])
         for i, n in enumerate(now):
             delta = n - self._finished[i] if n >= self._finished[i] else n  # a restarted worker counts anew
@@ -91,8 +89,6 @@ class Rollouts:
 
     def wait_done(self, pending: Pending) -> None:
         """Block until the batch is generated (results stay in Ray's object store)."""
-        import ray
-
         remaining = list(pending.refs)
         while remaining:
             _, remaining = ray.wait(remaining, num_returns=len(remaining), timeout=POLL_S)
@@ -102,8 +98,6 @@ class Rollouts:
 
     def collect(self, pending: Pending) -> tuple[list[TrialResult], float, dict]:
         """All results of a step, the seconds since submission, and the merged books."""
-        import ray
-
         results, books = [], {"expected": 0, "completed": 0, "failed": 0, "cancelled": 0, "missing": 0}
         remaining = list(pending.refs)
         while remaining:
@@ -192,10 +186,6 @@ class PipelinedSource:
         """Nothing: the next batch was drained before the sync."""
 
     def row_fields(self, step: int, batch: StepBatch) -> dict:
-        from t1ops.campaign.async_buffer import version_lag_histogram
-
-        from t1ops.campaign.group_ledger import trained_group_ids
-
         lags = version_lag_histogram(batch.results, step - 1)
         return {"ledger": batch.books, "version_lag_tokens": {str(k): v for k, v in lags.items()},
                 "group_ids": trained_group_ids(batch.results)}  # the exactly-once audit across resumes

@@ -18,25 +18,34 @@ each batch is trained with its real behaviour policy as the PPO denominator.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+import ray
 
 from t1ops import telemetry
-from t1ops.campaign.barrier import engine_barrier
 from t1ops.campaign.async_loop import AsyncSource
+from t1ops.campaign.barrier import engine_barrier
+from t1ops.campaign.credit import CreditBatch, assign_credit
 from t1ops.campaign.dataplane import write_dumps
 from t1ops.campaign.group_ledger import audit_groups
 from t1ops.campaign.guarding import CampaignGuards
 from t1ops.campaign.progress import Progress
+from t1ops.campaign.reward_policy import RewardPolicy
+from t1ops.campaign.roles import TrainReport
 from t1ops.campaign.rollouts import PipelinedSource, Rollouts
 from t1ops.campaign.rundir import RunDir
 from t1ops.campaign.summary import Summary
 from t1ops.campaign.trials import TrialResult
 from t1ops.campaign.trialtrace import step_split
 from t1ops.config import CampaignConfig
+
+if TYPE_CHECKING:  # the type only: the handle's module imports the trainer (torch, megatron)
+    from t1ops.campaign.rank_actors import TrainerGroup
 
 
 @dataclass
@@ -45,9 +54,9 @@ class Campaign:
 
     cfg: CampaignConfig
     run: RunDir
-    trainer: object = None            # Ray actor: t1ops.campaign.trainer_host.TrainerHost
+    trainer: TrainerGroup | None = None  # the trainer's ranks (t1ops.campaign.rank_actors; 1 rank or N)
     router: object = None             # Ray actor: t1ops.campaign.engines.EngineRouter
-    sender: object = None             # the trainer actor that pushes weights (rank 0 of several ranks)
+    sender: object = None             # the trainer actor that pushes weights (rank 0: TrainerGroup.sender)
     store: object = None              # Ray actor: t1ops.campaign.dataplane.TrajectoryStore (object_store plane)
     workers: list = field(default_factory=list)   # Ray actors: RolloutWorker, one per node
     rollouts: Rollouts | None = None
@@ -58,32 +67,36 @@ class Campaign:
     resume_from: int | None = None    # the verified step a resumed run continues from (None: a new run)
     on_step: list = field(default_factory=list)   # callables (campaign, step) run as each step starts
 
+    @property
+    def reward_policy(self) -> RewardPolicy:
+        """What the credit stage applies (``t1ops.campaign.credit``), from the config."""
+        return RewardPolicy.from_config(self.cfg)
 
-def _metrics_row(step: int, results: list[TrialResult], stats: dict, rollout_s: float, train_s: float,
-                 step_s: float, sync_s: float) -> dict:
+
+def _metrics_row(step: int, results: list[TrialResult], credit: CreditBatch, report: TrainReport,
+                 rollout_s: float, train_s: float, step_s: float, sync_s: float) -> dict:
     rewards = [r.reward for r in results]
     return {"step": step, "reward_mean": float(np.mean(rewards)) if rewards else math.nan,
-            "explained_variance": stats.get("explained_variance", math.nan),
-            "logprob_gap": stats.get("logprob_gap", math.nan),
+            "explained_variance": report.value("explained_variance"), "logprob_gap": report.value("logprob_gap"),
             "turns_mean": float(np.mean([r.num_turns for r in results])) if results else math.nan,
-            "tokens": int(stats.get("num_tokens", 0)), "rollout_s": round(rollout_s, 3),
+            "tokens": report.num_tokens, "rollout_s": round(rollout_s, 3),
             "train_s": round(train_s, 3), "step_s": round(step_s, 3), "sync_s": round(sync_s, 3),
             "solved_share": float(np.mean([bool(r.total) and r.passed == r.total for r in results])),
             "no_verdict": sum(r.reward_source == "no-verdict" for r in results),
-            "clip_fraction": stats.get("clip_fraction", math.nan), "tis_mean": stats.get("tis_mean", math.nan),
-            "actor_grad_norm": stats.get("actor_grad_norm", math.nan), "num_trajectories": len(results),
-            "policy_loss": stats.get("policy_loss", math.nan), "value_loss": stats.get("value_loss", math.nan),
+            "clip_fraction": report.value("clip_fraction"), "tis_mean": report.value("tis_mean"),
+            "actor_grad_norm": report.value("actor_grad_norm"), "num_trajectories": len(results),
+            "policy_loss": report.value("policy_loss"), "value_loss": report.value("value_loss"),
             "reward_sources": _count(r.reward_source for r in results),
             # every non-CTRF reward named by its source and why CTRF was not used (T1 report, section 06)
             "reward_fallbacks": _count(f"{r.reward_source} ({r.reward_fallback or 'no CTRF tag'})"
                                        for r in results if r.reward_source != "ctrf"),
-            "entropy": stats.get("entropy", math.nan), "actor_updated": stats.get("actor_updated", True),
+            "entropy": report.value("entropy"), "actor_updated": report.actor_updated,
+            "optimizer_skipped": report.skipped,  # the credit stage found no signal: no optimizer step
             # the optimizer (docs/campaign.md, "Optimizer"): LR after warmup/schedule, steps taken, KL moved
-            "actor_lr": stats.get("actor_lr", math.nan), "optimizer_steps": stats.get("optimizer_steps", 1),
-            "kl_behaviour": stats.get("kl_behaviour", math.nan),
-            "critic_grad_norm": stats.get("critic_grad_norm", math.nan),
-            "reward_trained_mean": (stats.get("policy") or {}).get("reward_trained_mean", math.nan),
-            "reward_policy": {k: v for k, v in (stats.get("policy") or {}).items() if k != "reward_trained_mean"},
+            "actor_lr": report.value("actor_lr"),
+            "optimizer_steps": 0 if report.stats is None else int(report.stats.optimizer_steps),
+            "kl_behaviour": report.value("kl_behaviour"), "critic_grad_norm": report.value("critic_grad_norm"),
+            "reward_trained_mean": credit.reward_trained_mean, "reward_policy": credit.counts.as_row(),
             "end_reasons": _count(r.end_reason for r in results),
             "compactions": sum(r.compactions for r in results),
             "summary_failures": sum(r.summary_failures for r in results)}
@@ -135,27 +148,28 @@ def audit_run_groups(c: Campaign, summary: Summary) -> dict:
 
 def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: int) -> dict:
     """One step of any mode: batch, train, weight sync (with the eval around it), the step row."""
-    import ray
-
     t_step, ev = time.monotonic(), c.evaluator
     for hook in c.on_step:  # e.g. a chaos fault schedule
         hook(c, step)
     batch = source.take(step, progress)
     results = batch.results
+    credit = assign_credit(results, c.reward_policy)  # decided once, here, for every mode (t1ops.campaign.credit)
     progress.update(step=step, phase="train", in_flight=source.in_flight)
     t_train = time.monotonic()
     c.guards.train_submitted(step)
     telemetry.event("campaign.train_submitted", step=step)  # progress events: chaos fires faults on them
-    train_ref = c.trainer.train.remote(results, source.behaviour, step)
+    train_ref = c.trainer.train(credit, source.behaviour, step)
     source.while_training(train_ref, c.guards)  # generation goes on while step t trains
-    stats = c.guards.wait_train(train_ref, step)
+    report = c.guards.wait_train(train_ref, step)
+    if report.skipped is not None:
+        telemetry.event("trainer.step_skipped", severity="warn", step=step, reason=report.skipped)
     train_s = time.monotonic() - t_train
     telemetry.event("campaign.train_done", step=step)
     source.before_sync()  # what must not span the weight sync is drained
     if ev is not None:
         ev.collect()  # nor an eval request: each eval sees exactly the weights it evaluates
     t_sync = time.monotonic()
-    ckpt = ray.get(c.trainer.publish.remote(step, step == c.cfg.run.steps))  # the last step is a resume point
+    ckpt = ray.get(c.trainer.publish(step, step == c.cfg.run.steps))  # the last step is a resume point
     telemetry.event("campaign.sync_barrier", step=step)
     with engine_barrier(c.router, step, ckpt) as barrier:  # the coordinator owns the transaction
         barrier.push_from(c.sender)
@@ -166,15 +180,15 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     if ev is not None:
         ev.maybe_submit(step)  # runs while step + 1 rolls out and trains
     write_dumps(c.workers, c.run, step, results, debug=c.cfg.rollout.debug_dump)  # by the workers that hold them
-    row = _metrics_row(step, results, stats, batch.rollout_s, train_s, time.monotonic() - t_step, sync_s)
-    row.update(ray.get(c.trainer.checkpoint_report.remote()))  # disk used, retention
+    row = _metrics_row(step, results, credit, report, batch.rollout_s, train_s, time.monotonic() - t_step, sync_s)
+    row.update(ray.get(c.trainer.checkpoint_report()).as_row())  # disk used, retention
     row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,
                **source.row_fields(step, batch), **step_split(results, batch.rollout_s))
     c.guards.after_step(step)
     row.update(c.guards.check_health(row, results))  # run-health alarms (t1ops/guards/run_health.py)
     row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead
-    if stats.get("ranks"):  # per-rank timing of a multi-rank trainer
-        row["ranks"] = stats["ranks"]
+    if report.ranks:  # per-rank timing of a multi-rank trainer
+        row["ranks"] = [dataclasses.asdict(r) for r in report.ranks]
     source.before_row(summary)
     summary.add_step(row)
     source.after_step()

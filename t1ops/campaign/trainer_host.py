@@ -1,96 +1,142 @@
-"""The trainer role: actor + critic on megatron-core, their checkpoints, batch assembly.
+"""The trainer role at every world size: actor + critic on megatron-core, checkpoints, the step.
 
-Wrapped as a Ray actor by the runner. It turns rollout results (TITO chunks in
-tokenizer ids) into a :class:`~rl.trainer.batch.TrainBatch` in the model's
-compact ids, takes the step, and publishes the actor for the engines every step
-(the weight sync sends that snapshot). The resumable checkpoint (both roles,
-role-separated and checksummed, and the trainer state) is written every
-``save_every`` steps and at the run's last step, not on every publish.
+One class, :class:`TrainerHost`, one Ray actor per rank; a world of 1 is a group of one (docs/
+parallelism.md: a degree of 1 means "off", never a second code path). It executes the credit
+stage's batch (``t1ops.campaign.credit.CreditBatch``: it fetches the trainable trials' chunks,
+builds a :class:`~rl.trainer.batch.TrainBatch` in the model's compact ids and steps, deciding
+nothing), and publishes the actor for the engines every step (the weight sync sends that
+snapshot; rank 0 is the weight sender).
+
+Start-up: a world of 1 builds its trainer at once, in a one-process megatron world
+(``rl.megatron_cpu.init_single_process``). A larger world's ranks are created first; rank 0
+names the rendezvous (:meth:`TrainerHost.address`) and every rank :meth:`TrainerHost.join`\s:
+layout-free initial weights in a world of 1, its process group through ``t1ops.guards.dist``
+(explicit timeout), megatron's parallel state, its :class:`~rl.trainer.ranks.RankTrainer`
+shard, its progress beacon and collective watch (``t1ops.guards.rank_watch``). Each rank
+fetches only its data-parallel shard's trajectories (``dataplane.fetch_shard``).
+
+The resumable checkpoint (both roles, role-separated and checksummed, and the trainer state:
+every rank's optimizer and RNG) is written every ``save_every`` steps and at the run's last
+step, not on every publish; a world of more than 1 also saves both roles sharded, one file per
+rank under one checksummed manifest (``t1ops.guards.sharded_checkpoints``), loadable at any layout.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
+import os
 import random
+import shutil
+import time
+from pathlib import Path
 
 import numpy as np
+import ray
 import torch
 
 from rl.agent.loop import sft_example
 from rl.chat import ChatRenderer
 from rl.errors import ConfigError, DataContractError
+from rl.hf.checkpoint import is_hf_dir
+from rl.megatron_cpu import init_single_process
 from rl.model import ModelSpec, weights_state_dict
 from rl.trainer.batch import TrainBatch
 from rl.trainer.optim import build_optimizer
+from rl.trainer.packing import FILLER
+from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
 from rl.weights.sender import WeightSender
-from t1ops.campaign.dataplane import fetch
-from t1ops.campaign.reward_policy import RewardPolicy
-from t1ops.campaign.trials import TrialResult, require_results
+from t1ops import telemetry
+from t1ops.campaign.credit import CreditBatch
+from t1ops.campaign.pretrained import pretrained_states
+from t1ops.campaign.dataplane import batch_rows, fetch, fetch_shard, shard_trials
+from t1ops.campaign.resume import (load_rank_state, load_trainer_state, rank_state, resumed, save_trainer_state,
+                                   trainer_state)
+from t1ops.campaign.retention import Retention, disk_bytes
+from t1ops.campaign.roles import CheckpointReport, RankInfo, TrainReport
+from t1ops.campaign.trainer_rank import join_world
 from t1ops.campaign.weight_push import WeightPush
-from t1ops.config import CheckpointsConfig, TrainerConfig
-from t1ops.guards.checkpoints import CheckpointManager
-
-
-def pretrained_states(model_path: str, vocab: CompactVocab, with_critic: bool):
-    """(actor, critic or None) full states read on demand from a Hugging Face checkpoint (``[model] path``):
-    the actor is the checkpoint, the critic its trunk with a fresh value head (docs/model.md)."""
-    from rl.hf.reader import CheckpointState, HFCheckpoint
-
-    from rl.hf.checkpoint import export_vocab
-
-    checkpoint = HFCheckpoint(model_path)
-    own = export_vocab(model_path)
-    if own is not None:  # rows already indexed by this compact vocabulary: taken as they are
-        if own != vocab:
-            raise DataContractError(f"{model_path} was exported with another compact vocabulary than this run's "
-                                    f"({own.size} vs {vocab.size} ids)", path=model_path)
-        vocab = None
-    if checkpoint.set_aside:  # said once: the vision tower and MTP layers are not part of the policy
-        print(f"model.path: {len(checkpoint.set_aside)} tensor(s) outside the policy set aside "
-              f"(first: {checkpoint.set_aside[0]})", flush=True)
-    return (CheckpointState(checkpoint, vocab), CheckpointState(checkpoint, vocab, role="critic") if with_critic else None)
+from t1ops.config import CheckpointsConfig, GuardsConfig, TrainerConfig
+from t1ops.guards import dist as dist_guard
+from t1ops.guards.checkpoints import CheckpointManager, list_steps, load_checkpoint, step_dir_name
+from t1ops.guards.rank_watch import ProgressBeacon, collective_watch
+from t1ops.guards.rendezvous import plan_rendezvous
+from t1ops.guards.sharded_checkpoints import save_sharded
+from t1ops.guards.step_once import StepLedger
+from t1ops.guards.watchdog import install_stack_dump
 
 
 class TrainerHost(WeightSender, WeightPush):
+    """One trainer rank (a Ray actor); rank 0 of a world of 1 is the whole trainer (module docstring)."""
+
     def __init__(self, *, spec: dict, settings: TrainerConfig, vocab_path: str, ckpt_base: str, seed: int,
-                 num_threads: int = 1, run_dir: str | None = None, telemetry_cfg: dict | None = None,
-                 gloo_timeout_s: float = 3600.0, temperature: float = 1.0,
-                 retention: CheckpointsConfig | None = None, reward_policy: RewardPolicy | None = None,
+                 run_dir: str | None = None, rank: int = 0, layout: Layout | None = None,
+                 guards: GuardsConfig | None = None, telemetry_cfg: dict | None = None, temperature: float = 1.0,
+                 retention: CheckpointsConfig | None = None, num_threads: int = 1,
                  model_path: str | None = None) -> None:
+        """``model_path``: the ``[model] path`` checkpoint both roles start from (docs/model.md)."""
         torch.set_num_threads(num_threads)
+        self.model_path = model_path
+        self.rank, self.layout = rank, layout or settings.parallel
+        self.world_size = self.layout.world_size
+        self.guards, self.run_dir = guards or GuardsConfig(), None if run_dir is None else Path(run_dir)
         if run_dir is not None:
-            from t1ops import telemetry
-
-            telemetry.setup(run_dir, role="trainer", **(telemetry_cfg or {}))
-        # The trainer's process group gets the configured Gloo timeout, never the library default.
-        from rl.megatron_cpu import init_single_process
-
-        init_single_process(timeout_s=gloo_timeout_s)
+            role = "trainer" if self.world_size == 1 else f"trainer-rank{rank}"
+            telemetry.setup(run_dir, role=role, **(telemetry_cfg or {}))
         self.vocab = CompactVocab.load(vocab_path)
         self.spec = ModelSpec(**{**spec, "vocab_size": self.vocab.size})
-        self.settings = settings
-        # Refuse a bad checkpoint layout before any model exists (critic-overwrites-actor).
+        self.settings, self.seed, self.temperature = settings, seed, temperature
+        # Refuse a bad checkpoint layout before any model exists (critic-overwrites-actor); rank 0 writes.
         self.ckpt = CheckpointManager.from_base(ckpt_base, save_every=self.settings.save_every)
-        # log-probs at the sampling temperature: the engine reports temperature-scaled ones
-        self.trainer = Trainer(self.spec, self.settings, seed=seed, unk_id=self.vocab.unk_id,
-                               temperature=temperature, max_tokens_per_gpu=settings.parallel.max_tokens_per_gpu)
-        self.seed = seed
-        self.reward_policy = reward_policy or RewardPolicy()
-        self.last_policy_counts: dict = {}
-        if model_path:  # [model] path: start from the checkpoint a team brings (actor; critic trunk)
-            actor, critic = pretrained_states(model_path, self.vocab, self.trainer.critic is not None)
-            self.trainer.warm_load(actor_state=actor, critic_state=critic)
-        if self.settings.critic_warm_load:
-            self.warm_load_critic(self.settings.critic_warm_load)
-        from t1ops.campaign.retention import Retention
-
-        self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.trainer.critic is not None,
+        self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.settings.mode == "ppo",
                                    **(retention or CheckpointsConfig(keep_last=None)).model_dump())
-        self.last_report: dict = {}
-        self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> actor weights (behaviour snapshots)
-        from t1ops.guards.step_once import StepLedger
-
+        self.last_report = CheckpointReport()
+        self.published: dict[int, dict[str, torch.Tensor]] = {}       # version -> this rank's behaviour shard
+        self.full_published: dict[int, dict[str, torch.Tensor]] = {}  # rank 0: version -> the full actor
+        self._fetched: set[int] | None = None  # trials this rank fetched in full this step (fetch_shard)
+        self._collective_watch = lambda what: contextlib.nullcontext()
+        self.trainer: RankTrainer | None = None
         self.steps_applied = StepLedger()  # a retried train call never repeats a step (retried-train-step)
+        if self.world_size == 1:  # a group of one: its world is this process; the trainer exists at once
+            # the process group gets the configured Gloo timeout, never the library default
+            init_single_process(timeout_s=dist_guard.timeout_for("gloo", self.guards).total_seconds())
+            # log-probs at the sampling temperature: the engine reports temperature-scaled ones
+            self.trainer = Trainer(self.spec, self.settings, seed=seed, unk_id=self.vocab.unk_id,
+                                   temperature=temperature, max_tokens_per_gpu=self.layout.max_tokens_per_gpu)
+            if model_path:  # [model] path: start from the checkpoint a team brings (actor; critic trunk)
+                actor, critic = pretrained_states(model_path, self.vocab, self.trainer.critic is not None)
+                self.trainer.warm_load(actor_state=actor, critic_state=critic)
+            self._after_build()
+
+    def address(self) -> str:
+        """Rank 0: the rendezvous on its own node, one fresh port per attempt (group-init-race:
+        ``t1ops.guards.rendezvous``, bounded by ``guards.field.group_init_timeout_s``)."""
+        return plan_rendezvous(ray.util.get_node_ip_address(), self.guards.field)
+
+    def join(self, init_method: str) -> int:
+        """World > 1: initial weights (world of 1), then the real world and megatron's groups; the pid."""
+        if self.model_path:  # [model] path: each rank reads the units of its own shard (rl.hf.reader)
+            actor, critic = pretrained_states(self.model_path, self.vocab, self.settings.mode == "ppo")
+        else:
+            actor, critic = full_initial_states(self.spec, self.settings, self.seed, self.vocab.unk_id)
+        timeout = join_world(self.rank, self.world_size, init_method, self.layout, guards=self.guards,
+                             seed=self.seed)
+        self.beacon = ProgressBeacon(self.run_dir / "ranks" / f"rank{self.rank}.progress")
+        self._collective_watch = collective_watch(timeout, self.guards)
+        self.trainer = RankTrainer(self.spec, self.settings, self.layout, full_actor=actor, full_critic=critic,
+                                   unk_id=self.vocab.unk_id, seed=self.seed, temperature=self.temperature,
+                                   on_micro_batch=self.beacon, watch=self._collective_watch)
+        telemetry.event("trainer.rank_joined", rank=self.rank, world_size=self.world_size,
+                        tp_rank=self.trainer.tp_rank, dp_rank=self.trainer.dp_rank, ep_rank=self.trainer.ep_rank,
+                        timeout_s=timeout.total_seconds())
+        self._after_build()
+        return os.getpid()
+
+    def _after_build(self) -> None:
+        if self.settings.critic_warm_load:  # every rank loads the full critic and keeps its shard
+            self.warm_load_critic(self.settings.critic_warm_load)
 
     # --- warm start ----------------------------------------------------------------
     def warm_start(self, examples: list[tuple[str, str]], num_steps: int, batch_size: int = 16) -> list[float]:
@@ -118,17 +164,11 @@ class TrainerHost(WeightSender, WeightPush):
         """Load the critic's weights from an earlier run (``trainer.critic_warm_load``): a critic step
         dir, or a critic role dir whose newest step is taken. The step count stays 0, so the first
         ``critic_warmup_steps`` steps recalibrate it (T1 report, section 04). Returns the step dir."""
-        from pathlib import Path
-
-        from t1ops.guards.checkpoints import list_steps, load_checkpoint, step_dir_name
-
         if self.trainer.critic is None:
             raise ConfigError("trainer.critic_warm_load is set but trainer.mode = 'grpo' has no critic",
                               key="trainer.critic_warm_load")
-        from rl.hf.checkpoint import is_hf_dir
-
-        if is_hf_dir(path):  # a Hugging Face directory: its trunk, a fresh value head
-            self.trainer.warm_load(critic_state=pretrained_states(path, self.vocab, True)[1])
+        if is_hf_dir(path):  # a Hugging Face directory: its trunk, a fresh value head (docs/model.md)
+            self.trainer.load_full(critic=pretrained_states(path, self.vocab, True)[1])
             self.warm_loaded_critic = str(path)
             return str(path)
         step_dir = Path(path)
@@ -138,79 +178,111 @@ class TrainerHost(WeightSender, WeightPush):
             raise ConfigError(f"trainer.critic_warm_load = {path!r}: no such checkpoint directory; give an earlier "
                               "run's checkpoints/critic/step_N (or checkpoints/critic)", key="trainer.critic_warm_load")
         state, _ = load_checkpoint(step_dir, "critic")
-        self.trainer.warm_load(critic_state=state)
+        self.trainer.load_full(critic=state)
         self.warm_loaded_critic = str(step_dir)
         return str(step_dir)
 
     # --- RL ----------------------------------------------------------------------------
-    def build_batch(self, results: list[TrialResult]) -> TrainBatch:
-        """The batch of a step: every chunk of every trainable trial (``t1ops.campaign.reward_policy``
-        decides the trained reward and which trials keep rows); a trajectory's chunks share its id."""
-        from t1ops.campaign.reward_policy import prepare
-
-        prep = prepare(results, self.reward_policy)
-        self.last_policy_counts = prep.counts
-        chunks = [(c, r, x) for r, x, t in zip(prep.results, prep.rewards, prep.trainable) if t for c in r.chunks]
-        if not chunks:
-            raise DataContractError(f"no trial of this step has loss-bearing rows after the reward policy "
-                                    f"({prep.counts}); check rollout.failed_trials / context_overflow_clear_mask")
-        tokens, masks, lps, rewards, groups, prompts, routing, tids = [], [], [], [], [], [], [], []
-        for c, r, reward in chunks:
-            loss = c.loss_mask.astype(bool)
-            self.vocab.encode_targets(c.tokens[loss])  # sampled ids must be sampleable: else a named error
-            tokens.append(np.asarray(self.vocab.encode_inputs(c.tokens), dtype=np.int64))
-            masks.append(c.loss_mask)
-            lps.append(c.rollout_logprobs)
-            rewards.append(float(reward))
-            groups.append(r.group_id)
-            prompts.append(r.task)
-            routing.append(c.routing)
-            tids.append(r.sample_id or id(r))
+    def build_batch(self, credit: CreditBatch) -> TrainBatch:
+        """The batch of a step, as the credit stage decided it (``t1ops.campaign.credit``): every chunk
+        of every trainable trial (chunks fetched) with its trained reward; a trajectory's chunks share
+        its id; the baseline-only trials count in their groups; prompt_mean's unit is the group. A row
+        this rank trains must come from a trial it fetched in full (else its forward would read
+        placeholder routing rows): a named error."""
+        tokens, masks, lps, rewards, groups, routing, tids = [], [], [], [], [], [], []
+        for r, reward in zip(credit.trials, credit.rewards):
+            for c in r.chunks:
+                self.vocab.encode_targets(c.tokens[c.loss_mask.astype(bool)])  # sampled ids must be sampleable
+                tokens.append(np.asarray(self.vocab.encode_inputs(c.tokens), dtype=np.int64))
+                masks.append(c.loss_mask)
+                lps.append(c.rollout_logprobs)
+                rewards.append(float(reward))
+                groups.append(r.group_id)
+                routing.append(c.routing)
+                tids.append(r.sample_id or id(r))
         has_routing = all(x is not None for x in routing)
-        return TrainBatch.from_sequences(tokens=tokens, loss_mask=masks, rollout_logprobs=lps, rewards=rewards,
-                                         group_ids=groups, prompt_ids=prompts,
-                                         routing=routing if has_routing else None, trajectory_ids=tids,
-                                         baseline_only=prep.baseline_only)
+        batch = TrainBatch.from_sequences(tokens=tokens, loss_mask=masks, rollout_logprobs=lps, rewards=rewards,
+                                          group_ids=groups, prompt_ids=list(groups),
+                                          routing=routing if has_routing else None, trajectory_ids=tids,
+                                          baseline_only=list(credit.baseline_only))
+        if self._fetched is not None:
+            trial_of = [i for i, _ in batch_rows(list(credit.trials))]
+            rows = {r for mb in self.trainer.plan(batch) for r in mb.rows if r != FILLER}
+            stray = sorted({trial_of[r] for r in rows} - self._fetched)
+            if stray:
+                raise DataContractError(f"trainer rank {self.rank} (dp rank {self.trainer.dp_rank}) trains rows of "
+                                        f"trials {stray[:8]} it did not fetch; dataplane.shard_trials must split "
+                                        "as RankTrainer.plan does", rank=self.rank)
+        return batch
 
-    def train(self, results: list[TrialResult], behaviour: str = "snapshot", step: int | None = None) -> dict:
-        """One RL step on a batch; old log-probs are recomputed under the weights that sampled it
-        (``behaviour="rollout"``, fully async: the per-token rollout log-probs are the behaviour).
-        ``step``: the campaign step; a retried call for a step already applied gets that step's stats
-        back and trains nothing (t1ops.guards.step_once, retried-train-step)."""
+    def train(self, credit: CreditBatch, behaviour: str = "snapshot", step: int | None = None) -> TrainReport:
+        """One RL step on the credit stage's batch; old log-probs are recomputed under the weights
+        that sampled it (``behaviour="rollout"``, fully async: the per-token rollout log-probs are
+        the behaviour). A batch with no signal takes no optimizer step (``TrainReport.skipped``; every
+        rank gets the same credit, so all skip together). A world of 1 fetches every chunk; a rank of a
+        larger world only its data-parallel shard's (the light arrays of all, the full chunks of the
+        trials its rows come from: ``dataplane.fetch_shard``). ``step``: the campaign step; a retried
+        call for a step already applied gets that step's report back and trains nothing
+        (t1ops.guards.step_once, retried-train-step)."""
         repeated = None if step is None else self.steps_applied.applied(step)
         if repeated is not None:
             return repeated
-        stats = self._train(results, behaviour)
+        report = self._train(credit, behaviour)
         if step is not None:
-            self.steps_applied.done(step, stats)
-        return stats
+            self.steps_applied.done(step, report)
+        return report
 
-    def _train(self, results: list[TrialResult], behaviour: str) -> dict:
-        results = fetch(require_results(results, "TrainerHost.train"))  # the chunks, straight from the object store (t1ops.campaign.dataplane)
+    def _train(self, credit: CreditBatch, behaviour: str) -> TrainReport:
+        credit = require_credit(credit, "TrainerHost.train")
+        if credit.no_signal is not None:
+            return TrainReport(skipped=credit.no_signal)
+        t0, mbs0 = time.perf_counter(), self.trainer.micro_batches_done
+        dp, dp_rank = self.layout.dp, self.trainer.dp_rank
+        if self.world_size == 1:
+            trials = fetch(list(credit.trials))  # straight from the object store (t1ops.campaign.dataplane)
+            staged = [i for i, r in enumerate(credit.trials) if r.staged]
+            fetched = {"staged": len(staged), "fetched": staged, "light_bytes": 0,
+                       "fetched_bytes": sum(credit.trials[i].payload.nbytes for i in staged)}
+        else:
+            trials, fetched = fetch_shard(list(credit.trials), lambda light: shard_trials(light, dp, dp_rank))
+            self._fetched = set(fetched["fetched"]) if fetched["staged"] else None
+        report = self._step(credit.with_trials(trials), behaviour)
+        info = RankInfo(rank=self.rank, dp_rank=dp_rank, train_s=round(time.perf_counter() - t0, 3),
+                        micro_batches=self.trainer.micro_batches_done - mbs0, staged=fetched["staged"],
+                        fetched=list(fetched["fetched"]), fetched_bytes=fetched["fetched_bytes"],
+                        light_bytes=fetched["light_bytes"])
+        if self.world_size > 1:
+            telemetry.gauge("trainer.rank_fetched_bytes", info.fetched_bytes, rank=self.rank)
+            telemetry.gauge("trainer.rank_train_s", info.train_s, rank=self.rank)
+            telemetry.gauge("trainer.rank_micro_batches", info.micro_batches, rank=self.rank)
+            telemetry.event("trainer.rank_step", step=report.stats.step, **dataclasses.asdict(info))
+        return dataclasses.replace(report, rank_info=info)
+
+    def _step(self, credit: CreditBatch, behaviour: str) -> TrainReport:
+        chunks = [c for r in credit.trials for c in r.chunks]
         if behaviour == "rollout":
-            return self._train_on_rollout_logprobs(results)
-        versions = {int(v) for r in results for c in r.chunks for v in c.policy_version[c.loss_mask == 1]}
+            return self._train_on_rollout_logprobs(credit, chunks)
+        versions = {int(v) for c in chunks for v in c.policy_version[c.loss_mask == 1]}
         if len(versions) != 1 or next(iter(versions)) not in self.published:
             raise DataContractError(f"batch sampled by policy versions {sorted(versions)}; the trainer holds "
                                     f"snapshots of {sorted(self.published)} (one version per batch expected)")
         # The behaviour policy is the snapshot of the version that sampled this batch: with the
         # one-step pipeline that is one version behind the trainer's current weights.
         self.trainer.set_behaviour(self.published[next(iter(versions))])
-        stats = self.trainer.train_step(self.build_batch(results))
-        return {**stats.as_dict(), "behaviour_version": next(iter(versions)), "policy": dict(self.last_policy_counts)}
+        stats = self.trainer.train_step(self.build_batch(credit))
+        return TrainReport(stats=stats, behaviour_version=next(iter(versions)))
 
-    def _train_on_rollout_logprobs(self, results: list[TrialResult]) -> dict:
+    def _train_on_rollout_logprobs(self, credit: CreditBatch, chunks: list) -> TrainReport:
         """Fully async: trajectories may span versions; every sampled token must name a version
         this trainer published (never a future one, never none)."""
-        sampled = np.concatenate([c.policy_version[c.loss_mask == 1] for r in results for c in r.chunks])
+        sampled = np.concatenate([c.policy_version[c.loss_mask == 1] for c in chunks])
         latest = max(self.published) if self.published else -1
         if sampled.size and (sampled.min() < 0 or sampled.max() > latest):
             raise DataContractError(f"sampled tokens carry policy versions {sorted(set(sampled.tolist()))[:8]}; "
                                     f"valid versions are 0..{latest} (the trainer's published ones)")
         self.trainer.set_behaviour(None)  # the proximal policy for TIS / gap: the current weights
-        stats = self.trainer.train_step(self.build_batch(results), behaviour="rollout")
-        return {**stats.as_dict(), "behaviour_version": None, "policy": dict(self.last_policy_counts),
-                "policy_versions": sorted({int(v) for v in sampled.tolist()})}
+        stats = self.trainer.train_step(self.build_batch(credit), behaviour="rollout")
+        return TrainReport(stats=stats, policy_versions=sorted({int(v) for v in sampled.tolist()}))
 
     def is_resume_point(self, version: int, final: bool) -> bool:
         """The full checkpoint (both roles and the trainer state) is written every ``save_every``
@@ -219,64 +291,86 @@ class TrainerHost(WeightSender, WeightPush):
 
     def newest_actor_checkpoint(self) -> str | None:
         """The newest saved actor step directory (None before the first save)."""
-        from t1ops.guards.checkpoints import list_steps, step_dir_name
-
         steps = list_steps(self.ckpt.actor_dir)
         return str(self.ckpt.actor_dir / step_dir_name(steps[-1])) if steps else None
 
     def publish(self, version: int, final: bool = False) -> str | None:
-        """Keep the actor of ``version`` for the engines; at a resume point (:meth:`is_resume_point`)
-        save the full checkpoint too. Returns the newest actor checkpoint directory.
+        """Keep the actor of ``version`` for the engines (rank 0: the full actor, gathered once per
+        step, a collective on every rank); at a resume point (:meth:`is_resume_point`) save the full
+        checkpoint: rank 0 both roles and every rank's optimizer and RNG state (``trainer_state``),
+        a world > 1 also both roles sharded per rank. Every rank keeps its shard as the behaviour
+        snapshot of the batch the engines sample next; older than the previous one are dropped.
+        Called inside the weight-sync barrier; rank 0 returns the newest actor checkpoint directory."""
+        self.published[version] = self.trainer.snapshot_behaviour()
+        actor = self._full("actor", version)  # the engines' weights
+        resume_point = self.is_resume_point(version, final)
+        critic = ranks = None
+        if resume_point:
+            critic = self._full("critic", version) if self.trainer.critic is not None else None
+            ranks = self._gather_rank_states(version)
+        if self.rank == 0:
+            if resume_point:
+                self.ckpt.save("actor", version, actor)
+                if critic is not None:
+                    self.ckpt.save("critic", version, critic)
+                save_trainer_state(self.retention.base, version, trainer_state(self.trainer, version, ranks))
+                self.retention.check_saved(version)  # every role the run needs (critic-checkpoint-skipped)
+            self.full_published[version] = actor  # what the weight sender exports or broadcasts
+            deleted = self.retention.apply() + self._prune_shards()
+            self.last_report = CheckpointReport(disk_bytes(self.retention.base), len(deleted),
+                                                self.retention.resume_point())
+        for kept in (self.published, self.full_published):
+            for old in sorted(kept)[:-2]:
+                del kept[old]
+        return self.newest_actor_checkpoint() if self.rank == 0 else None
 
-        Called inside the weight-sync barrier. The weight sync sends the snapshot kept here
-        (``_published_weights``), not a checkpoint. It also rotates the behaviour snapshots: the
-        weights published now are the behaviour policy of the batch the engines sample next;
-        snapshots older than the previous one can no longer be needed and are dropped."""
-        if self.is_resume_point(version, final):
-            from t1ops.campaign.resume import save_trainer_state
+    def _full(self, role: str, version: int) -> dict[str, torch.Tensor] | None:
+        """The whole model of ``role`` on rank 0 (None elsewhere). A world of 1 holds it whole: the
+        actor is the behaviour snapshot just kept (no second copy), the critic a detached copy."""
+        if self.world_size > 1:
+            return self.trainer.full_state(role)
+        if role == "actor":
+            return {k: v for k, v in self.published[version].items() if isinstance(v, torch.Tensor)}
+        return {k: v.detach().clone() for k, v in weights_state_dict(self.trainer.critic).items()}
 
-            self.ckpt.save("actor", version, weights_state_dict(self.trainer.actor))
-            if self.trainer.critic is not None:
-                self.ckpt.save("critic", version, weights_state_dict(self.trainer.critic))
-            save_trainer_state(self.retention.base, version, self._trainer_state(version))
-            self.retention.check_saved(version)  # every role the run needs (critic-checkpoint-skipped)
-        self.published[version] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
-                                   for k, v in self.trainer.actor_state().items()}
-        for old in sorted(self.published)[:-2]:
-            del self.published[old]
-        from t1ops.campaign.retention import disk_bytes
+    def _gather_rank_states(self, version: int) -> list[dict] | None:
+        """Every rank's optimizer and RNG state on rank 0 (a world > 1 also saves its shards first)."""
+        if self.world_size == 1:
+            return [rank_state(self.trainer)]
+        with self._collective_watch("sharded checkpoint save"):
+            for role in ("actor", "critic") if self.trainer.critic is not None else ("actor",):
+                save_sharded(self.ckpt.actor_dir.parent, role, version, self.trainer)
+        ranks = [None] * self.world_size if self.rank == 0 else None
+        with self._collective_watch("trainer state gather"):  # bytes: tensors do not survive gather_object
+            torch.distributed.gather_object(_to_bytes(rank_state(self.trainer)), ranks, dst=0)
+        return None if ranks is None else [torch.load(io.BytesIO(b), weights_only=True) for b in ranks]
 
-        deleted = self.retention.apply()
-        self.last_report = {"checkpoint_bytes": disk_bytes(self.retention.base), "checkpoints_deleted": len(deleted),
-                            "resume_point": self.retention.resume_point()}
-        return self.newest_actor_checkpoint()
+    def _prune_shards(self) -> list[str]:
+        """The retention policy (``[checkpoints]``) applied to the sharded steps too (rank 0)."""
+        base = self.ckpt.actor_dir.parent
+        return [d for role in ("actor", "critic") for d in _prune(base / f"{role}-shards", self.retention.keep)]
 
     def _published_weights(self, version: str):
-        """What the weight sync sends for ``version`` (rl.weights.sender): the snapshot publish() kept."""
-        state = self.published[int(version)]
-        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}, self.spec
+        """What the weight sync sends for ``version`` (rl.weights.sender): rank 0's full actor."""
+        if self.rank != 0:
+            raise RuntimeError(f"rank {self.rank} holds a shard; the weight sender is rank 0")
+        return self.full_published[int(version)], self.spec
 
-    def checkpoint_report(self) -> dict:
+    def checkpoint_report(self) -> CheckpointReport:
         """Disk used by checkpoints after the last publish, steps deleted, and the resume point."""
-        return dict(self.last_report)
-
-    def _trainer_state(self, version: int) -> dict:
-        from t1ops.campaign.resume import trainer_state
-
-        return trainer_state(self.trainer, version, [rank_state(self.trainer)])
+        return self.last_report
 
     def resume(self, step: int) -> dict:
-        """Load weights, optimizer states, step count and RNG of ``step`` (verified); the actor
-        weights at ``step`` are the behaviour snapshot of the next batch. Returns what was loaded."""
-        from t1ops.campaign.resume import load_trainer_state
-
+        """Every rank: the full (layout-free) weights of ``step`` (verified), its own optimizer and RNG
+        state, the step count; the actor of ``step`` is the behaviour snapshot of the next batch.
+        Returns what was loaded."""
         actor = self.ckpt.load("actor", step)
         critic = self.ckpt.load("critic", step) if self.trainer.critic is not None else None
         state = load_trainer_state(self.retention.base, step)
-        self.trainer.load_weights(actor, critic, int(state["step"]))
-        load_rank_state(self.trainer, state, rank=0, world_size=1)
-        self.published = {step: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
-                                 for k, v in self.trainer.actor_state().items()}}
+        self.trainer.load_full(actor=actor, critic=critic, step=int(state["step"]))
+        load_rank_state(self.trainer, state, rank=self.rank, world_size=self.world_size)
+        self.published = {step: self.trainer.snapshot_behaviour()}
+        self.full_published = {step: dict(actor)} if self.rank == 0 else {}
         return resumed(self, step, state, critic is not None)
 
     def checkpoint_dirs(self) -> dict:
@@ -290,39 +384,29 @@ class TrainerHost(WeightSender, WeightPush):
 
     def install_stack_dump(self, path: str) -> int:
         """Let the watchdog dump this process's Python stacks (SIGUSR1); returns the pid."""
-        import os
-
-        from t1ops.guards.watchdog import install_stack_dump
-
         self._stack_file = install_stack_dump(path)
         return os.getpid()
 
 
-def rank_state(trainer) -> dict:
-    """One rank's share of the trainer state: its optimizers' states and its RNG (1 rank or N)."""
-    from t1ops.campaign.resume import rng_state
-
-    return {"rng": rng_state(), "actor_optimizer": trainer.actor_optimizer.state_dict(),
-            "critic_optimizer": None if trainer.critic_optimizer is None else trainer.critic_optimizer.state_dict()}
+def _to_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
 
 
-def load_rank_state(trainer, state: dict, *, rank: int, world_size: int) -> None:
-    """Restore this rank's optimizers and RNG from a trainer state saved at the same layout."""
-    from t1ops.campaign.resume import set_rng_state
-
-    ranks = state.get("ranks") or [state]  # a state written before per-rank states: one rank
-    if len(ranks) != world_size:
-        raise ConfigError(f"the trainer state holds {len(ranks)} rank(s), this trainer has {world_size}: optimizer "
-                          "state is per rank; resume with the run's own trainer.parallel", key="trainer.parallel")
-    mine = ranks[rank]
-    trainer.actor_optimizer.load_state_dict(mine["actor_optimizer"])
-    if trainer.critic_optimizer is not None:
-        trainer.critic_optimizer.load_state_dict(mine["critic_optimizer"])
-    set_rng_state(mine["rng"])
+def _prune(role_dir: Path, keep) -> list[str]:
+    """Sharded steps of one role outside the retention policy's ``keep`` set, deleted."""
+    steps = list_steps(role_dir) if role_dir.is_dir() else []
+    gone = sorted(set(steps) - keep(steps, None))
+    for step in gone:
+        shutil.rmtree(role_dir / step_dir_name(step))
+    return [f"{role_dir.name}/{step_dir_name(step)}" for step in gone]
 
 
-def resumed(host, step: int, state: dict, has_critic: bool) -> dict:
-    """What a resume loaded (the coordinator logs it and records ``campaign.resumed``)."""
-    return {"step": step, "trainer_step": host.trainer.step, "next_step": int(state["next_step"]),
-            "actor": str(host.ckpt.actor_dir / f"step_{step:08d}"),
-            "critic": str(host.ckpt.critic_dir / f"step_{step:08d}") if has_critic else None}
+def require_credit(credit, where: str) -> CreditBatch:
+    """``credit`` as a :class:`~t1ops.campaign.credit.CreditBatch`; a TypeError naming the fix for
+    anything else (trial results: the coordinator's credit stage turns them into one)."""
+    if not isinstance(credit, CreditBatch):
+        raise TypeError(f"{where} takes a t1ops.campaign.credit.CreditBatch, got a {type(credit).__name__}; "
+                        "pass the settled trials through t1ops.campaign.credit.assign_credit first")
+    return credit

@@ -15,15 +15,23 @@ use it; the campaign runs one Ray actor per rank instead
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
 import time
 from datetime import timedelta
 
 import torch
+import torch.multiprocessing as mp
 
-from rl.trainer.ranks import Layout
+from rl.megatron_cpu import init_model_parallel, teardown
+from rl.trainer.packing import pack_to_ranks
+from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from t1ops.config import GuardsConfig
 from t1ops.guards import dist as dist_guard
+from t1ops.guards.field_config import FieldGuardsConfig
+from t1ops.guards.rendezvous import plan_rendezvous
+from t1ops.guards.sharded_checkpoints import save_sharded
 
 
 def backend_for(requested: str = "auto") -> str:
@@ -40,8 +48,6 @@ def join_world(rank: int, world_size: int, init_method: str, layout: Layout, *, 
     ``timeout`` defaults to the configured one (``timeout_for(backend, guards)``); a caller may pass a
     scaled one (chaos scenarios), never None to the group itself.
     """
-    from rl.megatron_cpu import init_model_parallel
-
     backend = backend_for(backend)
     timeout = timeout or dist_guard.timeout_for(backend, guards)
     if backend == "nccl":
@@ -56,10 +62,6 @@ def join_world(rank: int, world_size: int, init_method: str, layout: Layout, *, 
 def own_shard_only(batch, dp: int, dp_rank: int):
     """The batch as data-parallel rank ``dp_rank`` holds it in a campaign (``dataplane.fetch_shard``):
     the routing rows of the rows other ranks train are zero placeholders, never fetched."""
-    import dataclasses
-
-    from rl.trainer.packing import pack_to_ranks
-
     if batch.routing_BTLK is None:
         return batch
     others = torch.ones(batch.num_samples, dtype=torch.bool)
@@ -72,8 +74,6 @@ def own_shard_only(batch, dp: int, dp_rank: int):
 def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
     """A spawned rank: full initial weights in a world of 1, join the world, logprobs + one step."""
     torch.set_num_threads(1)
-    from rl.megatron_cpu import teardown
-    from rl.trainer.ranks import RankTrainer, full_initial_states
 
     layout = job["layout"]
     actor, critic = full_initial_states(job["spec"], job["settings"], job["seed"], job["unk_id"])
@@ -91,8 +91,6 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
             times.append(time.perf_counter() - t0)
         full = rt.full_state("actor")
         if job.get("shards_to"):
-            from t1ops.guards.sharded_checkpoints import save_sharded
-
             save_sharded(job["shards_to"], "actor", job["steps"], rt)
         if rank == 0:  # a file, not a queue: shared-memory tensors die with this process
             torch.save({"logprobs": logprobs, "stats": stats.as_dict(), "step_s": times, "actor": full,
@@ -111,13 +109,6 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
     ``shards_to`` the ranks also save the actor sharded there (step = ``steps``). ``behaviour``:
     as ``RankTrainer.train_step``'s ("rollout": the fully async behaviour policy). ``own_shard``:
     each rank's batch carries routing rows only for its own data-parallel rows (:func:`own_shard_only`)."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    from t1ops.guards.field_config import FieldGuardsConfig
-    from t1ops.guards.rendezvous import plan_rendezvous
-
     ctx = mp.get_context("spawn")
     out = os.path.join(tempfile.mkdtemp(prefix="t1ops-ranks-"), "rank0.pt")
     # One fresh port per rendezvous attempt, as a campaign's ranks meet (group-init-race): a single

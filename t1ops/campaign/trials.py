@@ -41,7 +41,7 @@ class TrialSpec:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrialResult:
     """One finished trial (``RolloutWorker._trial``; a failed one kept by ``rollout.failed_trials =
-    "zero"``: :func:`t1ops.campaign.worker.failed_row`). Read by attribute everywhere."""
+    "zero"``: :func:`failed_row`). Read by attribute everywhere."""
 
     task: str                           # the task's name
     group_id: str                       # its GRPO group (one prompt's samples; the plan's group id)
@@ -111,6 +111,16 @@ class GroupResult:
     failed: dict                        # trial id -> error text, of every failed trial
     node: str                           # the worker's node
     duration_s: float                   # wall seconds from its first trial's queue to its last result
+
+
+def failed_row(spec: TrialSpec, family: str, err: BaseException) -> TrialResult:
+    """A failed trial kept as reward 0 with loss mask 0 (``rollout.failed_trials = "zero"``; SkyRL
+    walkthrough, section 5): no chunks, so it has no batch rows, but it counts in its group's
+    baseline; a held-out evaluation counts it in its mean (``t1ops.campaign.evaluation``)."""
+    sample_id = f"{spec.group_id}-s{spec.sample_idx}"
+    return TrialResult(trial_id=sample_id, task=spec.task, family=family, group_id=spec.group_id,
+                       sample_id=sample_id, reward=0.0, reward_source="failed", solved=False, end_reason="failed",
+                       failed=True, error=f"{type(err).__name__}: {err}"[:300], chunks=[])
 
 
 def require_results(results, where: str) -> list:

@@ -19,27 +19,31 @@ import asyncio
 import concurrent.futures
 import itertools
 import math
+import os
+import random
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-
 
 from rl.agent.environment import require_runnable
 from rl.agent.loop import AgentSettings, run_episode
 from rl.agent.sandbox import make_sandbox
 from rl.agent.tasks import load_pool
+from rl.agent.verdict import is_solved
 from rl.agent.verifier import verify_within
 from rl.chat import ChatRenderer
 from rl.engines.client import EngineClient
-from rl.agent.verdict import is_solved
 from rl.errors import RoutingError
 from rl.harness.command_agent import HarnessSettings
 from t1ops import telemetry
+from t1ops.campaign.async_worker import run_group, stop_groups
 from t1ops.campaign.dataplane import stage, write_dump_items
-from t1ops.campaign.trials import BatchResult, GroupResult, TrialResult, TrialSpec, request_seed, seeded
+from t1ops.campaign.evaluation import eval_agent, run_on_own_loop
+from t1ops.campaign.trials import BatchResult, GroupResult, TrialResult, TrialSpec, failed_row, request_seed, seeded
 from t1ops.campaign.trialtrace import TrialClock
 from t1ops.config import EngineConfig, EnvironmentConfig, RolloutConfig, RunConfig, SandboxConfig
 from t1ops.engines.direct import DirectEngines
+from t1ops.guards.fds import raise_nofile_limit
 from t1ops.guards.field_config import FieldGuardsConfig
 from t1ops.guards.http import BoundedHttp
 from t1ops.guards.infra_verdict import check_verdict
@@ -116,8 +120,6 @@ class RolloutWorker:
     def __init__(self, *, run_id: str, trials_root: str, tasks_dir: str, settings: WorkerSettings,
                  router, node: str = "local", run_dir: str | None = None, index: int = 0,
                  telemetry_cfg: dict | None = None, store=None) -> None:
-        from t1ops.guards.fds import raise_nofile_limit
-
         if run_dir is not None:
             telemetry.setup(run_dir, role=f"worker-{index}", **(telemetry_cfg or {}))
         raise_nofile_limit()
@@ -159,8 +161,6 @@ class RolloutWorker:
         return self.sandbox.close_all()
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
 
     def progress(self) -> int:
@@ -226,8 +226,6 @@ class RolloutWorker:
 
     async def rollout_group(self, group: list[TrialSpec], started_step: int) -> GroupResult:
         """Fully async: one prompt group, returned as soon as it is done (t1ops.campaign.async_worker)."""
-        from t1ops.campaign.async_worker import run_group
-
         return await run_group(self, group, started_step)
 
     async def write_dumps(self, dump_dir: str, step: int, items: list[dict]) -> int:
@@ -236,8 +234,6 @@ class RolloutWorker:
 
     async def stop_groups(self) -> None:
         """Fully async, end of run: running group trials stop at their next turn (cancelled)."""
-        from t1ops.campaign.async_worker import stop_groups
-
         stop_groups(self)
 
     def _book(self, outcomes, specs, ledger: TrialLedger, skim: SkimAccounting,
@@ -268,8 +264,6 @@ class RolloutWorker:
                        tasks_dir: str | None = None) -> BatchResult:
         """Held-out eval trials on their own event loop, sharing this worker's token bucket
         (``t1ops.campaign.evaluation``); returns results and the eval ledger's books."""
-        from t1ops.campaign.evaluation import eval_agent, run_on_own_loop
-
         if tasks_dir is not None and not hasattr(self, "_eval_tasks"):
             self._eval_tasks = {t.name: t for t in load_pool(tasks_dir)}
         tasks = self._eval_tasks if tasks_dir is not None else self.tasks
@@ -372,21 +366,10 @@ def task_agent(agent: AgentSettings, task) -> AgentSettings:
     return agent.model_copy(update={"max_turns": int(own)})
 
 
-def failed_row(spec: TrialSpec, family: str, err: BaseException) -> TrialResult:
-    """A failed trial kept as reward 0 with loss mask 0 (``rollout.failed_trials = "zero"``; SkyRL
-    walkthrough, section 5): no chunks, so it has no batch rows, but it counts in its group's baseline."""
-    sample_id = f"{spec.group_id}-s{spec.sample_idx}"
-    return TrialResult(trial_id=sample_id, task=spec.task, family=family, group_id=spec.group_id,
-                       sample_id=sample_id, reward=0.0, reward_source="failed", solved=False, end_reason="failed",
-                       failed=True, error=f"{type(err).__name__}: {err}"[:300], chunks=[])
-
-
 def plan_groups(task_names: list[str], step: int, batch_size: int, n_samples: int, seed: int,
                 overprovision: float = 1.0) -> tuple[list[list[TrialSpec]], int]:
     """Pick tasks for one step: ``batch_size`` trajectories in groups of ``n_samples``
     (plus skim over-provisioning). Returns (groups, groups to accept)."""
-    import random
-
     num_groups = max(1, batch_size // n_samples)
     launch = max(num_groups, math.ceil(num_groups * overprovision))
     # Epochs over the pool in a seeded order: every task is seen once before any is seen twice.

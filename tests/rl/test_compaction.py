@@ -190,6 +190,11 @@ def test_step_summary_counts_compactions_and_failed_summaries():
                       reward_source="ctrf", end_reason="done")
     results = [row.replace(compactions=2, summary_failures=0),
                row.replace(compactions=0, summary_failures=1, end_reason="summary_failed"), row]
-    out = _metrics_row(1, results, {}, 1.0, 1.0, 2.0, 0.0)
+    from t1ops.campaign.credit import assign_credit
+    from t1ops.campaign.reward_policy import RewardPolicy
+    from t1ops.campaign.roles import TrainReport
+
+    out = _metrics_row(1, results, assign_credit(results, RewardPolicy()), TrainReport(skipped="test"),
+                       1.0, 1.0, 2.0, 0.0)
     assert out["compactions"] == 2 and out["summary_failures"] == 1
     assert out["end_reasons"] == {"done": 2, "summary_failed": 1}

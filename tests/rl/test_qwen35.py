@@ -69,7 +69,7 @@ def test_checkpoint_ppo_step_export_round_trip(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from rl.trainer import Trainer, TrainerSettings, rollout_batch, sample_responses
-    from t1ops.campaign.trainer_host import pretrained_states
+    from t1ops.campaign.pretrained import pretrained_states
     from rl.vocab import CompactVocab
 
     path = write_checkpoint("qwen3_5_moe", tmp_path / "ckpt")

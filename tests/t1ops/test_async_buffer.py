@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from rl.errors import ConfigError
 from rl.staleness import CapacityError, StalenessManager
 from rl.tito import Trajectory
-from t1ops.campaign.async_buffer import GroupBuffer, is_zero_variance, spans_versions, version_lag_histogram
+from t1ops.campaign.async_buffer import GroupBuffer, spans_versions, version_lag_histogram
+from t1ops.campaign.credit import is_flat
 from tests.t1ops.results import group, trial
 
 
@@ -120,7 +121,7 @@ def test_lag_histogram_and_spanning_trajectories():
     single = trial("g-s1", chunks=[chunk([-1, 3, 3], [0, 1, 1])])
     assert spans_versions(spanning) == [1, 2, 3] and spans_versions(single) == [3]
     assert version_lag_histogram([spanning, single], trainer_version=3) == {0: 3, 1: 1, 2: 2}
-    assert is_zero_variance([0.4, 0.4]) and not is_zero_variance([0.4, 0.5])
+    assert is_flat([0.4, 0.4]) and not is_flat([0.4, 0.5])
 
 
 def test_config_modes_and_refusals():

@@ -93,7 +93,6 @@ def test_each_dp_rank_fetches_only_its_shard(ray_local):
     light arrays of all; the two shards are disjoint and cover the batch; a tp peer (same dp rank)
     fetches the same shard."""
     from rl.trainer.packing import pack_to_ranks
-    from t1ops.campaign.reward_policy import RewardPolicy
 
     ray = ray_local
     _, Putter = _helpers()
@@ -101,11 +100,10 @@ def test_each_dp_rank_fetches_only_its_shard(ray_local):
     putter = ray.remote(Putter).options(num_cpus=0).remote(store)
     sizes = [3000, 500, 2000, 1200, 800, 2600]
     slim = ray.get(putter.rollout.remote(sizes, 1))
-    policy = RewardPolicy()
     total = sum(r.payload.nbytes for r in slim)
     got = {}
     for dp_rank in (0, 1, 0):  # the third call: rank 0's tp peer
-        out, info = dataplane.fetch_shard(slim, lambda light: dataplane.shard_trials(light, policy, 2, dp_rank))
+        out, info = dataplane.fetch_shard(slim, lambda light: dataplane.shard_trials(light, 2, dp_rank))
         assert got.setdefault(dp_rank, info["fetched"]) == info["fetched"]
         want = sorted(pack_to_ranks(sizes, 2)[dp_rank])  # one chunk per trial: rows are trials
         assert info["fetched"] == want and info["staged"] == len(sizes)
@@ -116,4 +114,4 @@ def test_each_dp_rank_fetches_only_its_shard(ray_local):
             assert len(c) == sizes[i] and c.routing.shape == (sizes[i], 4, 2)
             assert int(c.routing.max()) == (1 if i in want else 0)
     assert set(got[0]).isdisjoint(got[1]) and sorted(got[0] + got[1]) == list(range(len(sizes)))
-    assert dataplane.batch_rows(out, policy) == list(enumerate(sizes))
+    assert dataplane.batch_rows(out) == list(enumerate(sizes))

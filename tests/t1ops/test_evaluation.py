@@ -19,7 +19,7 @@ from t1ops.guards.pacing import TokenBucket
 
 
 def _task(name: str, instruction: str | None = None):
-    return SimpleNamespace(name=name, instruction=instruction or f"do {name}")
+    return SimpleNamespace(name=name, instruction=instruction or f"do {name}", family=name)
 
 
 def _cfg(**eval_kw) -> CampaignConfig:
@@ -116,6 +116,26 @@ def test_eval_with_a_single_loop_lock_names_every_failed_trial():
     assert any("different event loop" in e for e in out.failed.values())
     row = eval_row(3, [out], expected=24, eval_s=1.0, temperature=1.0)
     assert row["eval_failed"] == out.ledger["failed"] and row["eval_expected"] == 24
+
+
+class _FailingWorker(_Worker):
+    """Task t0's solving sample raises (a sandbox error on the hardest task, say)."""
+
+    def _trial(self, spec, idx, cancel, *, task, agent):
+        if spec.task == "t0" and spec.sample_idx == 0:
+            raise RuntimeError("sandbox died")
+        return super()._trial(spec, idx, cancel, task=task, agent=agent)
+
+
+def test_the_held_out_mean_counts_a_failed_trial_at_zero_and_reports_it_beside():
+    """Failed before issue 50: the mean left the failed trial out (11/23, flattering), not 11/24."""
+    worker = _FailingWorker(TokenBucket(rate_per_s=2000, burst=2))
+    trials = [EvalTrial(f"t{i // 2}", i % 2) for i in range(24)]
+    out = asyncio.run(run_on_own_loop(worker, 3, trials, agent=None, tasks={t.task: _task(t.task) for t in trials}))
+    row = eval_row(3, [out], expected=24, eval_s=1.0, temperature=1.0)
+    assert row["eval_num_trials"] == 24 and row["eval_failed"] == 1
+    assert row["eval_reward_mean"] == pytest.approx(11 / 24) and row["eval_solved_share"] == pytest.approx(11 / 24)
+    assert row["eval_per_task"]["t0"] == 0.0 and row["eval_reward_sources"]["failed"] == 1
 
 
 def test_eval_row_refuses_a_vanished_trial():

@@ -43,7 +43,7 @@ def test_a_contradicting_shape_field_and_a_bad_directory_are_refused(ckpt, tmp_p
 
 def test_trainer_starts_from_the_checkpoint(ckpt):
     from rl.trainer import Trainer, TrainerSettings
-    from t1ops.campaign.trainer_host import pretrained_states
+    from t1ops.campaign.pretrained import pretrained_states
 
     checkpoint = HFCheckpoint(ckpt)
     vocab = CompactVocab(range(0, 300, 3), 320)  # a compact vocabulary: the checkpoint's rows of its ids
@@ -67,7 +67,7 @@ def test_a_compact_export_starts_a_run_bit_identically(ckpt, tmp_path):
     the run takes its ids, and the trainer holds exactly the exported weights (not re-initialised)."""
     from rl.hf.checkpoint import export_hf, export_vocab
     from rl.trainer import Trainer, TrainerSettings
-    from t1ops.campaign.trainer_host import pretrained_states
+    from t1ops.campaign.pretrained import pretrained_states
 
     spec = HFCheckpoint(ckpt).spec
     vocab = CompactVocab(range(0, 300, 3), 320)

@@ -1,5 +1,5 @@
 """Rank-actor helpers that need no Ray: retention of sharded steps, rank 0's answer with every rank's timing."""
-from t1ops.campaign.rank_actors import _prune
+from t1ops.campaign.trainer_host import _prune
 from t1ops.campaign.rank_combine import Combiner
 
 _combine = Combiner().combine  # the combiner actor's method, called in process
@@ -16,8 +16,12 @@ def test_retention_prunes_sharded_steps(tmp_path):
 
 
 def test_train_answer_is_rank_zeros_with_every_ranks_timing():
-    out = _combine("train", {"loss": 1.0, "rank_info": {"rank": 0}}, {"loss": 1.0, "rank_info": {"rank": 1}})
-    assert out["loss"] == 1.0 and [r["rank"] for r in out["ranks"]] == [0, 1]
+    from t1ops.campaign.roles import RankInfo, TrainReport
+
+    info = [RankInfo(rank=r, dp_rank=r, train_s=0.1, micro_batches=1, staged=0, fetched=[], fetched_bytes=0,
+                     light_bytes=0) for r in (0, 1)]
+    out = _combine("train", TrainReport(stats="rank0", rank_info=info[0]), TrainReport(stats="rank1", rank_info=info[1]))
+    assert out.stats == "rank0" and [r.rank for r in out.ranks] == [0, 1] and out.rank_info is None
     assert _combine("publish", "/ckpt/step_1", None) == "/ckpt/step_1"
 
 
@@ -25,14 +29,14 @@ def _rank_host(rank: int, init_method: str, run_dir: str, vocab_path: str, examp
     import torch
 
     torch.set_num_threads(1)
-    from t1ops.campaign.rank_actors import TrainerRankHost
+    from t1ops.campaign.trainer_host import TrainerHost
     from rl.trainer.ranks import Layout
     from t1ops.config import CampaignConfig, CheckpointsConfig
 
     cfg = CampaignConfig()
-    spec = {**cfg.model.model_dump(), "num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
+    spec = {**cfg.model.model_spec().to_dict(), "num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
             "moe_ffn_hidden_size": 32, "max_seq_len": 1024}
-    host = TrainerRankHost(rank=rank, layout=Layout(dp=2, max_tokens_per_gpu=2048), spec=spec,
+    host = TrainerHost(rank=rank, layout=Layout(dp=2, max_tokens_per_gpu=2048), spec=spec,
                            settings=cfg.trainer.model_copy(update={"save_every": 1}),
                            vocab_path=vocab_path, ckpt_base=f"{run_dir}/checkpoints", seed=0, run_dir=run_dir,
                            guards=cfg.guards, retention=CheckpointsConfig.model_construct(keep_last=1, keep_every=0))
@@ -55,7 +59,7 @@ def _rank_host(rank: int, init_method: str, run_dir: str, vocab_path: str, examp
 
 
 def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
-    """Two TrainerRankHost processes (what the campaign runs as Ray actors), without Ray."""
+    """Two ranks of the one trainer class (what the campaign runs as Ray actors), without Ray."""
     import torch.multiprocessing as mp
 
     from rl.agent.tasks import load_pool
@@ -82,8 +86,17 @@ def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
     got = dict((r, rest) for r, *rest in (out.get() for _ in procs))
     assert got[0][0] == got[1][0]  # both ranks report the same (all-reduced) warm-start losses
     assert got[0][1][1].endswith("step_00000001") and got[1][1] == [None, None]  # rank 0 publishes
-    assert got[0][2]["checkpoints_deleted"] >= 1  # keep_last = 1 pruned step 0 (full and sharded)
-    assert got[0][2]["resume_point"] == 1  # every rank's optimizer state is in trainer_state/step_1
+    assert got[0][2].checkpoints_deleted >= 1  # keep_last = 1 pruned step 0 (full and sharded)
+    assert got[0][2].resume_point == 1  # every rank's optimizer state is in trainer_state/step_1
     assert got[0][3:] == [True, 2] and got[1][3:] == [True, 2]  # each rank resumed its own state
     full, manifest = load_full(shard_dir(tmp_path / "checkpoints", "critic", 1), "critic")
     assert len(manifest["shards"]) == 2 and not shard_dir(tmp_path / "checkpoints", "critic", 0).exists()
+
+
+def test_a_skipped_step_combines_to_no_rank_info():
+    """A batch with no signal is skipped on every rank (no RankInfo): the row gets no ranks, not Nones
+    (a fully_async dp = 2 walkthrough run crashed on this before the fix)."""
+    from t1ops.campaign.roles import TrainReport
+
+    out = _combine("train", TrainReport(skipped="no signal"), TrainReport(skipped="no signal"))
+    assert out.skipped == "no signal" and out.ranks == []

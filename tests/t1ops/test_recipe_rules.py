@@ -11,7 +11,8 @@ from rl.tito import Trajectory
 from rl.trainer.batch import TrainBatch
 from rl.trainer.settings import TrainerSettings
 from rl.trainer.step import grpo_token_advantages
-from t1ops.campaign.reward_policy import RewardPolicy, prepare
+from t1ops.campaign.credit import assign_credit
+from t1ops.campaign.reward_policy import RewardPolicy, trained_rewards
 from t1ops.campaign.trials import TrialResult
 from t1ops.campaign.worker import RolloutWorker, TrialSpec, WorkerSettings, task_agent
 from t1ops.config import RolloutConfig, parse_config
@@ -105,25 +106,25 @@ def _result(sample, reward, *, group="g", end="done", passed=1, total=2, turns=2
 
 def test_truncated_trial_trains_on_zero_and_overflow_clears_its_mask():
     results = [_result("a", 0.4, end="truncated"), _result("b", 0.2, end="context_exhausted"), _result("c", 0.2)]
-    prep = prepare(results, RewardPolicy(truncated_reward_zero=True, context_overflow_clear_mask=True))
-    assert prep.rewards == [0.0, 0.2, 0.2] and prep.trainable == [True, False, True]
-    assert prep.baseline_only == [("g", 0.2)] and prep.counts["truncated_zeroed"] == 1
-    walk = prepare(results, RewardPolicy())  # the report: the verifier's reward, every mask kept
-    assert walk.rewards == [0.4, 0.2, 0.2] and all(walk.trainable)
+    credit = assign_credit(results, RewardPolicy(truncated_reward_zero=True, context_overflow_clear_mask=True))
+    assert credit.rewards == (0.0, 0.2) and [r.sample_id for r in credit.trials] == ["a", "c"]
+    assert credit.baseline_only == (("g", 0.2),) and credit.counts.truncated_zeroed == 1
+    walk = assign_credit(results, RewardPolicy())  # the report: the verifier's reward, every mask kept
+    assert walk.rewards == (0.4, 0.2, 0.2) and len(walk.trials) == 3 and not walk.baseline_only
 
 
 def test_binary_mode_and_length_shaping():
     results = [_result("a", 0.4, passed=2, total=2, turns=50), _result("b", 0.3, passed=1, total=2)]
-    assert prepare(results, RewardPolicy(mode="binary")).rewards == [1.0, 0.0]
-    shaped = prepare(results, RewardPolicy(shape_length="multiplicative", shaping={"free_turns": 25.0})).rewards
+    assert trained_rewards(results, RewardPolicy(mode="binary")) == [1.0, 0.0]
+    shaped = trained_rewards(results, RewardPolicy(shape_length="multiplicative", shaping={"free_turns": 25.0}))
     assert shaped == pytest.approx([0.2, 0.3])  # 0.4 x 25/50; inside the free zone unchanged
 
 
 def test_zero_variance_filter_outside_fully_async_drops_flat_groups():
     results = [_result("a", 1.0, group="g1"), _result("b", 1.0, group="g1"),
                _result("c", 1.0, group="g2"), _result("d", 0.0, group="g2")]
-    prep = prepare(results, RewardPolicy(zero_variance_filter=True))
-    assert [r.sample_id for r in prep.results] == ["c", "d"] and prep.counts["zero_variance_groups_dropped"] == 1
+    credit = assign_credit(results, RewardPolicy(zero_variance_filter=True))
+    assert [r.sample_id for r in credit.trials] == ["c", "d"] and credit.counts.zero_variance_groups_dropped == 1
     cfg = {"rollout": {"zero_variance_filter": True, "n_samples_per_prompt": 2, "batch_size": 4}}
     assert parse_config(cfg).rollout.zero_variance_filter
 
@@ -156,7 +157,16 @@ def test_step_row_names_every_fallback_and_shows_entropy_and_critic_only(capsys)
     results = [_result("a", 1.0, reward_source="harbor-reward", reward_fallback="fallback:missing"),
                _result("b", 0.0, reward_source="no-verdict", reward_fallback="fallback:unparsable"),
                _result("c", 0.5, reward_source="ctrf", reward_fallback=None)]
-    row = _metrics_row(1, results, {"entropy": 1.25, "actor_updated": False}, 1.0, 1.0, 2.0, 0.1)
+    import dataclasses
+    import math
+
+    from rl.trainer.step import StepStats
+    from t1ops.campaign.roles import TrainReport
+
+    stats = StepStats(**{**{f.name: math.nan for f in dataclasses.fields(StepStats)}, "step": 1, "mode": "ppo",
+                         "actor_updated": False, "num_samples": 3, "num_tokens": 6, "entropy": 1.25})
+    row = _metrics_row(1, results, assign_credit(results, RewardPolicy()), TrainReport(stats=stats),
+                       1.0, 1.0, 2.0, 0.1)
     assert row["reward_fallbacks"] == {"harbor-reward (fallback:missing)": 1, "no-verdict (fallback:unparsable)": 1}
     assert (row["entropy"], row["actor_updated"]) == (1.25, False)
     Progress(3, enabled=False).update(step=1, phase="done", row={**row, **step_split(results, 1.0)})

@@ -134,7 +134,7 @@ def test_trainer_host_publish_saves_resume_state_retains_and_resumes(tmp_path):
     cfg = CampaignConfig()
     vocab = CompactVocab(range(300), 248_320, has_unk=True)
     vocab.save(tmp_path / "vocab.json")
-    spec = {**cfg.model.model_dump(), "hidden_size": 32, "ffn_hidden_size": 64, "moe_ffn_hidden_size": 32,
+    spec = {**cfg.model.model_spec().to_dict(), "hidden_size": 32, "ffn_hidden_size": 64, "moe_ffn_hidden_size": 32,
             "max_seq_len": 128}
     settings = cfg.trainer.model_copy(update={"save_every": 2})
     kw = dict(spec=spec, settings=settings, vocab_path=str(tmp_path / "vocab.json"), ckpt_base=str(tmp_path / "ck"),
@@ -148,7 +148,7 @@ def test_trainer_host_publish_saves_resume_state_retains_and_resumes(tmp_path):
             host.trainer.actor_optimizer.step()
             host.trainer.actor_optimizer.zero_grad()
     report = host.checkpoint_report()
-    assert report["resume_point"] == 4 and report["checkpoint_bytes"] > 0
+    assert report.resume_point == 4 and report.checkpoint_bytes > 0
     base = tmp_path / "ck"
     # the full checkpoint is written at save_every only (steps 0, 2, 4; keep_last = 2), not on every publish
     assert list_steps(base / "actor") == list_steps(base / "critic") == list_steps(base / "trainer_state") == [2, 4]

@@ -11,6 +11,8 @@ import torch
 from rl.model import ModelSpec, build_policy, token_logprobs
 from rl.tito import Trajectory
 from rl.vocab import CompactVocab
+from t1ops.campaign.credit import assign_credit
+from t1ops.campaign.reward_policy import RewardPolicy
 from t1ops.campaign.trainer_host import TrainerHost
 from t1ops.campaign.trials import TrialResult
 from t1ops.config import CampaignConfig, CheckpointsConfig, parse_config
@@ -28,7 +30,7 @@ def _host(tmp_path, name: str, **trainer) -> TrainerHost:
     cfg = parse_config({"trainer": trainer}) if trainer else CampaignConfig()
     vocab = CompactVocab(range(300), 248_320, has_unk=True)
     vocab.save(tmp_path / "vocab.json")
-    spec = {**cfg.model.model_dump(), "hidden_size": 32, "ffn_hidden_size": 64, "moe_ffn_hidden_size": 32,
+    spec = {**cfg.model.model_spec().to_dict(), "hidden_size": 32, "ffn_hidden_size": 64, "moe_ffn_hidden_size": 32,
             "max_seq_len": 128}
     return TrainerHost(spec=spec, settings=cfg.trainer, vocab_path=str(tmp_path / "vocab.json"),
                        ckpt_base=str(tmp_path / name), seed=0,
@@ -63,9 +65,9 @@ def test_critic_warm_load_then_critic_only_steps_with_entropy_logged(tmp_path):
                if isinstance(a, torch.Tensor))
     host.publish(0)
     results = [_result("a", 1.0, 1), _result("b", 0.0, 1)]
-    steps = [host.train(results) for _ in range(3)]
-    assert [s["actor_updated"] for s in steps] == [False, False, True]
-    assert all(math.isfinite(s["entropy"]) and s["entropy"] > 0 for s in steps)
+    steps = [host.train(assign_credit(results, RewardPolicy())).stats for _ in range(3)]
+    assert [s.actor_updated for s in steps] == [False, False, True]
+    assert all(math.isfinite(s.entropy) and s.entropy > 0 for s in steps)
 
 
 def test_entropy_is_the_sampling_distribution_entropy_without_gradient():
@@ -83,7 +85,42 @@ def test_entropy_is_the_sampling_distribution_entropy_without_gradient():
 
 def test_grpo_batch_counts_trajectories_not_chunks(tmp_path):
     host = _host(tmp_path, "grpo", mode="grpo", r3=False)
-    batch = host.build_batch([_result("a", 1.0, 3), _result("b", 0.0, 1)])
+    batch = host.build_batch(assign_credit([_result("a", 1.0, 3), _result("b", 0.0, 1)], RewardPolicy()))
     from rl.trainer.step import grpo_token_advantages
 
     assert grpo_token_advantages(batch).tolist() == [0.5, 0.5, 0.5, -0.5]
+
+
+def _in_group(sample: str, group: str, reward: float, chunks: int = 1) -> TrialResult:
+    return TrialResult(sample_id=sample, group_id=group, task="t", reward=reward, passed=1, total=1, num_turns=1,
+                       end_reason="done", chunks=[_chunk(sample, i) for i in range(chunks)])
+
+
+def test_prompt_mean_weighs_each_group_not_each_task(tmp_path):
+    """Two groups of one task are two prompts (walkthrough, section 7): each weighs 1/2, whatever
+    their token counts. Failed before issue 50: the batch's prompt ids were task names (one prompt)."""
+    from rl.losses import reduction_weights
+
+    host = _host(tmp_path, "pm", mode="grpo", r3=False, loss_reduction="prompt_mean")
+    trials = [_in_group("g1-s0", "g1", 1.0, 3), _in_group("g1-s1", "g1", 0.0),
+              _in_group("g2-s0", "g2", 1.0), _in_group("g2-s1", "g2", 0.0)]
+    batch = host.build_batch(assign_credit(trials, RewardPolicy(group_relative=True)))
+    assert batch.prompt_ids == ["g1"] * 4 + ["g2"] * 2
+    w = reduction_weights(batch.loss_mask_BT, "prompt_mean", batch.prompt_ids)
+    assert float(w[:4].sum()) == pytest.approx(0.5) and float(w[4:].sum()) == pytest.approx(0.5)
+
+
+@pytest.mark.slow  # two GRPO steps of a megatron model on CPU
+def test_a_flat_grpo_batch_skips_the_optimizer_step_and_leaves_the_weights(tmp_path):
+    """Every group's trained rewards equal: every advantage is 0, yet Adam's momentum and weight decay
+    would move the weights. The step is skipped and says why. Failed before issue 50 (the weights moved)."""
+    host = _host(tmp_path, "flat", mode="grpo", r3=False)
+    host.publish(0)
+    policy = RewardPolicy(group_relative=True)
+    first = host.train(assign_credit([_in_group("a-s0", "a", 1.0), _in_group("a-s1", "a", 0.0)], policy))
+    assert first.skipped is None and first.actor_updated  # a real step: the optimizer now has momentum
+    before = [p.detach().clone() for p in host.trainer.actor.parameters()]
+    flat = assign_credit([_in_group("b-s0", "b", 1.0), _in_group("b-s1", "b", 1.0)], policy)
+    report = host.train(flat)
+    assert report.stats is None and "GRPO advantages are all 0" in report.skipped and not report.actor_updated
+    assert all(torch.equal(a, b) for a, b in zip(before, host.trainer.actor.parameters()))

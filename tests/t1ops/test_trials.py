@@ -40,14 +40,15 @@ def test_results_round_trip_through_pickle_with_every_field():
 
 
 def test_a_dict_shaped_result_is_refused_by_name_at_the_trainer_boundary():
-    from t1ops.campaign.reward_policy import RewardPolicy, prepare
+    from t1ops.campaign.credit import assign_credit
+    from t1ops.campaign.reward_policy import RewardPolicy
 
     old = {"sample_id": "g-s0", "group_id": "g", "task": "t", "reward": 1.0, "chunks": [_chunk()]}
-    with pytest.raises(TypeError, match=r"reward_policy.prepare takes t1ops.campaign.trials.TrialResult.*"
+    with pytest.raises(TypeError, match=r"credit.assign_credit takes t1ops.campaign.trials.TrialResult.*"
                                         r"got a dict with keys \['chunks', 'group_id'"):
-        prepare([old], RewardPolicy())
+        assign_credit([old], RewardPolicy())
     ok = TrialResult(task="t", group_id="g", sample_id="g-s0", reward=1.0, chunks=[_chunk()])
-    assert prepare([ok], RewardPolicy()).trainable == [True]
+    assert assign_credit([ok], RewardPolicy()).trials == (ok,)
 
 
 def test_worker_settings_carry_the_config_sections_as_declared():
