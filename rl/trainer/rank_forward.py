@@ -26,32 +26,9 @@ from rl.model.context_parallel import cp_group
 from rl.trainer import context
 from rl.routing import assert_row_count, shard_for_rank
 from rl.trainer.batch import PAD_TOKEN_ID, TrainBatch
-from rl.trainer.forward import require_routing, shift_to_tokens
+from rl.trainer.forward import shift_to_tokens
 from rl.trainer.packing import FILLER, MicroBatch
-
-
-def slice_rows(x: torch.Tensor, mb: MicroBatch, fill=0) -> torch.Tensor:
-    """``x[rows, :positions]`` with filler rows / positions beyond ``x`` set to ``fill``."""
-    out = torch.full((len(mb.rows), mb.positions) + tuple(x.shape[2:]), fill, dtype=x.dtype)
-    width = min(mb.positions, x.shape[1])
-    for i, row in enumerate(mb.rows):
-        if row != FILLER:
-            out[i, :width] = x[row, :width]
-    return out
-
-
-def routing_rows(batch: TrainBatch, mb: MicroBatch) -> torch.Tensor:
-    """``[rows, positions, L, K]`` routing; padding positions and filler rows get experts 0..K-1."""
-    require_routing(batch)
-    K = batch.routing_BTLK.shape[-1]
-    pad = torch.arange(K, dtype=batch.routing_BTLK.dtype)
-    out = pad.expand(len(mb.rows), mb.positions, batch.routing_BTLK.shape[2], K).clone()
-    width = min(mb.positions, batch.routing_BTLK.shape[1])
-    for i, row in enumerate(mb.rows):
-        if row != FILLER:
-            n = int(batch.num_tokens_B[row])
-            out[i, :min(n, width)] = batch.routing_BTLK[row, :min(n, width)]
-    return out
+from rl.trainer.rows import routing_rows, slice_rows  # noqa: F401  (rank_forward.slice_rows: callers' name)
 
 
 def sp_rows(batch: TrainBatch, mb: MicroBatch, ids_bF: torch.Tensor, sp_size: int, sp_rank: int) -> list[np.ndarray]:
