@@ -28,17 +28,11 @@ SAVE_EVERY, STEPS, SKIP_FROM = 2, 8, 4
 
 
 def _host(tmp: Path, name: str):
-    from rl.vocab import CompactVocab
-    from t1ops.campaign.trainer_host import TrainerHost
-    from t1ops.config import CampaignConfig, CheckpointsConfig
-    cfg = CampaignConfig()
-    vocab = CompactVocab(range(300), 248_320, has_unk=True)
-    vocab.save(tmp / "vocab.json")
-    spec = {**cfg.model.model_spec().to_dict(), "num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
-            "moe_ffn_hidden_size": 32, "max_seq_len": 64}
-    settings = cfg.trainer.model_copy(update={"save_every": SAVE_EVERY, "mode": "ppo"})
-    return TrainerHost(spec=spec, settings=settings, vocab_path=str(tmp / "vocab.json"), ckpt_base=str(tmp / name),
-                       seed=0, retention=CheckpointsConfig(keep_last=2, keep_every=0))
+    from chaos.trainer_fixture import tiny_trainer_host
+    from t1ops.config import CheckpointsConfig
+
+    return tiny_trainer_host(tmp, name, CheckpointsConfig(keep_last=2, keep_every=0), save_every=SAVE_EVERY,
+                             mode="ppo")
 
 
 def _publish_all(host, guarded: bool, tl: Timeline | None) -> tuple[int | None, Exception | None]:

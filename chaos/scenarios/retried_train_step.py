@@ -29,17 +29,11 @@ from t1ops.errors import DataContractError
 
 
 def _host(tmp: Path, name: str):
-    from rl.vocab import CompactVocab
-    from t1ops.campaign.trainer_host import TrainerHost
-    from t1ops.config import CampaignConfig, CheckpointsConfig
-    cfg = CampaignConfig()
-    vocab = CompactVocab(range(300), 248_320, has_unk=True)
-    vocab.save(tmp / "vocab.json")
-    spec = {**cfg.model.model_spec().to_dict(), "num_layers": 1, "hidden_size": 32, "ffn_hidden_size": 64,
-            "moe_ffn_hidden_size": 32, "max_seq_len": 64}
-    settings = cfg.trainer.model_copy(update={"mode": "grpo", "r3": False, "save_every": 100})
-    host = TrainerHost(spec=spec, settings=settings, vocab_path=str(tmp / "vocab.json"), ckpt_base=str(tmp / name),
-                       seed=0, retention=CheckpointsConfig(keep_last=None, keep_every=0))
+    from chaos.trainer_fixture import tiny_trainer_host
+    from t1ops.config import CheckpointsConfig
+
+    host = tiny_trainer_host(tmp, name, CheckpointsConfig(keep_last=None, keep_every=0), mode="grpo", r3=False,
+                             save_every=100)
     host.publish(0)
     return host
 
@@ -116,7 +110,7 @@ def run(tmp: Path) -> Outcome:
             "retry_answered_with_the_first_result": again is first and bool(repeated),
             "guarded_weights_are_one_step": good_once,
             "an_older_step_refused": isinstance(older, DataContractError),
-            "next_step_trains": isinstance(nxt, dict) and good.steps_applied.last == 2,
+            "next_step_trains": nxt.stats is not None and good.steps_applied.last == 2,  # a TrainReport that stepped
         },
         details={"deterministic_reference": "a third trainer, same seed and batch, one step"},
         recovery=tl.recovery(how="the retry answered with the first result; nothing trained twice"))

@@ -30,32 +30,37 @@ from rl.errors import InputError
 _L2NORM_EPS = 1e-6  # FLA's l2norm default, and transformers' use_qk_l2norm_in_kernel
 
 
-class _ZeroCentredRMSNorm(torch.nn.Module):
+class _RMSNorm(torch.nn.Module):
+    """``x / rms(x)`` in fp32 and a weight: the two ways Qwen3.5 applies it are the subclasses."""
+
+    def __init__(self, hidden_size: int, eps: float, init: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.full((hidden_size,), init))
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class _ZeroCentredRMSNorm(_RMSNorm):
     """``x / rms(x) * (1 + w)`` in fp32, cast back: ``transformers``' ``Qwen3_5MoeRMSNorm``."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = torch.nn.Parameter(torch.zeros(hidden_size))
+        super().__init__(hidden_size, eps, init=0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (out * (1.0 + self.weight.float())).type_as(x)
+        return (self.normed(x) * (1.0 + self.weight.float())).type_as(x)
 
 
-class _GatedOutNorm(torch.nn.Module):
+class _GatedOutNorm(_RMSNorm):
     """``w * (x / rms(x))`` with the product in the input dtype: ``Qwen3_5MoeRMSNormGated`` before its gate."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        super().__init__(hidden_size, eps, init=1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * out.to(x.dtype)
+        return self.weight * self.normed(x).to(x.dtype)
 
 
 class ZeroCentredNorm:
