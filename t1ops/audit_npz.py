@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +53,7 @@ def check_members(path: Path, z: zipfile.ZipFile) -> None:
         try:
             with z.open(info) as f:
                 shape, dtype, header_len = _header(f)
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile, SyntaxError, TypeError) as exc:
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, SyntaxError, TypeError) as exc:
             raise ParseError(f"{path}: member {key!r} has no readable .npy header ({str(exc)[:120]})",
                              path=str(path), key=key) from None
         if dtype.hasobject:

@@ -75,6 +75,10 @@ def resolve(data: dict, *, file_dir: Path, set_keys: set[str], defaults: dict[st
             value, source = defaults.get(key), "default"
         if not isinstance(value, str) or not value:
             continue  # None (not set) or a wrong type, which validation reports
+        if "\x00" in value:
+            from t1ops.errors import ConfigError
+
+            raise ConfigError(f"{key} = {value!r}: a path cannot contain a NUL byte", key=key)
         base = {"file": file_dir, "--set": cwd, "default": REPO}[source]
         path = Path(value).expanduser()
         absolute = str(path if path.is_absolute() else (base / path).resolve())

@@ -94,7 +94,7 @@ def _metrics_row(step: int, results: list[TrialResult], credit: CreditBatch, rep
             "optimizer_skipped": report.skipped,  # the credit stage found no signal: no optimizer step
             # the optimizer (docs/campaign.md, "Optimizer"): LR after warmup/schedule, steps taken, KL moved
             "actor_lr": report.value("actor_lr"),
-            "optimizer_steps": 0 if report.stats is None else int(report.stats.optimizer_steps),
+            "optimizer_steps": report.value("optimizer_steps"),
             "kl_behaviour": report.value("kl_behaviour"), "critic_grad_norm": report.value("critic_grad_norm"),
             "reward_trained_mean": credit.reward_trained_mean, "reward_policy": credit.counts.as_row(),
             "end_reasons": _count(r.end_reason for r in results),

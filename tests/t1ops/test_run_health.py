@@ -93,14 +93,23 @@ def test_disabled_checks_nothing():
 
 def test_the_runner_row_through_campaign_guards(tmp_path):
     """What ``runner.take_step`` does: the row of ``_metrics_row`` through ``CampaignGuards.check_health``."""
+    import dataclasses
+
+    from rl.trainer.step import StepStats
+    from t1ops.campaign.credit import assign_credit
     from t1ops.campaign.guarding import CampaignGuards
+    from t1ops.campaign.reward_policy import RewardPolicy
+    from t1ops.campaign.roles import TrainReport
     from t1ops.campaign.runner import _metrics_row
     from t1ops.config import CampaignConfig
 
     guards = CampaignGuards(CampaignConfig(), tmp_path, dead_engines=lambda: [])
     try:
         trials = _trials(HEALTHY, end="truncated")
-        row = _metrics_row(1, trials, {"explained_variance": math.nan, "logprob_gap": 0.01}, 1.0, 1.0, 2.0, 0.1)
+        stats = StepStats(**{**{f.name: math.nan for f in dataclasses.fields(StepStats)}, "step": 1, "mode": "ppo",
+                             "actor_updated": True, "num_samples": len(trials), "num_tokens": 6, "logprob_gap": 0.01})
+        row = _metrics_row(1, trials, assign_credit(trials, RewardPolicy()), TrainReport(stats=stats),
+                           1.0, 1.0, 2.0, 0.1)
         row.update(guards.check_health(row, trials))
     finally:
         guards.stop()
