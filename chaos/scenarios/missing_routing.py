@@ -103,7 +103,9 @@ def run(tmp: Path) -> Outcome:
         naive = _worker(tmp, direct, spec, "unguarded")
         naive.ABORT_ON = ()  # the seam: the collector without the abort rule
         out = asyncio.run(naive.rollout(1, _groups(1)))
-        kept = [r.sample_id for r in out.results]
+        # the faulted sample's tokens are lost either way: dropped (failed_trials = "drop") or kept as a
+        # token-less failed row at reward 0 (failed_trials = "zero", the default since the credit stage)
+        kept = [r.sample_id for r in out.results if not r.failed]
         fired_unguarded = len(re.findall(r"chaos: omitted .* rid (\S+)", log.read_text()))
 
         worker = _worker(tmp, direct, spec, "guarded")

@@ -38,7 +38,7 @@ WATCHDOG_S = 4.0
 
 
 def _hf_update(engine, seed: int, names: int | None = None) -> tuple[PW.UpdateWeightsFromDistributedRequest, list]:
-    from rl.hf.qwen3_moe import to_hf
+    from rl.hf.layout import to_hf
     from rl.model import weights_state_dict
     hf = to_hf({n: t for n, t in new_weights(engine, seed).items()}, engine.spec)
     assert set(to_hf(weights_state_dict(engine.model), engine.spec)) == set(hf)
@@ -87,11 +87,11 @@ def _update(engine, receive, request, tensors: list, count: int, tmp: Path) -> t
 def _miles_update(engine, request, group) -> None:
     """The receive as miles had it: the engine's lock taken first, released only after a successful load."""
     from rl.engines.weight_updates import load_partial
-    from rl.hf import qwen3_moe
+    from rl.hf import layout
     engine.model_lock.acquire()
     hf = receive_tensors(request.names, request.dtypes, request.shapes, group)
     engine.model_lock.release()
-    load_partial(engine, qwen3_moe.from_hf(hf, engine.spec, partial=True))
+    load_partial(engine, layout.from_hf(hf, engine.spec, partial=True))
 
 
 def _generation_finishes(engine) -> bool:
