@@ -17,14 +17,9 @@ import torch
 
 from rl import model as rmodel
 from rl.errors import RoutingError
+from tests.rl.hf_models import hybrid_spec
 
-SPEC = rmodel.ModelSpec(arch="qwen3_5_moe", num_layers=4, hidden_size=32, num_attention_heads=4, num_query_groups=2,
-                        head_dim=16, ffn_hidden_size=64, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16,
-                        shared_expert_intermediate_size=24, max_seq_len=1024, vocab_size=64, rope_theta=1e4,
-                        partial_rotary_factor=0.25,
-                        layer_types=("linear_attention", "full_attention", "linear_attention", "full_attention"),
-                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-                        linear_value_head_dim=8)
+SPEC = hybrid_spec(max_seq_len=1024)
 B, T, CP = 2, 512, 2
 
 
