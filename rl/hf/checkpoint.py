@@ -119,7 +119,7 @@ def import_hf(path: str | Path, spec: ModelSpec | None = None) -> tuple[ModelSpe
 
     ``spec`` (optional) must equal the directory's. Tensors keep the file's dtype.
     """
-    checkpoint = HFCheckpoint(path)
+    checkpoint = HFCheckpoint(path, check_tokenizer=False)  # per weight sync: no 248k-entry JSON parse
     if spec is not None and spec != checkpoint.spec:
         raise CheckpointError(f"{path} holds a model of {checkpoint.spec}, expected {spec}", path=str(path))
     return checkpoint.spec, checkpoint.mcore_state(dtype=None)

@@ -54,7 +54,9 @@ def _canonical(name: str) -> str:
 class HFCheckpoint:
     """A checked Hugging Face checkpoint directory; :attr:`spec` is its model."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, check_tokenizer: bool = True) -> None:
+        """``check_tokenizer`` False: skip parsing ``tokenizer.json`` (a t1ops export read back on every
+        disk weight sync carries the tokenizer t1ops wrote; a checkpoint a team brings is checked)."""
         self.path = Path(path)
         if not self.path.is_dir():
             raise CheckpointError(f"model.path {self.path} is not a directory; give a Hugging Face checkpoint "
@@ -67,7 +69,8 @@ class HFCheckpoint:
         self.units = {u.mcore: u for u in layout.units(self.spec)}  # megatron name -> its conversion unit
         self._index()
         self._check_tensors()
-        self.check_tokenizer()
+        if check_tokenizer:
+            self.check_tokenizer()
 
     # --- the files -------------------------------------------------------------------
     def _files(self) -> list[Path]:

@@ -22,7 +22,7 @@ from rl.agent.sandbox import require_isolation
 from rl.agent.settings import AgentLimits, AgentSettings
 from rl.agent.tasks import load_pool
 from rl.chat import ENDOFTEXT_ID, IM_END_ID, IM_START_ID, ChatRenderer
-from rl.hf.checkpoint import export_vocab as checkpoint_vocab
+from rl.hf.checkpoint import export_vocab
 from rl.hf.tokenizer import check_renderer_tokenizer
 from rl.vocab import CompactVocab
 from t1ops import telemetry
@@ -161,7 +161,7 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         # a checkpoint written with a compact vocabulary (a t1ops export) brings its own ids (docs/model.md)
         if cfg.model.path:
             check_renderer_tokenizer(cfg.model.path)
-        vocab = checkpoint_vocab(cfg.model.path) if cfg.model.path else None
+        vocab = export_vocab(cfg.model.path) if cfg.model.path else None
         if vocab is None:
             vocab = build_vocab(tasks, renderer, cfg.model.vocab_size, multiple=cfg.trainer.parallel.tp) \
                 if cfg.engine.compact_vocab else CompactVocab.identity(cfg.model.vocab_size)  # a real server samples all
