@@ -60,12 +60,19 @@ AGENT_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/logs/agent")
 _PATH_TOKEN = re.compile(r"[\s:;,=\"']+")
 
 
+# the running interpreter's trees (its venv's bin/ holds the verifier's pytest): the sandbox binds them
+# read-only into each trial (docs/sandbox.md), so no agent writes them wherever the checkout lies
+_INTERPRETER_DIRS = tuple(sorted({os.path.normpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix)}))
+
+
 def agent_writable(path: str, workdir: str) -> bool:
     """Whether ``path`` lies in a directory the agent could write (its workdir, /tmp, ...);
     a relative path is the cwd (the workdir) to whoever reads it."""
     if not path.startswith("/"):
         return True
     p = os.path.normpath(path)
+    if any(p == r or p.startswith(r + "/") for r in _INTERPRETER_DIRS):
+        return False  # bound read-only into every trial, even from a checkout under /tmp (a CI clone)
     return any(p == r or p.startswith(r.rstrip("/") + "/") for r in (workdir, *AGENT_WRITABLE))
 
 
