@@ -163,8 +163,48 @@ def schedule(items: list) -> list:
     return out + waits[j:]
 
 
+# --- heavy tests: not in the README's command ----------------------------------------------------
+# A test marked `heavy` (several ranks training the model for an equality, a chaos scenario a campaign
+# long that a faster test already covers in part) runs with `--heavy` (`pytest -q --heavy`: the whole
+# suite; `pytest -q --heavy -m heavy`: those alone), or when its file is named on the command line.
+# The README's command, which CI runs, leaves them out, so it stays within its 15 minutes on 2 cores
+# (docs/testing.md, "Heavy tests").
+def pytest_addoption(parser):
+    parser.addoption("--heavy", action="store_true", default=False,
+                     help="also run the tests marked heavy (left out by default; docs/testing.md 'Heavy tests')")
+
+
+def pytest_report_header(config):
+    if not config.getoption("--heavy"):
+        return "heavy tests: left out (run them with --heavy; docs/testing.md 'Heavy tests')"
+    return None
+
+
+def _named_files(config) -> set[str]:
+    """Test files named on the command line (a file, or a node id in it), relative to the root."""
+    named = set()
+    for arg in config.args:
+        path = Path(str(arg).split("::", 1)[0])
+        path = path if path.is_absolute() else Path(config.invocation_params.dir) / path
+        if path.is_file():
+            named.add(path.resolve().relative_to(Path(config.rootpath).resolve()).as_posix())
+    return named
+
+
+def _leave_out_heavy(config, items: list) -> None:
+    if config.getoption("--heavy"):
+        return
+    named = _named_files(config)
+    left = [i for i in items if i.get_closest_marker("heavy") is not None and i.nodeid.split("::", 1)[0] not in named]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        keep = set(map(id, left))
+        items[:] = [i for i in items if id(i) not in keep]
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into "@group" node ids:
 def pytest_collection_modifyitems(config, items):  # tests/conftest.py loads before xdist's worker plugin
+    _leave_out_heavy(config, items)
     # The order of independent tests is free (a module's fast tests keep theirs). xdist keeps this
     # order only with --no-loadscope-reorder (pyproject.toml): by default it hands out the groups with
     # the most tests first, so every single-test campaign started last.

@@ -158,6 +158,7 @@ def test_class3_a_git_config_reached_through_commondir_is_judged(backend, tmp_pa
 
 # --- Harbor's template verifier runs as its author wrote it (issue #51) -----------------------
 
+@pytest.mark.heavy  # three container trials that install curl and uv from the registries: minutes, network-bound
 def test_harbors_template_verifier_rewards_a_correct_solution_and_only_it(tmp_path):
     """Harbor's `tasks init` test.sh (apt-get curl, uv, `uvx ... pytest --ctrf`) verifies with
     --allow-internet: root of a fresh container of the task's image on an egress-only network.
