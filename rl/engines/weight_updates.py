@@ -156,14 +156,15 @@ class WeightReceiver:
 def _chaos_reorder(names: list[str], wire: list[torch.Tensor], number: int) -> list[torch.Tensor]:
     """Chaos only: two same-shaped tensors of this bucket swap places (else one's elements reverse)."""
     wire = list(wire)
-    for i, a in enumerate(wire):
-        j = next((j for j in range(i + 1, len(wire)) if wire[j].shape == a.shape and wire[j].dtype == a.dtype
-                  and not torch.equal(wire[j], a)), None)
+    weights = [i for i, t in enumerate(wire) if t.is_floating_point()]  # a delta's positions stay in range
+    for i in weights:
+        j = next((j for j in weights if j > i and wire[j].shape == wire[i].shape and wire[j].dtype == wire[i].dtype
+                  and not torch.equal(wire[j], wire[i])), None)
         if j is not None:
             wire[i], wire[j] = wire[j], wire[i]
             print(f"chaos: bucket {number}: tensors {names[i]} and {names[j]} swapped in transit", flush=True)
             return wire
-    i = next((i for i, t in enumerate(wire) if not torch.equal(t.reshape(-1).flip(0), t.reshape(-1))), 0)
+    i = next((i for i in weights if not torch.equal(wire[i].reshape(-1).flip(0), wire[i].reshape(-1))), 0)
     wire[i] = wire[i].reshape(-1).flip(0).reshape(wire[i].shape)
     print(f"chaos: bucket {number}: elements of {names[i]} reversed in transit", flush=True)
     return wire

@@ -21,7 +21,8 @@ admitted engine to the pool's version:
   version the group last received completely (its *base*) carries only what changed since it
   (``rl.weights.delta``); a regrouped set (an engine joined, restarted or died), a failed push, a
   re-push of the same version (a checksum mismatch) or an engine at another version get the
-  full weights.
+  full weights; a delta an engine refuses (another base, malformed) is followed at once by the
+  full weights in the same push.
 
 Both modes end by checking every engine's ``weight_version`` (the health gate), so per-token
 policy versions keep their meaning. ``expected_checksums(version)`` is the trainer's record of
@@ -50,7 +51,8 @@ from t1ops import telemetry
 from t1ops.errors import EngineError
 
 Targets = Sequence[tuple[int, EngineClient]]   # (slot index, client)
-_GROUP_NUMBERS = itertools.count()  # group names are unique in the process (torch refuses a name twice)
+_GROUP_NUMBERS = itertools.count()
+_REFUSED = " refused: "  # an engine's answer of success false (HTTP 400): it is alive, the request was refused  # group names are unique in the process (torch refuses a name twice)
 
 
 class WeightSync(Protocol):
@@ -205,12 +207,20 @@ class DistributedSync:
         handle = self.sender.send(version, base)  # the trainer broadcasts every bucket in order ...
 
         def receive(client: EngineClient) -> None:  # ... while each engine takes them one request each
+            refused = None
             for number, bucket in enumerate(buckets):
                 last = number == len(buckets) - 1
-                client.update_weights_from_distributed(PW.UpdateWeightsFromDistributedRequest(
-                    names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.group_name,
-                    flush_cache=last, weight_version=version if last else None,
-                    delta_base=base if bucket.kinds else None, delta_kinds=bucket.kinds))
+                try:
+                    client.update_weights_from_distributed(PW.UpdateWeightsFromDistributedRequest(
+                        names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.group_name,
+                        flush_cache=last, weight_version=version if last else None,
+                        delta_base=base if bucket.kinds else None, delta_kinds=bucket.kinds))
+                except EngineError as exc:
+                    if _REFUSED not in str(exc):
+                        raise
+                    refused = refused or exc  # received, then refused: take the rest, the collectives complete
+            if refused is not None:
+                raise refused
             if not buckets:  # a delta with nothing changed: the weights are the base's, relabelled
                 client.update_weight_version(version, abort_all_requests=False)
             check_version(client, version)
@@ -221,13 +231,18 @@ class DistributedSync:
         except Exception as exc:  # the trainer's broadcast failed: no engine can be trusted with this version
             self.members = ()
             return {i: f"trainer broadcast failed: {exc}" for i, _ in targets}
-        if failures:
+        delta_refused = base is not None and failures and all(_REFUSED in why for why in failures.values())
+        if failures and not delta_refused:
             self.members = ()  # a peer failed mid-transfer: the group is unusable, rebuild it next time
-        else:
+        elif not failures:
             self.base = version
         self.last = {"version": version, **(sent if isinstance(sent, dict) else {}), "base": base}
         telemetry.event("engine.weight_push", version=version, base=str(base), bytes=self.last.get("bytes", -1),
                         num_buckets=len(buckets), failed=len(failures))
+        if delta_refused:  # every failure a refused delta (wrong base, malformed): the whole weights, now
+            telemetry.event("engine.weight_delta_refused", severity="warning", version=version, base=base,
+                            slots=str(sorted(failures)), reason=next(iter(failures.values()))[:300])
+            return self.publish(targets, source, version)
         return failures
 
     def _delta_base(self, targets: Targets, version: str) -> str | None:

@@ -56,3 +56,19 @@ def test_delta_buckets_carry_only_changed_units_and_rebuild_the_full_state():
     assert bucket.num_bytes == 8 and hf_delta_buckets(state, state, SPEC, torch.float32, 1 << 20) == []
     full = sum(b.num_bytes for b, _ in hf_buckets(new, SPEC, torch.float32, 1 << 20))
     assert bucket.num_bytes < full / 1000
+
+
+def test_the_request_carries_a_delta_only_when_it_is_one():
+    from rl.engines import protocol_weights as PW
+    from rl.errors import ParseError
+
+    full = PW.UpdateWeightsFromDistributedRequest(names=("a",), dtypes=("bfloat16",), shapes=((2,),))
+    assert "delta_base" not in full.to_json() and "delta_kinds" not in full.to_json()  # SGLang's payload
+    d = PW.UpdateWeightsFromDistributedRequest(names=("a", "a"), dtypes=("int32", "bfloat16"), shapes=((1,), (1,)),
+                                               delta_base="3", delta_kinds=("index", "value"))
+    assert PW.UpdateWeightsFromDistributedRequest.from_json(d.to_json()) == d
+    with pytest.raises(ParseError, match="come together"):
+        PW.UpdateWeightsFromDistributedRequest(names=("a",), dtypes=("f",), shapes=((1,),), delta_base="3")
+    with pytest.raises(ParseError, match="one of dense/index/value per name"):
+        PW.UpdateWeightsFromDistributedRequest(names=("a",), dtypes=("f",), shapes=((1,),), delta_base="3",
+                                               delta_kinds=("xor",))

@@ -6,6 +6,7 @@ changed group, a re-push or an engine at another version gets the full weights (
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from rl.megatron_cpu import init_single_process
 from rl.model import ModelSpec, build_policy, token_logprobs, weights_state_dict
 from rl.weights.checksums import mismatched
 from rl.weights.sender import WeightSender
+from t1ops import telemetry
 from t1ops.guards.weight_sync import DistributedSync, LocalTrainerSender
 
 SPEC = ModelSpec(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=32,
@@ -120,4 +122,23 @@ def test_delta_sync_moves_only_what_changed_and_every_case_that_cannot_gets_it_w
     trainer.publish("5")
     assert sync.publish(engines[:1], "", "5") == {} and sync.last["base"] == "4"
     _loaded_as_sent(trainer, engines[:1], "5")
+
+    # an engine whose version changes between the trainer's question and the delta (a race) refuses
+    # it by name; the same push then sends the whole weights
+    class _Racing(LocalTrainerSender):
+        def buckets(self, version, base=None):
+            if base is not None:
+                engines[1][1].update_weight_version("raced", abort_all_requests=False)
+            return super().buckets(version, base)
+
+    trainer.publish("6")
+    assert sync.publish(engines, "", "6") == {} and sync.last["base"] is None  # the group changed: full
+    trainer.step(seed=6)
+    trainer.publish("7")
+    sync.sender = _Racing(trainer)
+    since = time.time()
+    assert sync.publish(engines, "", "7") == {} and sync.last["base"] is None
+    refused = telemetry.recent_events("engine.weight_delta_refused", since=since)
+    assert refused and refused[0]["slots"] == "[1]" and "holds version 'raced'" in refused[0]["reason"]
+    _loaded_as_sent(trainer, engines, "7")
     trainer.weight_close_group()
