@@ -102,6 +102,7 @@ class EngineConfig(Section, EngineChecks):  # + the barrier's proofs (t1ops.conf
     weight_sync_master_address: str = Field("127.0.0.1", description="Address the engines reach the trainer at (rank 0 of the weight-update group).")
     weight_sync_bucket_mb: float = Field(512.0, gt=0, description="Bytes per /update_weights_from_distributed request (MiB), never splitting a tensor's conversion unit.")
     weight_sync_timeout_s: float = Field(600.0, gt=0, description="Timeout of the weight-update group (forming it, each broadcast).")
+    weight_sync_delta: bool = Field(True, description="Distributed sync to embedded engines: after a full push, send only the tensors/elements that changed since the version every engine holds (rl.weights.delta; docs/weights.md 'Delta sync'); a new, restarted or mismatching engine gets the full weights. SGLang servers always get full pushes (the delta fields are a t1ops extension).")
     batching: bool = Field(True, description="Embedded engine: K/V cache, continuous batching and prefix reuse (docs/engine.md); false recomputes the whole sequence per token, one request at a time (the old path, for benchmarks).")
     batch_invariant: bool = Field(False, description="Embedded engine: each forward carries one request and no prefix is reused, so a request's tokens depend on its prompt, seed and the weights only, never on what it was batched with (batched inference is not bit-stable across batch compositions). Part of the deterministic configuration (docs/determinism.md); costs the batching's throughput.")
 

@@ -17,6 +17,10 @@ engine answers success and reports the new version.
   engine's checksums of the tensors in its model differ from the trainer's of what it sent;
   the engine stays out of traffic, is re-synced, matches, and then serves the trainer's
   log-probs exactly.
+- Guarded, a delta (``rl.weights.delta``): pushes after the first carry only what changed since
+  the engine's version; a third version changes 1% of the elements, so its push is a sparse delta,
+  and its first chunk is reordered in transit too. The checksums name it, the re-push is the full
+  weights (never a delta on a base that failed), and the engine then serves version 3 exactly.
 """
 from __future__ import annotations
 
@@ -54,20 +58,26 @@ def _trainer(tmp: Path):
     from rl.weights.sender import WeightSender
 
     class Trainer(WeightSender):
+        """Versions "1" (the seed), "2" (every weight moved) and "3" (1% of the elements moved), made
+        up front so the buckets each push carries are known before the engine starts."""
+
         def __init__(self) -> None:
             init_single_process()
             self.policy = build_policy(_spec(), seed=11).eval()
             self.configure_weight_sender(dtype="float32", bucket_bytes=BUCKET_BYTES, timeout_s=60,
                                          export_dir=str(tmp / "exports"))
+            gen = torch.Generator().manual_seed(7)
+            v1 = {k: v.detach().clone() for k, v in weights_state_dict(self.policy).items()}
+            v2 = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in v1.items()}
+            v3 = {k: torch.where(torch.rand(v.shape, generator=gen) < 0.01, v + 0.05, v) for k, v in v2.items()}
+            self.versions = {"1": v1, "2": v2, "3": v3}
 
         def _published_weights(self, version):
-            return weights_state_dict(self.policy), _spec()
+            return self.versions[version], _spec()
 
-        def step(self, seed: int) -> None:  # "training": new weights to publish
-            gen = torch.Generator().manual_seed(seed)
-            with torch.no_grad():
-                for p in self.policy.parameters():
-                    p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        def serve(self, version: str) -> None:  # "training": the policy is now that version
+            from rl.model import load_state
+            load_state(self.policy, self.versions[version], source=f"version {version}")
     return Trainer()
 
 
@@ -103,10 +113,13 @@ def run(tmp: Path) -> Outcome:
     had_world = dist.is_initialized()
     trainer = _trainer(tmp)
     num_buckets = len(trainer.weight_buckets("1"))
-    corrupt = [2, num_buckets + 2]  # the second bucket of each of the two updates below
+    num_delta2, num_delta3 = len(trainer.weight_buckets("2", "1")), len(trainer.weight_buckets("3", "2"))
+    # the second bucket of the full push of 1 and of the delta 1 -> 2 (its every weight moved), then
+    # (after the full re-push of 2) the first bucket of the sparse delta 2 -> 3
+    corrupt = [2, num_buckets + 2, num_buckets + num_delta2 + num_buckets + 1]
     proc = spawn(free_port(), _spec(), dtype="fp32", seed=99, log_path=tmp / "engine.log",
                  extra_args=["--chaos", *[a for n in corrupt for a in ("--chaos-corrupt-weight-bucket", str(n))]])
-    sync = DistributedSync(LocalTrainerSender(trainer), "gloo")
+    sync = DistributedSync(LocalTrainerSender(trainer), "gloo", delta=True)
     try:
         bad_pool = _pool(proc, sync, "default", verify=False, owned=False)
         try:
@@ -116,7 +129,7 @@ def run(tmp: Path) -> Outcome:
             bad_version = bad_pool.slot(0).client.weight_version()
         finally:
             bad_pool.close()
-        trainer.step(seed=7)
+        trainer.serve("2")
         good_pool = _pool(proc, sync, "1", verify=True, owned=True)
         try:
             since = time.time()
@@ -127,6 +140,13 @@ def run(tmp: Path) -> Outcome:
             good_gap = _max_logprob_gap(trainer, good_pool.slot(0).client)
             good_live = good_pool.live_slots()
             sync_s = time.monotonic() - t0
+            trainer.serve("3")
+            since3 = time.time()
+            delta_report = good_pool.sync_weights("unused", "3")
+            delta_pushes = [(e.get("base"), e.get("bytes")) for e in
+                            telemetry.recent_events("engine.weight_push", since=since3)]
+            delta_mismatch = telemetry.recent_events("engine.weights_mismatch", since=since3)
+            delta_gap = _max_logprob_gap(trainer, good_pool.slot(0).client)
         finally:
             good_pool.close()
     finally:
@@ -137,13 +157,18 @@ def run(tmp: Path) -> Outcome:
     log = (tmp / "engine.log").read_text(errors="replace")
     swaps = [line for line in log.splitlines() if line.startswith("chaos: bucket")]
     detect_s = mismatch[0].get("detect_s") if mismatch else None
+    full_bytes = sum(b.num_bytes for b in trainer.weight_buckets("3"))
+    delta_caught = (len(delta_pushes) == 2 and delta_pushes[0][0] == "2" and delta_pushes[1][0] == "None"
+                    and 0 < delta_pushes[0][1] < full_bytes / 4 and bool(delta_mismatch)
+                    and delta_report.live_slots == (0,) and delta_gap < 1e-4)
     return Outcome(
-        fault_fired=len(swaps) == 2 and num_buckets > 2,
+        fault_fired=len(swaps) == 3 and num_buckets > 2,
         unguarded=(f"weights_checksum off: the {num_buckets}-bucket update to version 1 succeeded "
                    f"(live {bad_live}, engine reports {bad_version!r}) while a chunk was reordered "
                    f"({swaps[0] if swaps else 'no swap'}); the engine's greedy log-probs differ from the "
                    f"trainer's by up to {bad_gap:.3g}"),
-        guarded=Guarded(caught=bool(mismatch) and good_live == [0] and good_gap < 1e-4, detection_s=detect_s,
+        guarded=Guarded(caught=bool(mismatch) and good_live == [0] and good_gap < 1e-4 and delta_caught,
+                        detection_s=detect_s,
                         error=(f"engine.weights_mismatch: {mismatch[0].get('num_tensors')} tensor(s) differ "
                                f"({mismatch[0].get('tensors')}); re-synced, then matched" if mismatch else "")),
         invariants={
@@ -152,6 +177,9 @@ def run(tmp: Path) -> Outcome:
             "mismatch_named_the_swapped_tensors": bool(mismatch) and mismatch[0].get("num_tensors", 0) >= 2,
             "engine_resynced_before_serving": len(resynced) == 1 and good_report.live_slots == (0,),
             "guarded_engine_serves_trainer_weights": good_gap < 1e-4,
+            "delta_chunk_reordered_caught_then_full_resend": delta_caught,
         },
         details={"num_buckets": num_buckets, "swaps": swaps, "unguarded_gap": bad_gap, "guarded_gap": good_gap,
-                 "guarded_sync_s": round(sync_s, 3), "mismatch": mismatch[:1], "resynced": resynced[:1]})
+                 "guarded_sync_s": round(sync_s, 3), "mismatch": mismatch[:1], "resynced": resynced[:1],
+                 "delta_pushes_base_bytes": delta_pushes, "full_bytes": full_bytes, "delta_gap": delta_gap,
+                 "delta_mismatch": delta_mismatch[:1]})

@@ -6,6 +6,11 @@ Field names, defaults and endpoint paths follow ``sglang/srt/managers/io_struct.
 ``DestroyWeightsUpdateGroupReqInput``; each answers ``{"success", "message"}`` with HTTP 200,
 or 400 when ``success`` is false. ``tests/rl/test_sglang_schema.py`` checks the payloads
 against the io_struct classes of the real wheel when it is available.
+
+A delta update (``rl.weights.delta``) is the same request with two t1ops fields, sent only when
+set (so a full update's payload is SGLang's exactly): ``delta_base``, the version the delta
+applies to, and ``delta_kinds``, one of ``dense`` / ``index`` / ``value`` per announced tensor.
+A stock SGLang server does not take them; only embedded engines receive deltas (docs/weights.md).
 """
 from __future__ import annotations
 
@@ -61,7 +66,8 @@ class InitWeightsUpdateGroupRequest:
 
 @dataclass(frozen=True)
 class UpdateWeightsFromDistributedRequest:
-    """``POST /update_weights_from_distributed``: receive one broadcast per name (Hugging Face names)."""
+    """``POST /update_weights_from_distributed``: receive one broadcast per name (Hugging Face names);
+    with ``delta_base`` a delta against that version (module docstring)."""
 
     names: tuple[str, ...]
     dtypes: tuple[str, ...]
@@ -70,12 +76,21 @@ class UpdateWeightsFromDistributedRequest:
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
+    delta_base: str | None = None
+    delta_kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        w = "update_weights_from_distributed"
         if not self.names or not len(self.names) == len(self.dtypes) == len(self.shapes):
-            raise ParseError(f"update_weights_from_distributed: names ({len(self.names)}), dtypes "
-                             f"({len(self.dtypes)}) and shapes ({len(self.shapes)}) must be equally long and "
-                             "non-empty", field="names")
+            raise ParseError(f"{w}: names ({len(self.names)}), dtypes ({len(self.dtypes)}) and shapes "
+                             f"({len(self.shapes)}) must be equally long and non-empty", field="names")
+        if (self.delta_base is None) != (not self.delta_kinds):
+            raise ParseError(f"{w}: delta_base and delta_kinds come together (a delta) or not at all",
+                             field="delta_kinds")
+        bad = sorted(set(self.delta_kinds) - {"dense", "index", "value"})
+        if self.delta_kinds and (len(self.delta_kinds) != len(self.names) or bad):
+            raise ParseError(f"{w}: delta_kinds needs one of dense/index/value per name ({len(self.names)}), got "
+                             f"{len(self.delta_kinds)}{f' with {bad}' if bad else ''}", field="delta_kinds")
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"names": list(self.names), "dtypes": list(self.dtypes),
@@ -83,6 +98,8 @@ class UpdateWeightsFromDistributedRequest:
                              "flush_cache": self.flush_cache, "abort_all_requests": self.abort_all_requests}
         if self.weight_version is not None:
             d["weight_version"] = self.weight_version
+        if self.delta_base is not None:
+            d["delta_base"], d["delta_kinds"] = self.delta_base, list(self.delta_kinds)
         return d
 
     @classmethod
@@ -96,14 +113,18 @@ class UpdateWeightsFromDistributedRequest:
         names, dtypes, shapes = (require(d, k, w) for k in ("names", "dtypes", "shapes"))
         if not all(isinstance(x, list) for x in (names, dtypes, shapes)):
             raise ParseError(f"{w}: names, dtypes and shapes must be lists", field=w)
-        version = d.get("weight_version")
+        version, base, kinds = d.get("weight_version"), d.get("delta_base"), d.get("delta_kinds") or []
+        if not isinstance(kinds, list):
+            raise ParseError(f"{w}.delta_kinds must be a list", field=f"{w}.delta_kinds")
         return cls(names=tuple(as_str(n, f"{w}.names[{i}]") for i, n in enumerate(names)),
                    dtypes=tuple(as_str(t, f"{w}.dtypes[{i}]") for i, t in enumerate(dtypes)),
                    shapes=tuple(_shape(s, f"{w}.shapes[{i}]") for i, s in enumerate(shapes)),
                    group_name=as_str(d.get("group_name", DEFAULT_GROUP), f"{w}.group_name"),
                    flush_cache=as_bool(d.get("flush_cache", True), f"{w}.flush_cache"),
                    abort_all_requests=as_bool(d.get("abort_all_requests", False), f"{w}.abort_all_requests"),
-                   weight_version=None if version is None else as_str(version, f"{w}.weight_version"))
+                   weight_version=None if version is None else as_str(version, f"{w}.weight_version"),
+                   delta_base=None if base is None else as_str(base, f"{w}.delta_base"),
+                   delta_kinds=tuple(as_str(k, f"{w}.delta_kinds[{i}]") for i, k in enumerate(kinds)))
 
 
 def _shape(v: Any, name: str) -> tuple[int, ...]:

@@ -6,7 +6,9 @@
 - ``/init_weights_update_group``, ``/update_weights_from_distributed``,
   ``/destroy_weights_update_group`` (:mod:`rl.engines.protocol_weights`): join the trainer's
   group (:mod:`rl.weights.group`, gloo on CPU), receive one broadcast per Hugging Face tensor,
-  convert with :mod:`rl.hf.layout` and load.
+  convert with :mod:`rl.hf.layout` and load. A request with ``delta_base`` is a delta
+  (:mod:`rl.weights.delta`): received whole (the broadcast completes on every rank), refused by
+  name unless ``delta_base`` is this engine's version, then applied to the engine's own tensors.
 
 Loading is all-or-nothing per request: names, units and shapes are checked before any copy,
 and the copy happens under the engine's model lock, so no token step sees half a bucket.
@@ -17,7 +19,8 @@ that arrives anyway sees the old weights until the copy).
 tensor *in the model now* (:mod:`rl.weights.checksums`), so the barrier can prove the load
 matched what the trainer sent. The chaos switch ``--chaos-corrupt-weight-bucket N`` reorders
 two same-shaped tensors of the N-th bucket this engine receives (repeatable) (or reverses one's bytes) on
-its way from the receive to the load: the silent corruption of SkyRL issue #1680.
+its way from the receive to the load, a delta bucket's entries too: the silent corruption of SkyRL
+issue #1680.
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ from rl.hf import layout
 from rl.hf.checkpoint import check_actor_export, import_hf
 from rl.model import weights_state_dict
 from rl.weights.checksums import state_checksums
-from rl.weights.group import destroy_update_group, init_update_group, parse_dtype, receive_tensors
+from rl.weights import delta
+from rl.weights.group import destroy_update_group, init_update_group, parse_dtype, receive_list
 
 WEIGHTS_CHECKSUM = "/weights_checksum"
 
@@ -104,10 +108,15 @@ class WeightReceiver:
         group = self.groups.get(request.group_name)
         if group is None:
             raise InputError(f"no weight-update group {request.group_name!r}; call /init_weights_update_group first")
-        hf = receive_tensors(request.names, request.dtypes, request.shapes, group)
+        wire = receive_list(request.names, request.dtypes, request.shapes, group)
         self.num_buckets += 1
         if self.num_buckets in self.chaos_corrupt_buckets:
-            hf = _chaos_reorder(hf, self.num_buckets)
+            wire = _chaos_reorder(list(request.names), wire, self.num_buckets)
+        if request.delta_base is not None:
+            delta.check_base(request.delta_base, self.engine.weight_version, "update_weights_from_distributed")
+            hf = self._patched(list(zip(request.names, request.delta_kinds, wire)))
+        else:
+            hf = dict(zip(request.names, wire))
         layout.check_shapes(hf, self.engine.spec)
         state = layout.from_hf(hf, self.engine.spec, partial=True)
         if request.abort_all_requests:
@@ -119,6 +128,22 @@ class WeightReceiver:
         return f"loaded {len(hf)} tensors" + (f"; weight version {request.weight_version}"
                                                if request.weight_version is not None else "")
 
+    def _patched(self, entries: list[tuple[str, str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Every HF tensor of the units a delta touches: the changed ones patched from the engine's
+        own tensors (in the wire dtype), the unchanged pieces of those units as they are."""
+        unit_of = {name: u for u in layout.units(self.engine.spec) for name in u.hf}
+        unknown = sorted({n for n, _, _ in entries} - set(unit_of))
+        if unknown:
+            raise CheckpointError(f"delta names {len(unknown)} tensor(s) outside the served layout (first: "
+                                  f"{unknown[:3]})", unknown=unknown[:10])
+        wire_dtype = {n: t.dtype for n, k, t in entries if k != delta.INDEX}
+        model = weights_state_dict(self.engine.model)
+        current: dict[str, torch.Tensor] = {}
+        for unit in {unit_of[n].mcore: unit_of[n] for n, _, _ in entries}.values():
+            dtype = next((wire_dtype[n] for n in unit.hf if n in wire_dtype), model[unit.mcore].dtype)
+            current.update(zip(unit.hf, (p.to(dtype) for p in unit.split(model[unit.mcore].detach()))))
+        return {**current, **delta.apply(entries, current)}
+
     def destroy(self, request: PW.DestroyWeightsUpdateGroupRequest) -> str:
         with self._lock:
             group = self.groups.pop(request.group_name, None)
@@ -128,18 +153,21 @@ class WeightReceiver:
         return f"destroyed {request.group_name}"
 
 
-def _chaos_reorder(hf: dict[str, torch.Tensor], number: int) -> dict[str, torch.Tensor]:
-    """Chaos only: two same-shaped tensors of this bucket swap places (else one's bytes reverse)."""
-    names = list(hf)
-    for i, a in enumerate(names):
-        b = next((n for n in names[i + 1:] if hf[n].shape == hf[a].shape and not torch.equal(hf[n], hf[a])), None)
-        if b is not None:
-            hf[a], hf[b] = hf[b], hf[a]
-            print(f"chaos: bucket {number}: tensors {a} and {b} swapped in transit", flush=True)
-            return hf
-    hf[names[0]] = hf[names[0]].reshape(-1).flip(0).reshape(hf[names[0]].shape)
-    print(f"chaos: bucket {number}: bytes of {names[0]} reversed in transit", flush=True)
-    return hf
+def _chaos_reorder(names: list[str], wire: list[torch.Tensor], number: int) -> list[torch.Tensor]:
+    """Chaos only: two same-shaped tensors of this bucket swap places (else one's elements reverse)."""
+    wire = list(wire)
+    weights = [i for i, t in enumerate(wire) if t.is_floating_point()]  # a delta's positions stay in range
+    for i in weights:
+        j = next((j for j in weights if j > i and wire[j].shape == wire[i].shape and wire[j].dtype == wire[i].dtype
+                  and not torch.equal(wire[j], wire[i])), None)
+        if j is not None:
+            wire[i], wire[j] = wire[j], wire[i]
+            print(f"chaos: bucket {number}: tensors {names[i]} and {names[j]} swapped in transit", flush=True)
+            return wire
+    i = next((i for i in weights if not torch.equal(wire[i].reshape(-1).flip(0), wire[i].reshape(-1))), 0)
+    wire[i] = wire[i].reshape(-1).flip(0).reshape(wire[i].shape)
+    print(f"chaos: bucket {number}: elements of {names[i]} reversed in transit", flush=True)
+    return wire
 
 
 def weights_checksum(engine, body: Any) -> tuple[int, Any]:

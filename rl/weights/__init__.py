@@ -6,4 +6,5 @@
 - :mod:`rl.weights.buckets`: the Hugging Face tensors of a policy state, in buckets that never
   split a conversion unit.
 - :mod:`rl.weights.checksums`: per-tensor checksums of what was sent and what an engine loaded.
+- :mod:`rl.weights.delta`: a push of only what changed since the engines' version, and its application.
 """

@@ -4,6 +4,9 @@ A bucket is what one ``/update_weights_from_distributed`` request carries (SGLan
 request on its own, so memory on both sides is bounded by the bucket, not the model). Buckets
 hold whole conversion units (:class:`rl.hf.units.Unit`), so a receiver that keeps
 megatron's layout (the embedded engine) converts every bucket on its own.
+
+:func:`hf_delta_buckets` cuts a delta (``rl.weights.delta``) the same way: per unit, only the
+entries of its pieces that changed since the base version; an unchanged unit is not announced.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import torch
 
 from rl.hf import layout
 from rl.model import ModelSpec
+from rl.weights import delta
 from rl.weights.group import dtype_name
 
 
@@ -23,31 +27,53 @@ class Bucket:
     dtypes: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     num_bytes: int
+    kinds: tuple[str, ...] = ()  # a delta's entry kinds (rl.weights.delta); empty: whole tensors
 
 
 def hf_buckets(state: Mapping[str, torch.Tensor], spec: ModelSpec, dtype: torch.dtype,
                bucket_bytes: int) -> list[tuple[Bucket, list[torch.Tensor]]]:
     """``state`` (megatron names) as Hugging Face tensors cast to ``dtype``, in buckets of about
     ``bucket_bytes`` (a unit larger than that gets a bucket of its own)."""
+    def whole(unit):
+        pieces = [p.to(dtype).contiguous() for p in unit.split(state[unit.mcore].detach())]
+        return [(name, "", p) for name, p in zip(unit.hf, pieces)]
+    return _cut([whole(u) for u in layout.units(spec)], bucket_bytes, delta=False)
+
+
+def hf_delta_buckets(state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor], spec: ModelSpec,
+                     dtype: torch.dtype, bucket_bytes: int) -> list[tuple[Bucket, list[torch.Tensor]]]:
+    """What turns ``base`` into ``state`` on the engines (both megatron states), cast to ``dtype``:
+    per unit, the ``rl.weights.delta`` entries of its changed pieces; [] when nothing changed."""
+    def changed(unit):
+        new = unit.split(state[unit.mcore].detach())
+        old = unit.split(base[unit.mcore].detach())
+        return [(name, kind, t) for name, n, o in zip(unit.hf, new, old)
+                for kind, t in delta.encode(n.to(dtype).contiguous(), o.to(dtype).contiguous())]
+    return _cut([changed(u) for u in layout.units(spec)], bucket_bytes, delta=True)
+
+
+def _cut(units: list[list[tuple[str, str, torch.Tensor]]], bucket_bytes: int,
+         delta: bool) -> list[tuple[Bucket, list[torch.Tensor]]]:
+    """Consecutive units' (name, kind, tensor) entries in buckets of about ``bucket_bytes``."""
     out: list[tuple[Bucket, list[torch.Tensor]]] = []
-    names: list[str] = []
-    tensors: list[torch.Tensor] = []
+    entries: list[tuple[str, str, torch.Tensor]] = []
     size = 0
 
     def flush() -> None:
-        nonlocal names, tensors, size
-        if names:
-            out.append((Bucket(tuple(names), tuple(dtype_name(t.dtype) for t in tensors),
-                               tuple(tuple(t.shape) for t in tensors), size), tensors))
-        names, tensors, size = [], [], 0
+        nonlocal entries, size
+        if entries:
+            out.append((Bucket(tuple(n for n, _, _ in entries), tuple(dtype_name(t.dtype) for _, _, t in entries),
+                               tuple(tuple(t.shape) for _, _, t in entries), size,
+                               tuple(k for _, k, _ in entries) if delta else ()), [t for _, _, t in entries]))
+        entries, size = [], 0
 
-    for unit in layout.units(spec):
-        pieces = [p.to(dtype).contiguous() for p in unit.split(state[unit.mcore].detach())]
-        unit_bytes = sum(p.numel() * p.element_size() for p in pieces)
-        if names and size + unit_bytes > bucket_bytes:
+    for unit in units:
+        if not unit:
+            continue
+        unit_bytes = sum(t.numel() * t.element_size() for _, _, t in unit)
+        if entries and size + unit_bytes > bucket_bytes:
             flush()
-        names += unit.hf
-        tensors += pieces
+        entries += unit
         size += unit_bytes
     flush()
     return out

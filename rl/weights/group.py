@@ -79,11 +79,17 @@ def send_tensors(tensors: Iterable[torch.Tensor], group) -> int:
 def receive_tensors(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], group,
                     device: str = "cpu") -> dict[str, torch.Tensor]:
     """Rank > 0: receive one broadcast per name, as SGLang's receiver does."""
+    return dict(zip(names, receive_list(names, dtypes, shapes, group, device)))
+
+
+def receive_list(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], group,
+                 device: str = "cpu") -> list[torch.Tensor]:
+    """Rank > 0: one broadcast per announced tensor, in order (a delta names a tensor twice)."""
     if not len(names) == len(dtypes) == len(shapes):
         raise InputError(f"names ({len(names)}), dtypes ({len(dtypes)}) and shapes ({len(shapes)}) differ in length")
-    out: dict[str, torch.Tensor] = {}
-    for name, dtype, shape in zip(names, dtypes, shapes):
+    out: list[torch.Tensor] = []
+    for dtype, shape in zip(dtypes, shapes):
         tensor = torch.empty(list(shape), dtype=parse_dtype(dtype), device=device)
         dist.broadcast(tensor, src=0, group=group)
-        out[name] = tensor
+        out.append(tensor)
     return out

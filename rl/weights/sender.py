@@ -4,6 +4,10 @@
 campaign's trainer role, a benchmark, a test). It needs ``_published_weights(version) ->
 (megatron state, ModelSpec)`` and ``configure_weight_sender(...)`` once. Every method is a
 plain call, so a Ray actor exposes them as remote methods unchanged.
+
+Distributed sync takes a ``base``: the version every engine of the group holds. Given one (and
+still held: :meth:`WeightSender.weight_holds`), the buckets carry only what changed since it
+(``rl.weights.delta``); without one, every tensor.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import torch
 
 from rl.errors import InputError
 from rl.model import ModelSpec
-from rl.weights.buckets import Bucket, hf_buckets
+from rl.weights.buckets import Bucket, hf_buckets, hf_delta_buckets
 from rl.weights.checksums import state_checksums
 from rl.weights.group import destroy_update_group, dtype_name, init_update_group, send_tensors
 
@@ -27,7 +31,7 @@ class WeightSender(abc.ABC):
     """Publishes the owner's weights to the engines; the owner implements :meth:`_published_weights`."""
 
     _ws_group = None
-    _ws_cache: tuple[str, list] | None = None
+    _ws_cache: tuple[tuple[str, str | None], list] | None = None
 
     def configure_weight_sender(self, *, dtype: str = "bfloat16", bucket_bytes: int = 512 << 20,
                                 master_address: str = "127.0.0.1", timeout_s: float = 600.0,
@@ -91,25 +95,40 @@ class WeightSender(abc.ABC):
             except (RuntimeError, ValueError):  # a peer died with it: nothing left to tear down
                 pass
 
-    def _buckets(self, version: str) -> list[tuple[Bucket, list[torch.Tensor]]]:
-        if self._ws_cache is None or self._ws_cache[0] != version:
+    def weight_holds(self, version: str) -> bool:
+        """Whether ``version``'s weights are still here (a delta needs its base)."""
+        try:
+            self._published_weights(version)
+        except (KeyError, ValueError, RuntimeError):
+            return False
+        return True
+
+    def _buckets(self, version: str, base: str | None) -> list[tuple[Bucket, list[torch.Tensor]]]:
+        if self._ws_cache is None or self._ws_cache[0] != (version, base):
             state, spec = self._published_weights(version)
-            self._ws_cache = (version, hf_buckets(state, spec, self._ws_dtype, self._ws_bucket_bytes))
+            if base is None:
+                buckets = hf_buckets(state, spec, self._ws_dtype, self._ws_bucket_bytes)
+            else:
+                buckets = hf_delta_buckets(state, self._published_weights(base)[0], spec, self._ws_dtype,
+                                           self._ws_bucket_bytes)
+            self._ws_cache = ((version, base), buckets)
         return self._ws_cache[1]
 
-    def weight_buckets(self, version: str) -> list[Bucket]:
-        """Names, dtypes and shapes of each bucket of ``version`` (what each request announces)."""
-        return [bucket for bucket, _ in self._buckets(version)]
+    def weight_buckets(self, version: str, base: str | None = None) -> list[Bucket]:
+        """Names, dtypes and shapes (and a delta's kinds) of each bucket of ``version``, whole or
+        against ``base`` (what each request announces; a delta with nothing changed has none)."""
+        return [bucket for bucket, _ in self._buckets(version, base)]
 
-    def weight_send(self, version: str) -> dict:
-        """Broadcast every bucket of ``version`` in order; returns bytes and seconds."""
+    def weight_send(self, version: str, base: str | None = None) -> dict:
+        """Broadcast every bucket of ``version`` (whole, or its delta against ``base``) in order;
+        returns the bytes, the seconds and the base."""
         if self._ws_group is None:
             raise InputError("no weight-update group: weight_open_group first")
         t0, sent = time.perf_counter(), 0
-        for _, tensors in self._buckets(version):
+        for _, tensors in self._buckets(version, base):
             sent += send_tensors(tensors, self._ws_group)
         self._ws_cache = None  # the version's converted copy is not needed again
-        return {"bytes": sent, "seconds": time.perf_counter() - t0}
+        return {"bytes": sent, "seconds": time.perf_counter() - t0, "base": base}
 
     # --- verification ----------------------------------------------------------------------
     def weight_checksums(self, version: str) -> dict:

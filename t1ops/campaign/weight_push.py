@@ -35,7 +35,8 @@ class WeightPush:
             self._push_sync = DiskSync(self.weight_export, checksums=self.weight_checksums)
         else:
             backend = cfg.weight_sync_backend or ("gloo" if cfg.kind == "embedded" else "nccl")
-            self._push_sync = DistributedSync(LocalTrainerSender(self), backend)
+            self._push_sync = DistributedSync(LocalTrainerSender(self), backend,
+                                              delta=cfg.weight_sync_delta and cfg.kind == "embedded")
 
     def push_weights(self, version: int, targets: list[tuple[int, str]]) -> Pushed:
         """Bring every ``(slot, url)`` engine to ``version``; what failed, what a new engine can load

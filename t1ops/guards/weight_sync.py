@@ -16,7 +16,13 @@ admitted engine to the pool's version:
   gloo with the embedded engine); one request per bucket carries its names, dtypes and shapes.
   The group is rebuilt when the set of engines changes (an engine died or joined). A new
   engine cannot receive alone, so it waits (healthy, not in rotation) for the next barrier,
-  which brings it in; at start-up the router runs that barrier at once.
+  which brings it in; at start-up the router runs that barrier at once. With ``delta`` on
+  (``engine.weight_sync_delta``), a push to the same group whose every engine reports the
+  version the group last received completely (its *base*) carries only what changed since it
+  (``rl.weights.delta``); a regrouped set (an engine joined, restarted or died), a failed push, a
+  re-push of the same version (a checksum mismatch) or an engine at another version get the
+  full weights; a delta an engine refuses (another base, malformed) is followed at once by the
+  full weights in the same push.
 
 Both modes end by checking every engine's ``weight_version`` (the health gate), so per-token
 policy versions keep their meaning. ``expected_checksums(version)`` is the trainer's record of
@@ -45,7 +51,8 @@ from t1ops import telemetry
 from t1ops.errors import EngineError
 
 Targets = Sequence[tuple[int, EngineClient]]   # (slot index, client)
-_GROUP_NUMBERS = itertools.count()  # group names are unique in the process (torch refuses a name twice)
+_GROUP_NUMBERS = itertools.count()
+_REFUSED = " refused: "  # an engine's answer of success false (HTTP 400): it is alive, the request was refused  # group names are unique in the process (torch refuses a name twice)
 
 
 class WeightSync(Protocol):
@@ -166,8 +173,9 @@ class TrainerSender(Protocol):
 
     def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str) -> Any: ...
     def group_address(self, backend: str) -> tuple[str, int]: ...
-    def buckets(self, version: str) -> list: ...
-    def send(self, version: str) -> Any: ...
+    def buckets(self, version: str, base: str | None = None) -> list: ...
+    def send(self, version: str, base: str | None = None) -> Any: ...
+    def holds(self, version: str) -> bool: ...
     def checksums(self, version: str) -> dict: ...
     def close_group(self) -> None: ...
     def wait(self, handle: Any) -> Any: ...
@@ -178,39 +186,80 @@ class DistributedSync:
 
     admits_alone = False
 
-    def __init__(self, sender: TrainerSender, backend: str) -> None:
-        self.sender, self.backend = sender, backend
+    def __init__(self, sender: TrainerSender, backend: str, *, delta: bool = False) -> None:
+        self.sender, self.backend, self.delta = sender, backend, delta
         self.members: tuple[str, ...] = ()
         self.group_name: str | None = None
+        self.base: str | None = None  # the version every member received completely (a delta's base)
+        self.last: dict = {}          # the last push: {"version", "base", "bytes", "seconds"}
         self._names = _GROUP_NUMBERS
 
     def publish(self, targets: Targets, source: str, version: str) -> dict[int, str]:
         failures: dict[int, str] = {}
         if tuple(c.base_url for _, c in targets) != self.members:
-            self._regroup(targets, failures)
+            self._regroup(targets, failures)  # a new, restarted or lost engine: the next push is full
         ok = [(i, c) for i, c in targets if i not in failures]
         if not ok:
             return failures
-        buckets = self.sender.buckets(version)
-        handle = self.sender.send(version)  # the trainer broadcasts every bucket in order ...
+        base = self._delta_base(ok, version)
+        self.base = None  # until this push is complete on every member
+        buckets = self.sender.buckets(version, base)
+        handle = self.sender.send(version, base)  # the trainer broadcasts every bucket in order ...
 
         def receive(client: EngineClient) -> None:  # ... while each engine takes them one request each
+            refused = None
             for number, bucket in enumerate(buckets):
                 last = number == len(buckets) - 1
-                client.update_weights_from_distributed(PW.UpdateWeightsFromDistributedRequest(
-                    names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.group_name,
-                    flush_cache=last, weight_version=version if last else None))
+                try:
+                    client.update_weights_from_distributed(PW.UpdateWeightsFromDistributedRequest(
+                        names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.group_name,
+                        flush_cache=last, weight_version=version if last else None,
+                        delta_base=base if bucket.kinds else None, delta_kinds=bucket.kinds))
+                except EngineError as exc:
+                    if _REFUSED not in str(exc):
+                        raise
+                    refused = refused or exc  # received, then refused: take the rest, the collectives complete
+            if refused is not None:
+                raise refused
+            if not buckets:  # a delta with nothing changed: the weights are the base's, relabelled
+                client.update_weight_version(version, abort_all_requests=False)
             check_version(client, version)
 
         _each(ok, receive, failures, "update_weights_from_distributed")
         try:
-            self.sender.wait(handle)
+            sent = self.sender.wait(handle)
         except Exception as exc:  # the trainer's broadcast failed: no engine can be trusted with this version
             self.members = ()
             return {i: f"trainer broadcast failed: {exc}" for i, _ in targets}
-        if failures:
+        delta_refused = base is not None and failures and all(_REFUSED in why for why in failures.values())
+        if failures and not delta_refused:
             self.members = ()  # a peer failed mid-transfer: the group is unusable, rebuild it next time
+        elif not failures:
+            self.base = version
+        self.last = {"version": version, **(sent if isinstance(sent, dict) else {}), "base": base}
+        telemetry.event("engine.weight_push", version=version, base=str(base), bytes=self.last.get("bytes", -1),
+                        num_buckets=len(buckets), failed=len(failures))
+        if delta_refused:  # every failure a refused delta (wrong base, malformed): the whole weights, now
+            telemetry.event("engine.weight_delta_refused", severity="warning", version=version, base=base,
+                            slots=str(sorted(failures)), reason=next(iter(failures.values()))[:300])
+            return self.publish(targets, source, version)
         return failures
+
+    def _delta_base(self, targets: Targets, version: str) -> str | None:
+        """The version a delta to ``version`` applies to, or None (a full push): see the module docstring."""
+        base = self.base
+        if not self.delta or base is None or base == version or not self.sender.holds(base):
+            return None
+        for _, client in targets:
+            try:
+                found = client.weight_version()
+            except Exception:  # noqa: BLE001 - the push itself will fail and name it
+                return None
+            if found != base:
+                telemetry.event("engine.weight_delta_refused", severity="warning", url=client.base_url, base=base,
+                                found=found, version=version)
+                return None
+        return base
 
     def _regroup(self, targets: Targets, failures: dict[int, str]) -> None:
         """A fresh group over exactly ``targets`` (rank 0 = trainer, rank i+1 = i-th target)."""
@@ -238,6 +287,7 @@ class DistributedSync:
         except Exception as exc:
             failures.update({i: f"trainer could not form the group: {exc}" for i, _ in targets})
         self.members = () if failures else tuple(c.base_url for _, c in targets)
+        self.base = None  # a new group: its members' versions are not known to agree
         telemetry.event("engine.weight_group", group=self.group_name, world_size=world, failed=len(failures))
 
     def admit(self, client: EngineClient, source: str | None, version: str) -> None:
@@ -265,11 +315,14 @@ class LocalTrainerSender:
     def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str) -> cf.Future:
         return self._thread.submit(self.sender.weight_open_group, master_port, world_size, group_name, backend)
 
-    def buckets(self, version: str) -> list:
-        return self.sender.weight_buckets(version)
+    def buckets(self, version: str, base: str | None = None) -> list:
+        return self.sender.weight_buckets(version, base)
 
-    def send(self, version: str) -> cf.Future:
-        return self._thread.submit(self.sender.weight_send, version)
+    def send(self, version: str, base: str | None = None) -> cf.Future:
+        return self._thread.submit(self.sender.weight_send, version, base)
+
+    def holds(self, version: str) -> bool:
+        return self.sender.weight_holds(version)
 
     def checksums(self, version: str) -> dict:
         return self.sender.weight_checksums(version)
