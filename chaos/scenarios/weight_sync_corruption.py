@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from chaos.scenarios.dead_engine import engine_client, kill_all
 from rl.engines import protocol as P
 from rl.engines.ports import free_port
@@ -137,6 +137,10 @@ def run(tmp: Path) -> Outcome:
     log = (tmp / "engine.log").read_text(errors="replace")
     swaps = [line for line in log.splitlines() if line.startswith("chaos: bucket")]
     detect_s = mismatch[0].get("detect_s") if mismatch else None
+    tl = Timeline()  # wall clock, from the guarded sync's start (its second bucket arrives reordered)
+    tl.fault(at=since)
+    tl.after_fault(detected=mismatch[0]["time"] - since if mismatch else None,
+                   healthy=resynced[0]["time"] - since if resynced and good_gap < 1e-4 else None)
     return Outcome(
         fault_fired=len(swaps) == 2 and num_buckets > 2,
         unguarded=(f"weights_checksum off: the {num_buckets}-bucket update to version 1 succeeded "
@@ -154,4 +158,5 @@ def run(tmp: Path) -> Outcome:
             "guarded_engine_serves_trainer_weights": good_gap < 1e-4,
         },
         details={"num_buckets": num_buckets, "swaps": swaps, "unguarded_gap": bad_gap, "guarded_gap": good_gap,
-                 "guarded_sync_s": round(sync_s, 3), "mismatch": mismatch[:1], "resynced": resynced[:1]})
+                 "guarded_sync_s": round(sync_s, 3), "mismatch": mismatch[:1], "resynced": resynced[:1]},
+        recovery=tl.recovery(how="re-sync in the same barrier: the engine serves only verified weights"))
