@@ -34,6 +34,7 @@ class RunHealthConfig(Section):
     abort_share: float = Field(0.05, ge=0, le=1, description="health.aborts: failed (aborted) trials above this share of the step's expected trials.")
     no_spread_share: float = Field(0.5, gt=0, le=1, description="health.no-spread: at least this share of the step's groups have all rewards equal (no GRPO signal).")
     truncated_share: float = Field(0.25, gt=0, le=1, description="health.truncated: at least this share of the step's trials ended truncated (max_new_tokens hit).")
+    kv_cache_max: float = Field(0.9, gt=0, le=1, description="health.kv-cache: an engine's K/V cache peak (share of its slots) above this during the step (miles alarms at 90%).")
     ev_negative_steps: int = Field(3, ge=1, description="health.ev-negative: the critic's explained variance below 0 this many steps in a row.")
     logprob_gap_max: float = Field(0.05, gt=0, description="health.logprob-gap: the train-rollout log-prob gap above this (the report's healthy band is ~0.01-0.02).")
     retokenized_rise: float = Field(0.05, gt=0, le=1, description="health.retokenized: the retokenized + split share of loss tokens risen by more than this over the first step's.")

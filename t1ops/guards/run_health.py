@@ -2,9 +2,8 @@
 
 The guards elsewhere catch faults; these read each finished step row (``t1ops.campaign.runner``)
 and say when the run is degrading (docs/failures.md, "Run-health alarms"). The first four are from the
-set miles ships (a team reads them at a glance; its fifth, K/V cache use above 90%, needs a cache
-figure no t1ops engine reports yet), the rest the T1 report's and the SkyRL walkthrough's own
-signals:
+set miles ships (a team reads them at a glance), the rest the T1 report's and the SkyRL
+walkthrough's own signals:
 
 ======================  ======================================================================
 id                      fires when (threshold: ``[guards.health]`` key)
@@ -13,6 +12,8 @@ health.phase-stalled    a phase (rollout, train, sync) took > ``phase_stall_fact
 health.aborts           failed trials > ``abort_share`` of the step's expected trials
 health.no-spread        >= ``no_spread_share`` of the step's groups have no reward spread
 health.truncated        >= ``truncated_share`` of the step's trials ended truncated
+health.kv-cache         the fullest engine's K/V cache peak (share of its slots, since the weights the step
+                        sampled with loaded; ``rl.engines.batching``) > ``kv_cache_max``
 health.ev-negative      explained variance < 0 for ``ev_negative_steps`` steps in a row (PPO)
 health.logprob-gap      the train-rollout log-prob gap > ``logprob_gap_max``
 health.retokenized      the loss tokens' retokenized + split share rose by > ``retokenized_rise``
@@ -51,6 +52,10 @@ ALARMS = {  # id -> (what it means, what to do); `t1ops explain ID`
     "health.truncated": ("at least truncated_share of the step's trials hit max_new_tokens: the policy rambles, or the "
                          "budget is too small", "look at the truncated trials' last turns; raise "
                          "rollout.max_new_tokens or add rollout.truncated_reward_zero"),
+    "health.kv-cache": ("an engine's K/V cache was more than kv_cache_max full during the step: new requests wait "
+                        "for a slot (SGLang retracts or queues them), so rollout time grows with concurrency",
+                        "lower rollout.max_concurrency, add engines (engine.num_engines), or shorten "
+                        "rollout.context_window; the row's kv_cache_peak is the figure"),
     "health.ev-negative": ("the critic's explained variance has been below 0 for ev_negative_steps steps: it predicts "
                            "returns worse than their mean, and PPO's advantages are noise",
                            "raise trainer.critic_warmup_steps or the critic's learning rate; the T1 report warms the "
@@ -72,6 +77,7 @@ THRESHOLDS = {  # id -> the [guards.health] keys that govern it
     "health.aborts": ("guards.health.abort_share",),
     "health.no-spread": ("guards.health.no_spread_share",),
     "health.truncated": ("guards.health.truncated_share",),
+    "health.kv-cache": ("guards.health.kv_cache_max",),
     "health.ev-negative": ("guards.health.ev_negative_steps",),
     "health.logprob-gap": ("guards.health.logprob_gap_max",),
     "health.retokenized": ("guards.health.retokenized_rise",),
@@ -123,6 +129,9 @@ class RunHealth:
         if results:
             share = sum(r.end_reason == "truncated" for r in results) / len(results)
             alarm("truncated", share, share >= c.truncated_share)
+        peak = row.get("kv_cache_peak")
+        if peak is not None:
+            alarm("kv-cache", peak, peak > c.kv_cache_max)
         ev = row.get("explained_variance", math.nan)
         if isinstance(ev, float) and math.isfinite(ev):
             self.ev_streak = self.ev_streak + 1 if ev < 0 else 0

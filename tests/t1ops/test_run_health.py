@@ -34,7 +34,7 @@ def _trials(rewards_per_group: list[list[float]], end="done", retokenized=0) -> 
 
 def _row(step: int, **kw) -> dict:
     return {"step": step, "rollout_s": 10.0, "train_s": 5.0, "sync_s": 1.0, "explained_variance": 0.3,
-            "logprob_gap": 0.015, "ledger": {"expected": 8, "completed": 8, "failed": 0}, **kw}
+            "logprob_gap": 0.015, "ledger": {"expected": 8, "completed": 8, "failed": 0}, "kv_cache_peak": 0.5, **kw}
 
 
 HEALTHY = [[0.0, 1.0], [0.25, 0.5], [1.0, 0.0], [0.0, 0.5]]
@@ -57,6 +57,7 @@ def test_a_healthy_run_is_silent():
     ("health.no-spread", lambda s: (_row(s), _trials([[0.0, 0.0], [1.0, 1.0], [0.0, 1.0], [0.0, 0.0]] if s == 5
                                                      else HEALTHY))),
     ("health.truncated", lambda s: (_row(s), _trials(HEALTHY, end="truncated" if s == 5 else "done"))),
+    ("health.kv-cache", lambda s: (_row(s, kv_cache_peak=0.95 if s == 5 else 0.5), _trials(HEALTHY))),
     ("health.ev-negative", lambda s: (_row(s, explained_variance=-0.2 if s >= 3 else 0.3), _trials(HEALTHY))),
     ("health.logprob-gap", lambda s: (_row(s, logprob_gap=0.2 if s == 5 else 0.015), _trials(HEALTHY))),
     ("health.retokenized", lambda s: (_row(s), _trials(HEALTHY, retokenized=2 if s == 5 else 0))),
