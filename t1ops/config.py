@@ -102,6 +102,7 @@ class EngineConfig(Section, EngineChecks):  # + the barrier's proofs (t1ops.conf
     weight_sync_master_address: str = Field("127.0.0.1", description="Address the engines reach the trainer at (rank 0 of the weight-update group).")
     weight_sync_bucket_mb: float = Field(512.0, gt=0, description="Bytes per /update_weights_from_distributed request (MiB), never splitting a tensor's conversion unit.")
     weight_sync_timeout_s: float = Field(600.0, gt=0, description="Timeout of the weight-update group (forming it, each broadcast).")
+    kv_slots: int = Field(128, ge=1, le=4096, description="Embedded engine: K/V cache slots (one running request each; a request waits when all are held; capped to the engine's 1 GiB cache budget). Its peak use is the step row's kv_cache_peak (health.kv-cache).")
     batching: bool = Field(True, description="Embedded engine: K/V cache, continuous batching and prefix reuse (docs/engine.md); false recomputes the whole sequence per token, one request at a time (the old path, for benchmarks).")
     batch_invariant: bool = Field(False, description="Embedded engine: each forward carries one request and no prefix is reused, so a request's tokens depend on its prompt, seed and the weights only, never on what it was batched with (batched inference is not bit-stable across batch compositions). Part of the deterministic configuration (docs/determinism.md); costs the batching's throughput.")
 

@@ -52,6 +52,7 @@ class EngineRouter:
             launch = partial(spawn, spec=spec, vocab_path=vocab_path,
                              dtype=self.cfg.dtype, log_path=log_path, batching=self.cfg.batching,
                              batch_invariant=self.cfg.batch_invariant,
+                             extra_args=["--kv-slots", str(self.cfg.kv_slots)],
                              emission_dir=None if run_dir is None else str(Path(run_dir) / "emissions"))
             # a recreated engine starts from the newest published weights: the first checkpoint
             # may be gone by then (checkpoint retention), and the engine would exit at startup
