@@ -168,7 +168,8 @@ class BatchScheduler:
         self._weights_seen = engine.weights_generation
         self.cache_peak = 0.0  # the highest SlotPool.usage() under the current weights (cache_stats)
         self.num_forwards = 0
-        self.dead: str | None = None  # why the loop ended (it never ends otherwise)
+        self.dead: str | None = None  # why the loop died (it ends otherwise only at close())
+        self._closed = False
         self.chaos_fail_after = chaos_fail_after  # chaos only: raise inside the loop after this many forwards
         self._thread = supervised_thread(self._loop, name="engine-batcher", on_death=self._died, supervised=supervised)
 
@@ -197,6 +198,20 @@ class BatchScheduler:
             seq.error = reason
             seq.done.set()
 
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the loop (an in-process engine a test or a chaos scenario built): requests still waiting or
+        running fail with "engine closed"; no new one is accepted; the thread is joined."""
+        with self._cond:
+            self._closed, self.dead = True, self.dead or "engine closed"
+            stranded = [*self._waiting, *self._active]
+            self._waiting.clear()
+            self._active = []
+            self._cond.notify_all()
+        for seq in stranded:
+            seq.error = "engine closed"
+            seq.done.set()
+        self._thread.join(timeout_s)
+
     def num_queued(self) -> int:
         with self._cond:
             return len(self._waiting) + len(self._active)
@@ -216,9 +231,9 @@ class BatchScheduler:
     # --- the loop -------------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)  # per thread
-        while True:
+        while not self._closed:
             with self._cond:
-                self._cond.wait_for(lambda: self._waiting or self._active, timeout=_IDLE_POLL_S)
+                self._cond.wait_for(lambda: self._waiting or self._active or self._closed, timeout=_IDLE_POLL_S)
             self._finish_aborted()
             if not self.engine.running_event.wait(timeout=_IDLE_POLL_S):
                 continue

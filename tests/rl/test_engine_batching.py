@@ -17,6 +17,7 @@ import torch
 
 from rl.engines import protocol as P
 from rl.engines import protocol_control as PC
+from rl.engines.background import EngineFailedError
 from rl.engines.embedded_engine import EmbeddedEngine
 from rl.model import ModelSpec, save_weights, build_policy
 from rl.vocab import CompactVocab
@@ -195,3 +196,7 @@ def test_model_info_reports_the_cache_peak_under_the_current_weights(tmp_path):
                                                           weight_version="1"))
     engine.generate(request(prompts(1, seed=6)[0]))
     assert _model_info(engine)["kv_cache_peak"] == 0.25  # a new window: one request, one slot of four
+    engine.close()  # an in-process engine's scheduler thread ends (chaos scenarios close theirs)
+    assert not engine.scheduler._thread.is_alive()
+    with pytest.raises(EngineFailedError, match="engine closed"):
+        engine.generate(request(prompts(1)[0]))
