@@ -187,7 +187,6 @@ def run(tmp: Path) -> Outcome:
                              how="`t1ops run --resume` started at once; healthy: its first step synced"))
 
 
-
 def _async_books(after: dict) -> dict:
     """The fully async group books across the crash: accepted, trained, dropped and in-flight groups
     balance on each side of it, no group is trained twice, and the resumed run's staleness headroom

@@ -128,6 +128,6 @@ def run(tmp: Path) -> Outcome:
                  "scale": "1 s per 300 s: first micro-batch 1200 s (cold compile) -> 4 s, then 489 s -> 22 s; "
                           "NCCL default 600 s -> 2 s, configured 1800 s -> 6 s; hang job 1 s per 30 s"},
         recovery=tl.recovery(how="in place: classified warming_up, the first step finished; a real hang stops with "
-                                 "HangError " + (f"{hang['detection_s']:.1f} s into the watch" if hang.get("detection_s")
-                                                 else "(not seen)")),
+                                 + (f"HangError {hang['detection_s']:.1f} s into the watch" if hang.get("detection_s")
+                                    else "HangError (not seen)")),
     )
