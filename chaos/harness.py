@@ -11,7 +11,10 @@ on, and reports what it *observed*:
 - ``invariants``: named checks that must hold (e.g. "no sample lost");
 - ``recovery``: the fault's time to detect and time to recover, and the steps or trials it cost
   (:class:`Recovery`, filled from a :class:`Timeline` the scenario marks as the fault happens,
-  the guard names it, and the first healthy step (or the resume) follows).
+  the guard names it, and the first healthy step (or the resume) follows; where the guard stops
+  the run by design and the restart is not measurable here, the time the run stopped with the
+  named error). Every scenario must mark one: a result without it fails (invariant
+  ``recovery measured``), so no row of the table says "not measured" silently.
 
 ``passed`` = fault fired, the unguarded run really failed (at least one invariant whose name
 starts with ``unguarded`` states how, observed), the guardrail caught it, and every invariant held.
@@ -50,7 +53,9 @@ class Recovery:
     ``detect_s``: fault -> the guard's detection; ``recover_s``: fault -> the first healthy step
     (a trained step, a served request, a resumed run's first step); ``steps_lost`` and
     ``trials_lost``: the work the fault cost (re-run or dropped); ``how``: what the recovery was
-    ("in place", "resume", "re-sync", "refused before the run", ...).
+    ("in place", "resume", "re-sync", "refused before the run", ...); ``stopped_s``: fault -> the run
+    stopped with the guard's named error, for a guard that stops the run by design (its restart is the
+    runbook's, not measured here when ``recover_s`` is None).
     """
 
     detect_s: float | None
@@ -58,10 +63,17 @@ class Recovery:
     steps_lost: int = 0
     trials_lost: int = 0
     how: str = ""
+    stopped_s: float | None = None
+
+    @property
+    def measured(self) -> bool:
+        """Detected, and then recovered or stopped with the named error (each timed from the fault)."""
+        return self.detect_s is not None and (self.recover_s is not None or self.stopped_s is not None)
 
 
 class Timeline:
-    """Marks taken while a scenario runs: ``fault()``, ``detected()``, ``healthy()`` (monotonic).
+    """Marks taken while a scenario runs: ``fault()``, ``detected()``, ``healthy()``, ``stopped()``
+    (monotonic; ``stopped``: the run ended with the guard's named error, by design).
 
     The first mark of each kind counts; :meth:`recovery` turns them into a :class:`Recovery`.
     """
@@ -81,6 +93,16 @@ class Timeline:
     def healthy(self, at: float | None = None) -> None:
         self._mark("healthy", at)
 
+    def stopped(self, at: float | None = None) -> None:
+        self._mark("stopped", at)
+
+    def after_fault(self, **seconds: float | None) -> None:
+        """Marks timed by the scenario itself, in seconds after the fault mark (e.g. a rank process's own
+        clock): ``tl.after_fault(detected=0.4, healthy=2.1)``; a None is left unmarked."""
+        for kind, s in seconds.items():
+            if s is not None:
+                self._mark(kind, self.marks["fault"] + s)
+
     def since_fault(self, kind: str) -> float | None:
         if "fault" not in self.marks or kind not in self.marks:
             return None
@@ -88,7 +110,8 @@ class Timeline:
 
     def recovery(self, *, steps_lost: int = 0, trials_lost: int = 0, how: str = "") -> Recovery:
         return Recovery(detect_s=self.since_fault("detected"), recover_s=self.since_fault("healthy"),
-                        steps_lost=steps_lost, trials_lost=trials_lost, how=how)
+                        steps_lost=steps_lost, trials_lost=trials_lost, how=how,
+                        stopped_s=self.since_fault("stopped"))
 
 
 @dataclass
@@ -186,17 +209,21 @@ def run_scenario(scenario_id: str, workdir: Path | None = None) -> ScenarioResul
         except Exception:  # a scenario that crashes has failed; keep the traceback
             out = Outcome(fault_fired=False, unguarded="", guarded=Guarded(caught=False))
             crashed = traceback.format_exc()
+    recovery = out.recovery or _detection_only(out)
+    invariants = out.invariants if crashed else {**out.invariants, RECOVERY_MEASURED: recovery.measured}
     return ScenarioResult(id=sc.id, title=sc.title, runbook=sc.runbook, fault_fired=out.fault_fired,
-                          unguarded=out.unguarded, guarded=out.guarded, invariants=out.invariants,
+                          unguarded=out.unguarded, guarded=out.guarded, invariants=invariants,
                           details=out.details, duration_s=round(time.monotonic() - t0, 3),
-                          crashed=crashed, recovery=out.recovery or _detection_only(out))
+                          crashed=crashed, recovery=recovery)
 
 
-def _detection_only(out: Outcome) -> Recovery | None:
-    """A scenario that marks no timeline: its detection time, recovery not measured."""
-    if out.guarded.detection_s is None:
-        return None
-    return Recovery(detect_s=out.guarded.detection_s, recover_s=None, how="not measured")
+RECOVERY_MEASURED = "recovery measured (fault -> detected -> recovered or stopped)"
+NOT_MEASURED = "NOT MEASURED: the scenario marks no timeline"
+
+
+def _detection_only(out: Outcome) -> Recovery:
+    """A scenario that marks no timeline: its detection time at most; the result fails (RECOVERY_MEASURED)."""
+    return Recovery(detect_s=out.guarded.detection_s, recover_s=None, how=NOT_MEASURED)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:

@@ -1,6 +1,7 @@
 """Small process helpers the scenarios share."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -58,3 +59,18 @@ def end_session(proc: subprocess.Popen) -> int:
         except psutil.Error:
             continue
     return killed
+
+
+def event_since(run_dir: Path, name: str, after: float, step: int | None = None) -> float | None:
+    """Seconds from ``after`` (wall clock) to the first ``name`` event (of ``step`` if given) any process of
+    the campaign in ``run_dir`` wrote after it (``telemetry/**/events.jsonl``); None if there is none."""
+    times = []
+    for path in sorted((run_dir / "telemetry").rglob("events.jsonl")) if (run_dir / "telemetry").is_dir() else ():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line being written
+                continue
+            if rec.get("name") == name and rec.get("time", 0) > after and (step is None or rec.get("step") == step):
+                times.append(rec["time"])
+    return min(times) - after if times else None

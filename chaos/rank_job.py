@@ -134,6 +134,7 @@ def rank_main(cfg: dict) -> dict:
         time.sleep(0.01)
     try:
         result["timeout_s"] = _join(cfg, layout, guards)
+        result["work_at"] = time.monotonic()  # system-wide clock: the parent times the fault from it
         rt = RankTrainer(spec, settings, layout, full_actor=actor, full_critic=critic, unk_id=None,
                          on_micro_batch=ProgressBeacon(out_dir / f"rank{rank}.progress"),
                          watch=watch if cfg["guarded"] else None)
@@ -142,6 +143,7 @@ def rank_main(cfg: dict) -> dict:
         for _ in range(cfg.get("steps", 1)):
             rt.train_step(batch)
             result["steps_done"] += 1
+            result.setdefault("first_step_at", time.monotonic())
         if rank == cfg.get("fault_rank") and cfg.get("stall_before_gather_s"):
             time.sleep(cfg["stall_before_gather_s"])  # the slow rank at the weight-update barrier
         t0 = time.monotonic()

@@ -143,14 +143,14 @@ def print_table(results: list[ScenarioResult]) -> None:
 
 
 def recovery_cells(r: ScenarioResult) -> list[str]:
-    """time to detect, time to recover, steps lost, trials lost, how (``-``: not measured)."""
+    """time to detect, time to recover (``stop X``: the run stopped with the named error X after the
+    fault, by design), steps lost, trials lost, how; a scenario that marked no timeline says so."""
     rec = r.recovery
-    if rec is None:
-        return ["-", "-", "-", "-", "not measured"]
-    if rec.how == "not measured":  # a detection time only: the losses were not counted either
-        return [format_seconds(rec.detect_s), "-", "-", "-", rec.how]
-    return [format_seconds(rec.detect_s), format_seconds(rec.recover_s), str(rec.steps_lost),
-            str(rec.trials_lost), rec.how or "-"]
+    if rec is None or not rec.measured and rec.how.startswith("NOT MEASURED"):
+        return [format_seconds(rec.detect_s if rec else None), "-", "-", "-", rec.how if rec else "NOT MEASURED"]
+    recover = (format_seconds(rec.recover_s) if rec.recover_s is not None
+               else f"stop {format_seconds(rec.stopped_s)}" if rec.stopped_s is not None else "-")
+    return [format_seconds(rec.detect_s), recover, str(rec.steps_lost), str(rec.trials_lost), rec.how or "-"]
 
 
 def recovery_lines(results: list[ScenarioResult]) -> list[str]:

@@ -93,8 +93,9 @@ def soak(ids: list[str], repeat: int, load: int,
                 b.passed.append(r.passed)
                 if r.passed and r.guarded.detection_s is not None:
                     b.detection_s.append(r.guarded.detection_s)
-                if r.passed and r.recovery is not None and r.recovery.recover_s is not None:
-                    b.recover_s.append(r.recovery.recover_s)
+                if r.passed and r.recovery is not None and r.recovery.measured:
+                    if r.recovery.recover_s is not None:  # a run stopped by design: its losses, no recovery time
+                        b.recover_s.append(r.recovery.recover_s)
                     b.lost = (r.recovery.steps_lost, r.recovery.trials_lost)
                 if not r.passed:
                     b.failures.append(f"round {rnd}: {failure_reason(r)}")

@@ -33,8 +33,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
-from chaos.procs import end_session, start_campaign
+from chaos.harness import Guarded, Outcome, Timeline, register
+from chaos.procs import end_session, event_since, start_campaign
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, KILL_AT_STEP, SAVE_EVERY = 4, 4, 2
@@ -94,8 +94,8 @@ def _submitted(run_dir: Path, step: int) -> bool:
     return False
 
 
-def _crash_mid_step(out: Path, log: Path) -> tuple[Path | None, int | None, dict]:
-    """Start the campaign; SIGKILL its coordinator once step KILL_AT_STEP is training."""
+def _crash_mid_step(out: Path, log: Path, tl: Timeline) -> tuple[Path | None, int | None, dict]:
+    """Start the campaign; SIGKILL its coordinator once step KILL_AT_STEP is training (``tl.fault``)."""
     proc = start_campaign(_args("--out", str(out)), log)
     run_dir, deadline = None, time.monotonic() + RUN_TIMEOUT_S
     try:
@@ -104,6 +104,7 @@ def _crash_mid_step(out: Path, log: Path) -> tuple[Path | None, int | None, dict
             run_dir = dirs[0] if dirs else None
             if run_dir and len(_summary(run_dir)["steps"]) == KILL_AT_STEP - 1 and _submitted(run_dir, KILL_AT_STEP):
                 before = _summary(run_dir)
+                tl.fault(at=time.time())  # wall clock: the resumed run's events are timed so
                 os.kill(proc.pid, signal.SIGKILL)
                 return run_dir, proc.wait(timeout=60), before
             # a tiny step trains in ~0.1-0.3 s on an idle machine: poll often, or the kill lands
@@ -118,13 +119,22 @@ def _crash_mid_step(out: Path, log: Path) -> tuple[Path | None, int | None, dict
 
 @register("coordinator-crash", "the coordinator is SIGKILLed mid-step; resume continues the same run")
 def run(tmp: Path) -> Outcome:
-    run_dir, rc, before = _crash_mid_step(tmp / "runs", tmp / "crash.log")
+    tl = Timeline()
+    run_dir, rc, before = _crash_mid_step(tmp / "runs", tmp / "crash.log", tl)
     steps_before = [r["step"] for r in before.get("steps", [])]
     fault_fired = rc == -signal.SIGKILL and steps_before == list(range(1, KILL_AT_STEP))
     details: dict = {"crash_rc": rc, "steps_before_crash": steps_before, "crash_log_tail": _tail(tmp / "crash.log")}
     if not fault_fired or run_dir is None:
         return Outcome(fault_fired=False, unguarded="", guarded=Guarded(caught=False, error="no crash"),
                        details=details)
+
+    # Guarded: resume the crashed run (the same recipe and overrides: a resume refuses another config).
+    t0 = time.monotonic()
+    rc_resume = _run_to_end(_args("--resume", str(run_dir)), tmp / "resume.log")
+    detection_s = time.monotonic() - t0
+    after = _summary(run_dir)
+    tl.after_fault(detected=event_since(run_dir, "campaign.resume_point", tl.marks["fault"]),
+                   healthy=event_since(run_dir, "campaign.sync_done", tl.marks["fault"]))  # resumed run's first
 
     # Unguarded: a plain restart starts a new run from step 1; the crashed run's steps are not continued.
     # (Only its first step is run, on a short warm start without eval: all it has to show is where it begins.)
@@ -135,11 +145,6 @@ def run(tmp: Path) -> Outcome:
     plain_steps = [r["step"] for r in plain["steps"]]
     lost = rc_plain == 0 and plain_steps == [1] and plain_dirs[0] != run_dir and bool(plain.get("warm_start_loss"))
 
-    # Guarded: resume the crashed run (the same recipe and overrides: a resume refuses another config).
-    t0 = time.monotonic()
-    rc_resume = _run_to_end(_args("--resume", str(run_dir)), tmp / "resume.log")
-    detection_s = time.monotonic() - t0
-    after = _summary(run_dir)
     log = (tmp / "resume.log").read_text()
     steps_after = [r["step"] for r in after["steps"]]
     resumes = after.get("resumes", [])
@@ -177,7 +182,9 @@ def run(tmp: Path) -> Outcome:
                                f"no resume recorded (resume exit {rc_resume}; its log ends: "
                                + " | ".join(_tail(tmp / "resume.log", 6)) + ")")
                         + f"; summary steps after resume {steps_after}"),
-        invariants=invariants, details=details)
+        invariants=invariants, details=details,
+        recovery=tl.recovery(steps_lost=len(resumes[-1]["steps_run_again"]) if resumes else 0,
+                             how="`t1ops run --resume` started at once; healthy: its first step synced"))
 
 
 def _async_books(after: dict) -> dict:

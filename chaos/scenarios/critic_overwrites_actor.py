@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from rl import model as rmodel
 from t1ops.errors import CheckpointError, CheckpointRoleError
 from t1ops.guards.checkpoints import (CheckpointManager, file_sha256, load_checkpoint, save_checkpoint,
@@ -115,8 +115,13 @@ def _second_line(tmp: Path) -> dict:
 @register("critic-overwrites-actor", "a critic config deep-copied from the actor's saves over the actor")
 def run(tmp: Path) -> Outcome:
     bad = _unguarded(tmp)
+    tl = Timeline()
+    tl.fault()  # the deep-copied critic config reaches the checkpoint manager
     good = _guarded(tmp)
+    tl.after_fault(detected=good["detection_s"])
     second = _second_line(tmp)
+    if second["actor_still_lm"]:
+        tl.healthy()  # the runbook's fix (one directory per role, from_base) saved the actor
     fired = bad["same_dir"] and bad["sha_changed"] and bad["holds_value_head"]
     unguarded = (f"actor and critic shared save dir {bad['save_dir']}; after the critic saved, the actor's "
                  f"weights.pt changed checksum and its output_layer has {bad['output_layer_rows']} row (a value "
@@ -133,4 +138,5 @@ def run(tmp: Path) -> Outcome:
                     "actor_checkpoint_bit_identical": second["actor_sha_unchanged"],
                     "actor_checkpoint_still_actor": second["actor_still_lm"]},
         details={"unguarded": bad, "guarded": good, "second_line": second},
+        recovery=tl.recovery(how="refused before any model was built; one dir per role (runbook) saves"),
     )

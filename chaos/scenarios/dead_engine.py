@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from rl.engines import protocol as P
 from rl.engines.client import EngineClient
 from rl.engines.ports import free_port
@@ -133,6 +133,7 @@ def _guarded(procs: list[subprocess.Popen], tmp: Path) -> dict:
             killed_at = time.time()
             os.kill(victim.process.pid, signal.SIGKILL)
             results = [f.result() for f in futures]  # an error here is a lost sample: it propagates
+            collected_s = time.time() - killed_at
         # The samples can all finish on engine 1 before the victim's exit shows (a refused connection
         # of a process still dying is resubmitted, not a death): its death is the pinger's, within
         # two ping intervals of the kill. Wait for it (bounded) rather than read it at once: on a
@@ -145,13 +146,14 @@ def _guarded(procs: list[subprocess.Popen], tmp: Path) -> dict:
         rotated: list[str] = []
         report = pool.sync_weights(make_checkpoint(tmp, 1), "1", rotated.append)
         pool.wait_until_live(2, timeout_s=180)
+        replaced_s = time.time() - killed_at
         replacement = pool.slot(0)
         return {"results": results, "dead_event": dead[-1] if dead else None,
                 "detection_s": dead[-1]["time"] - killed_at if dead else None,
                 "live_after_kill": live_after_kill, "recreated": report.recreated_slots, "rotated": rotated,
                 "replacement_pid": replacement.process.pid, "victim_pid": victim.process.pid,
                 "replacement_version": replacement.client.weight_version(),
-                "victim_exit": victim.process.returncode}
+                "victim_exit": victim.process.returncode, "collected_s": collected_s, "replaced_s": replaced_s}
     finally:
         pool.close()
 
@@ -170,6 +172,9 @@ def run(tmp: Path) -> Outcome:
                  + (f", {bad['hung']} hung > {WATCHDOG_S:g} s" if bad["hung"] else ""))
     results, dead = good["results"], good["dead_event"]
     caught = dead is not None and good["live_after_kill"] == [1]
+    tl = Timeline()  # from the SIGKILL; healthy: the rollout's last sample back (resubmitted, none lost)
+    tl.fault(at=0.0)
+    tl.after_fault(detected=good["detection_s"], healthy=good["collected_s"] if len(results) == NUM_SAMPLES else None)
     return Outcome(
         fault_fired=fault_fired, unguarded=unguarded,
         guarded=Guarded(caught=caught, detection_s=good["detection_s"],
@@ -184,4 +189,6 @@ def run(tmp: Path) -> Outcome:
             "snapshot_rotated_in_barrier": good["rotated"] == ["1"],
             "every_sample_one_version": all(r.weight_version == "default" and not r.spans_versions for r in results),
         },
-        details={"unguarded": bad, "guarded": {k: v for k, v in good.items() if k != "results"}})
+        details={"unguarded": bad, "guarded": {k: v for k, v in good.items() if k != "results"}},
+        recovery=tl.recovery(how=f"in place: requests resubmitted; a replacement serves {good['replaced_s']:.1f} s "
+                                 "after the kill (at the next weight sync)"))

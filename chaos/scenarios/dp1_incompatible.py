@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from chaos.plan_launch import guarded_launch, launch
 from t1ops.preflight import check_plan, load_plan
 
@@ -49,8 +49,13 @@ def run(tmp: Path) -> Outcome:
                  f"at {est.binding.phase} with a {est.binding.peak_bytes / 2**30:.1f} GiB peak on a "
                  f"{on_disk.hardware.gpu_memory_gib:g} GiB GPU")
 
+    tl = Timeline()
+    tl.fault()  # the faulty plan goes to the guarded launcher
     error, detection_s, finding_ids = guarded_launch(path, tmp / "guarded")
+    if error:
+        tl.detected()
     good_ok = check_plan(load_plan(GOOD_PLAN)).verdict == "ok"
+    tl.healthy()  # the runbook's fix passes the same preflight
     return Outcome(
         fault_fired=fault_fired,
         unguarded=unguarded,
@@ -67,4 +72,5 @@ def run(tmp: Path) -> Outcome:
         },
         details={"plan_parallelism": on_disk.parallelism.model_dump(), "finding_ids": finding_ids,
                  "peak_gib": round(est.binding.peak_bytes / 2**30, 2)},
+        recovery=tl.recovery(how="refused before launch; the recipe's cp4 plan accepted (runbook's fix)"),
     )

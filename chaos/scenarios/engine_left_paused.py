@@ -23,7 +23,7 @@ import concurrent.futures as cf
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from chaos.scenarios.dead_engine import engine_client, kill_all, make_checkpoint, spawn_engines, tiny_spec
 from rl.engines import protocol as P
 from rl.engines.ports import free_port
@@ -82,12 +82,15 @@ def _guarded(procs, tmp: Path) -> dict:
         report = pool.sync_weights(make_checkpoint(tmp, 2), "2")
         not_resumed = telemetry.recent_events("engine.not_resumed", since=since)
         resp = pool.generate(_request(1))  # waits for the replacement's admission
+        served_at = time.time()
         replacement = pool.slot(0)
         return {"recreated": report.recreated_slots, "not_resumed": not_resumed[:1],
                 "detect_s": not_resumed[0]["detect_s"] if not_resumed else None,
                 "victim_exit": victim.process.poll(), "replacement_pid": replacement.process.pid,
                 "victim_pid": victim.process.pid, "served_version": resp.weight_version,
-                "served_tokens": len(resp.output_ids)}
+                "served_tokens": len(resp.output_ids),
+                # the fault: the continue the engine dropped, detect_s before its engine.not_resumed event
+                "served_s": served_at - (not_resumed[0]["time"] - not_resumed[0]["detect_s"]) if not_resumed else None}
     finally:
         pool.close()
 
@@ -107,6 +110,9 @@ def run(tmp: Path) -> Outcome:
     finally:
         kill_all([faulty, *spare])
     drops = (tmp / "faulty.log").read_text(errors="replace").count("continue_generation acknowledged and dropped")
+    tl = Timeline()  # from the dropped continue
+    tl.fault(at=0.0)
+    tl.after_fault(detected=good["detect_s"], healthy=good["served_s"] if good["served_version"] == "2" else None)
     return Outcome(
         fault_fired=drops >= 2,
         unguarded=(f"resume probe off: the sync reported engine {bad['sync_live']} live and opened the gate, the "
@@ -123,4 +129,5 @@ def run(tmp: Path) -> Outcome:
             and good["victim_exit"] is not None,
             "request_served_at_the_new_version": good["served_version"] == "2" and good["served_tokens"] == 3,
         },
-        details={"unguarded": bad, "guarded": good, "continues_dropped": drops})
+        details={"unguarded": bad, "guarded": good, "continues_dropped": drops},
+        recovery=tl.recovery(how="in place: the paused engine recreated; the next request served at the new version"))

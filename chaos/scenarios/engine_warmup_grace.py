@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from chaos.procs import wait_stopped
 from chaos.scenarios.dead_engine import kill_all, prestarted_factory, spawn_engines
 from rl.engines import protocol as P
@@ -70,11 +70,13 @@ def _phase(proc, tmp: Path, grace_s: float) -> dict:
                 admitted_s = time.monotonic() - thawed_at
                 req = P.GenerateRequest(input_ids=(5, 6, 7), sampling_params=P.SamplingParams(max_new_tokens=3))
                 served = len(pool.generate(req).output_ids) == 3
+        served_s = time.time() - since if served else None
+        misses = telemetry.recent_events("engine.ping_missed_in_grace", since=since)
         dead = [e for e in telemetry.recent_events("engine.dead", since=since) if e.get("url") == proc.url]
         return {"frozen": frozen, "status_after_freeze": status_frozen, "killed": proc.poll() == -signal.SIGKILL,
                 "dead_reason": dead[-1]["reason"] if dead else "", "dead_age_s": dead[-1]["age_s"] if dead else None,
-                "misses_in_grace": len(telemetry.recent_events("engine.ping_missed_in_grace", since=since)),
-                "admitted_after_thaw_s": admitted_s, "served": served}
+                "misses_in_grace": len(misses), "first_miss_s": misses[0]["time"] - since if misses else None,
+                "admitted_after_thaw_s": admitted_s, "served": served, "served_s": served_s}
     finally:
         pool.close()
 
@@ -92,6 +94,9 @@ def run(tmp: Path) -> Outcome:
                  f"({bad['dead_reason']}, age {bad['dead_age_s']} s)" if bad["killed"]
                  else f"no warm-up grace, engine survived the freeze ({bad['status_after_freeze']})")
     caught = good["status_after_freeze"] == "starting" and good["served"]
+    tl = Timeline()  # from the freeze (SIGSTOP); detected: the first miss held in grace; healthy: served after thaw
+    tl.fault(at=0.0)
+    tl.after_fault(detected=good["first_miss_s"], healthy=good["served_s"])
     return Outcome(
         fault_fired=fault_fired, unguarded=unguarded,
         guarded=Guarded(caught=caught, detection_s=good["admitted_after_thaw_s"],
@@ -100,4 +105,5 @@ def run(tmp: Path) -> Outcome:
         invariants={"no_false_kill": not good["killed"],
                     "misses_were_observed": good["misses_in_grace"] >= THRESHOLD,
                     "unguarded_false_kill_reproduced": bad["killed"]},
-        details={"unguarded": bad, "guarded": good})
+        details={"unguarded": bad, "guarded": good},
+        recovery=tl.recovery(how=f"in place: no kill in the grace; served once the {FREEZE_S:g} s freeze ended"))

@@ -49,7 +49,7 @@ import threading
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 
 NUM_TRIALS = 16            # the report's "collected 0/16": 4 groups x 4 samples
 GROUP_SIZE = 4
@@ -157,7 +157,7 @@ def _phase(ray, name: str, guarded: bool, cap_hard: bool, run_dir: Path) -> dict
     def collect() -> None:
         try:
             results, _, books = rollouts.collect(pending)
-            out.update(collected=len(results), returned=True, books=books)
+            out.update(collected=len(results), returned=True, books=books, collected_s=time.monotonic() - t0)
         except StallError as err:
             out.update(error=str(err), detection_s=time.monotonic() - t0)
         except Exception as err:  # the worker killed at the end of an unguarded watch
@@ -208,6 +208,10 @@ def run(tmp: Path) -> Outcome:
     fault_fired = uw["soft"] < uw["hard"] and uw["dropped"] > 0 and unguarded["num_completed"] == 0
     error = capped["error"] or ""
     caught = raised["collected"] == NUM_TRIALS and "fd usage near the soft nofile limit" in error
+    tl = Timeline()  # the capped phase, from its submit (every delivery is dropped from then on)
+    tl.fault(at=0.0)
+    tl.after_fault(detected=capped["detection_s"], stopped=capped["detection_s"])
+    restart = raised.get("collected_s")
     return Outcome(
         fault_fired=fault_fired,
         unguarded=(f"Rollouts.collect after {PATIENCE_S:g} s: collected {unguarded['num_completed']}/{NUM_TRIALS}, "
@@ -226,6 +230,8 @@ def run(tmp: Path) -> Outcome:
             "stall_names_the_workers_fds": f"pid {capped['worker_pid']}: " in error,
         },
         details={**out, "stall_threshold_s": STALL_THRESHOLD_S, "scaled_from": "soft nofile 1024, stall_timeout_s 300"},
+        recovery=tl.recovery(how="stopped with StallError (hard cap); the restart with the limit raised collected "
+                                 + (f"{NUM_TRIALS}/{NUM_TRIALS} in {restart:.2f} s" if restart else "nothing")),
     )
 
 

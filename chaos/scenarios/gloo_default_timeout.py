@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from chaos import rank_job
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from t1ops.config import GuardsConfig
 from t1ops.guards.dist import timeout_for
 
@@ -52,6 +52,9 @@ def run(tmp: Path) -> Outcome:
     lost = u0["returncode"] != 0 and "Timed out" in (u0.get("error") or "") and (u0.get("gather_s") is None)
     slow = [s for s in g0.get("slow", []) if s["collective"].startswith("weight-update gather")]
     caught = all(r["error"] is None and r["returncode"] == 0 for r in guarded) and bool(slow)
+    tl = Timeline()  # rank 0's own clock: 0 = it entered the gather its late peer had not reached
+    tl.fault(at=0.0)
+    tl.after_fault(detected=slow[0]["slow_at_s"] if slow else None, healthy=g0.get("gather_s") if caught else None)
     return Outcome(
         fault_fired=fault_fired,
         unguarded=(f"rank 0 died in the weight-update gather (exit {u0['returncode']}): {u0.get('error')}; "
@@ -69,4 +72,5 @@ def run(tmp: Path) -> Outcome:
         },
         details={"unguarded": unguarded, "guarded": guarded, "stall_s": stall_s,
                  "scale": "8 s per 30 min: built-in default 30 min -> 8 s, configured 60 min -> 16 s, stall 45 min -> 12 s"},
+        recovery=tl.recovery(how="in place: the gather completes within the configured timeout"),
     )

@@ -26,7 +26,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 
 TIMEOUT_S = 2.0           # the configured group timeout, scaled
 WINDOW_S = 2.0            # guards.field.group_init_timeout_s, scaled
@@ -46,7 +46,7 @@ def rank_main(cfg: dict) -> dict:
     while not all((out / f"ready{r}").exists() for r in cfg["started"]):
         time.sleep(0.01)
     rep: dict = {"rank": rank, "pid": os.getpid(), "error": None}
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
     try:
         if cfg["guarded"]:
             guards = GuardsConfig()
@@ -57,6 +57,9 @@ def rank_main(cfg: dict) -> dict:
             dist.init_process_group("gloo", init_method=cfg["init_method"], rank=rank, world_size=cfg["world"],
                                     timeout=timedelta(seconds=TIMEOUT_S))
         rep["init_s"] = round(time.monotonic() - t0, 3)
+        from t1ops import telemetry  # the guard's first failed attempt: its detection of the taken port
+        retries = telemetry.recent_events("dist.rendezvous_retry", since=wall0)
+        rep["retry_s"] = round(retries[0]["time"] - wall0, 3) if retries else None
         x = torch.ones(1)
         dist.all_reduce(x)
         rep["sum"] = x.item()
@@ -153,6 +156,10 @@ def run(tmp: Path) -> Outcome:
     named = "ranks [1] never arrived" in (m[0].get("error") or "")
     bound_g = 3 * WINDOW_S + 2.0      # attempts x window, and slack for a loaded host
     detection = max((r.get("init_s") or 0.0) for r in g) if met else None
+    tl = Timeline()  # the guarded ranks' clocks, from the init on the raced port plan
+    tl.fault(at=0.0)
+    retries = [r["retry_s"] for r in g if r.get("retry_s") is not None]
+    tl.after_fault(detected=min(retries) if retries else None, healthy=detection)
     return Outcome(
         fault_fired=eaddr and blocked,
         unguarded=(f"rank 0 died: {(u[0].get('error') or '')[:160]}; rank 1 still blocked in torch's rendezvous "
@@ -168,4 +175,6 @@ def run(tmp: Path) -> Outcome:
         },
         details={"unguarded": u, "guarded": g, "missing": m, "raced_port": raced, "plan": plan,
                  "scale": f"group timeout and rendezvous window {TIMEOUT_S:g} s; outer bound {OUTER_BOUND_S:g} s"},
+        recovery=tl.recovery(how="in place: the attempt on the taken port failed at its window; the next fresh "
+                                 "port met"),
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from t1ops.config import GuardsConfig
 from t1ops.errors import HostOOMKilled
 from t1ops.guards.hostmem import OomWatch, check_projection, fmt_bytes, project_host_memory
@@ -108,6 +108,10 @@ def run(tmp: Path) -> Outcome:
         except HostOOMKilled as err:
             error, caught = str(err), True
         detection_s = time.monotonic() - died_at
+        tl = Timeline()  # from the trainer's death (its exit seen); the run stops with the named error
+        tl.fault(at=died_at)
+        if caught:
+            tl.after_fault(detected=detection_s, stopped=detection_s)
     finally:
         if cgroup is not None:
             cgroup.remove()
@@ -126,4 +130,6 @@ def run(tmp: Path) -> Outcome:
         },
         details={"mechanism": mechanism, "projection": verdict.message, "exit_codes": [rc_u, rc_g],
                  "scaled_from": "2265 GB host, two 122B models' fp32 Adam + 260 sandboxes (report, section 09)"},
+        recovery=tl.recovery(how="stopped with HostOOMKilled (the projection warned before launch); restart "
+                                 "with fewer sandboxes or offload per the runbook: not measured here"),
     )

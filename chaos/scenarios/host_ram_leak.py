@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 
 LIMIT_BYTES = 160 * 2 ** 20
 SAMPLE_S = 0.25
@@ -99,6 +99,9 @@ def run(tmp: Path) -> Outcome:
     warned_at, w = first_trend.get("rollout-worker-0", (None, None))
     projected_s = w.hours_to_limit * 3600 if w else None
     real_left = killed_at - warned_at if warned_at is not None else None
+    tl = Timeline()  # from the leak's start; the trend names it, the OOM killer ends the worker later
+    tl.fault(at=0.0)
+    tl.after_fault(detected=warned_at, stopped=killed_at)
     return Outcome(
         fault_fired=rc in (-9, 137) and peak > LIMIT_BYTES / 2,
         unguarded=(f"rollout-worker-0 (pid {leak.pid}) killed (exit {rc}) at {killed_at:.1f} s; the level check "
@@ -120,4 +123,7 @@ def run(tmp: Path) -> Outcome:
                  "trend_warned_at_s": warned_at, "projected_s": projected_s, "real_left_s": real_left,
                  "peak_rss_mib": round(peak / 2 ** 20, 1),
                  "scale": "2 MiB per 0.1 s step into a 160 MiB cgroup; rss_min_window_s 1.5 s, rss_window_s 60 s"},
+        recovery=tl.recovery(how=("a warning " + (f"{real_left:.1f} s" if real_left is not None else "-")
+                                  + " before the OOM kill (stop): the lead time to restart the named worker "
+                                  "(runbook); the restart itself is not measured")),
     )

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from rl.agent.archive import ArchiveLimits, extract_task_archive
 from rl.errors import UnsafeArchiveError
 
@@ -149,6 +149,8 @@ def run(tmp: Path) -> Outcome:
     (outside / "victim.txt").write_text("original\n")
     unguarded, guarded, details = {}, {}, {}
     caught_all, clean, t_detect = True, True, 0.0
+    tl = Timeline()  # the slowest refusal: from its extraction's start to the refusal, then the host checked clean
+    slowest = (-1.0, 0.0, 0.0)
     for name, add in hostile_builders(outside).items():
         arc = build(tmp / f"{name}.tar.gz", add)
         unguarded[name] = _unguarded(arc, tmp / "naive" / name, outside)
@@ -164,9 +166,16 @@ def run(tmp: Path) -> Outcome:
             guarded[name], ok = "ACCEPTED", False
         except UnsafeArchiveError as e:
             t_detect = max(t_detect, time.monotonic() - t0)
+            refused_at = time.monotonic()
             guarded[name], ok = str(e), e.context.get("member") is not None or name == "size_bomb"
         caught_all &= ok
-        clean &= _snapshot(outside) == before and not any(dest.iterdir())
+        was_clean = _snapshot(outside) == before and not any(dest.iterdir())
+        clean &= was_clean
+        if guarded[name] != "ACCEPTED" and was_clean and refused_at - t0 > slowest[0]:
+            slowest = (refused_at - t0, t0, time.monotonic())
+    if slowest[0] >= 0:
+        tl.fault(at=slowest[1])
+        tl.after_fault(detected=slowest[0], healthy=slowest[2] - slowest[1])
     fired = sum("outside" in v or "special" in v or "entries" in v or "hard link" in v
                 for v in unguarded.values())
     details = {"unguarded": unguarded, "guarded": guarded, "num_attacks": len(unguarded),
@@ -177,4 +186,5 @@ def run(tmp: Path) -> Outcome:
         guarded=Guarded(caught=caught_all, detection_s=t_detect, error=guarded.get("symlink_escape", "")),
         invariants={"unguarded_extraction_harmed_the_host": fired >= len(unguarded) - 1,
                     "nothing_written_outside_dest": clean, "every_refusal_names_member": caught_all},
-        details=details)
+        details=details,
+        recovery=tl.recovery(how="refused before a byte was written; the host checked clean (nothing to undo)"))

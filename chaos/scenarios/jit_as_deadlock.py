@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from chaos import rank_job
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from t1ops.config import GuardsConfig
 from t1ops.errors import HangError
 from t1ops.guards.dist import timeout_for
@@ -56,15 +56,17 @@ def _watch(out: Path, procs, guards: GuardsConfig, deadline_s: float) -> dict:
     watch = RankWatch(guards, {r: RankProcess(p.pid, beacons[r], out / f"rank{r}.stacks")
                                for r, p in enumerate(procs)})
     watch.expect_work()
-    t0, statuses = time.monotonic(), set()
+    t0, statuses, first_seen = time.monotonic(), set(), {}
     while any(p.poll() is None for p in procs) and time.monotonic() < t_end:
         try:
-            statuses.update(s.status for s in watch.poll().values())
+            for s in watch.poll().values():
+                statuses.add(s.status)
+                first_seen.setdefault(s.status, time.monotonic())
         except HangError as err:
             return {"statuses": sorted(statuses | {"hung"}), "hang": str(err), "detection_s": time.monotonic() - t0,
                     "bound_s": max(watch.watchdog.bound_s(r) for r in watch.ranks)}
         time.sleep(0.02)
-    return {"statuses": sorted(statuses), "hang": None}
+    return {"statuses": sorted(statuses), "hang": None, "first_seen": first_seen}
 
 
 def _job(tmp: Path, name: str, cfg: dict, guards: GuardsConfig | None, deadline_s: float = 240.0) -> dict:
@@ -94,6 +96,14 @@ def run(tmp: Path) -> Outcome:
     stacks_of = [f"--- rank {r} (pid" in error for r in range(2)]
     lost = u0["returncode"] != 0 and "Timed out" in (u0.get("error") or "") and u0.get("steps_done") == 0
     fault_fired = lost or all(r.get("steps_done") == 2 for r in warm["ranks"])
+    tl = Timeline()  # the warm-up job: from the ranks' first forward (the cold compile) on the host's clock
+    starts = [r["work_at"] for r in warm["ranks"] if r.get("work_at")]
+    firsts = [r["first_step_at"] for r in warm["ranks"] if r.get("first_step_at")]
+    if starts:
+        tl.fault(at=min(starts))
+        tl.after_fault(detected=(warm.get("first_seen") or {}).get("warming_up", min(starts)) - min(starts)
+                       if "warming_up" in (warm.get("first_seen") or {}) else None,
+                       healthy=max(firsts) - min(starts) if len(firsts) == len(warm["ranks"]) else None)
     caught = (warm.get("hang") is None and "warming_up" in warm.get("statuses", [])
               and "_stuck_compiling" in error and all(stacks_of))
     return Outcome(
@@ -117,4 +127,7 @@ def run(tmp: Path) -> Outcome:
                  "hang": {k: v for k, v in hang.items() if k != "hang"},
                  "scale": "1 s per 300 s: first micro-batch 1200 s (cold compile) -> 4 s, then 489 s -> 22 s; "
                           "NCCL default 600 s -> 2 s, configured 1800 s -> 6 s; hang job 1 s per 30 s"},
+        recovery=tl.recovery(how="in place: classified warming_up, the first step finished; a real hang stops with "
+                                 + (f"HangError {hang['detection_s']:.1f} s into the watch" if hang.get("detection_s")
+                                    else "HangError (not seen)")),
     )

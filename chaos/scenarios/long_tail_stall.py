@@ -27,10 +27,12 @@ import json
 import os
 import shutil
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
+from chaos.procs import event_since
 
 REPO = Path(__file__).resolve().parents[2]
 SLEEP_S = 12          # under the agent's 20 s command timeout; several tiny steps long
@@ -92,6 +94,7 @@ def _kill_engine_at(step: int, fired: dict):
         if s != step or fired:
             return
         pids = ray.get(c.router.engine_pids.remote())
+        fired.update(at=time.time())
         os.kill(pids[0], signal.SIGKILL)
         fired.update(step=s, pid=pids[0])
     return hook
@@ -121,6 +124,11 @@ def run(tmp: Path) -> Outcome:
     recreated = [r["step"] for r in rows if r.get("engines_recreated")]
     fast_steps = [r for r in rows if r["step_s"] < SLEEP_S]
 
+    tl = Timeline()  # the engine SIGKILLed mid-run (fully_async): its death named, the next step synced
+    if killed:
+        tl.fault(at=killed["at"])
+        tl.after_fault(detected=event_since(fa, "engine.dead", killed["at"]),
+                       healthy=event_since(fa, "campaign.sync_done", killed["at"]))
     fault_fired = bool(one_slow) and bool(slow)  # the slow task ran (its trial slept) in both modes
     unguarded = (f"one_step: step(s) {slow_steps} held the {SLEEP_S} s slow trial and took "
                  f"{[round(s['step_s'], 1) for s in stalled]} s; the other trial of the batch and the "
@@ -143,4 +151,6 @@ def run(tmp: Path) -> Outcome:
                  "fully_async_rows": [{k: r[k] for k in ("step", "step_s", "rollout_s", "version_lag_tokens",
                                                         "group_lags", "staleness_violations", "violation_lags")}
                                       for r in rows],
-                 "slow_trajectories": slow, "books": books, "killed": killed, "recreated_at_steps": recreated})
+                 "slow_trajectories": slow, "books": books, "killed": killed, "recreated_at_steps": recreated},
+        recovery=tl.recovery(how=f"fully_async: the slow trial never stalled a step ({len(fast_steps)} steps under "
+                                 f"{SLEEP_S:g} s); the killed engine: its next step synced, recreated in place"))

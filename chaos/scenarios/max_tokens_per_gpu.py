@@ -20,7 +20,7 @@ import math
 import re
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from chaos.plan_launch import guarded_launch, launch
 from t1ops.preflight import check_plan, load_plan
 from t1ops.preflight.memory import binding_tokens_per_gpu, estimate
@@ -63,9 +63,14 @@ def run(tmp: Path) -> Outcome:
                  f"{est.binding.phase} ({est.binding.peak_bytes / 2**30:.1f} GiB > "
                  f"{after.hardware.gpu_memory_gib:g} GiB)")
 
+    tl = Timeline()
+    tl.fault()  # the faulty plan goes to the guarded launcher
     error, detection_s, finding_ids = guarded_launch(path, tmp / "guarded")
+    if error:
+        tl.detected()
     suggested = re.search(r"Raise cp to (\d+)", error)
     fixed_ok = bool(suggested) and check_plan(with_cp(before, int(suggested.group(1)))).verdict == "ok"
+    tl.healthy()  # the runbook's fix passes the same preflight
     return Outcome(
         fault_fired=fault_fired,
         unguarded=unguarded,
@@ -81,4 +86,5 @@ def run(tmp: Path) -> Outcome:
             "the suggested cp is accepted by preflight": fixed_ok,
         },
         details={"finding_ids": finding_ids, "suggested_cp": suggested.group(1) if suggested else None},
+        recovery=tl.recovery(how="refused before launch; the suggested cp accepted (runbook's fix)"),
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from rl.errors import MetricError
 
 CHAOS_REDUCER = "group_sum_chaos"
@@ -80,10 +80,14 @@ def run(tmp: Path) -> Outcome:
         rows = torch.where(mask_BT, (old_BT - batch.rollout_logprobs_BT).abs(), 0.0)
         buggy = group_sum_reducer([r[None] for r in rows], [m[None] for m in mask_BT])  # unguarded: no check
         t0, err = time.monotonic(), None
+        tl = Timeline()  # from the step with the faulty reducer; the guard refuses it: the run stops
+        tl.fault(at=t0)
         try:
             faulty.train_step(batch)
         except MetricError as e:
             err = e
+            tl.detected()
+            tl.stopped()
         detection_s = round(time.monotonic() - t0, 4) if err else None
     finally:
         metrics.REDUCERS.pop(CHAOS_REDUCER, None)
@@ -101,4 +105,6 @@ def run(tmp: Path) -> Outcome:
             "chaos_reducer_unregistered_after": CHAOS_REDUCER not in metrics.REDUCERS,
         },
         details={"true_gap": round(true_gap, 6), "buggy_gap": round(buggy, 4), "inflation_x": round(inflation, 1),
-                 "loss_tokens_per_sample": per_sample, "healthy_step_gap": stats.logprob_gap})
+                 "loss_tokens_per_sample": per_sample, "healthy_step_gap": stats.logprob_gap},
+        recovery=tl.recovery(how="stopped with MetricError before the update; restart with the production "
+                                 "reducer (runbook): its step trained above, not timed as a restart"))

@@ -23,7 +23,7 @@ import re
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from rl.errors import MissingRoutingError
 
 TASKS = ("files-hello", "text-upper")
@@ -121,6 +121,12 @@ def run(tmp: Path) -> Outcome:
     raised_at = worker.engines.raised_at
     detection_s = round(aborted_at - raised_at, 4) if err is not None and raised_at else None
     n = len(TASKS) * SAMPLES
+    tl = Timeline()  # from the engine's routing-less answer; the rollout aborts: the run stops by design
+    if raised_at is not None:
+        tl.fault(at=raised_at)
+        if err is not None:
+            tl.detected(at=aborted_at)
+            tl.stopped(at=aborted_at)
     return Outcome(
         fault_fired=fired_unguarded >= 1 and len(omitted) > fired_unguarded,
         unguarded=(f"rollout returned {len(kept)}/{n} samples without error (failed: {out.failed}); "
@@ -135,4 +141,6 @@ def run(tmp: Path) -> Outcome:
             "detected_after_the_fault": detection_s is not None and detection_s >= 0,
         },
         details={"omitted_rids": omitted, "unguarded_kept": kept, "unguarded_failed": out.failed,
-                 "engine_log": str(log)})
+                 "engine_log": str(log)},
+        recovery=tl.recovery(how="stopped: the step's rollout aborted (rollout.aborted), no sample dropped; "
+                                 "restart after the engine's flags are fixed (runbook): not measured"))

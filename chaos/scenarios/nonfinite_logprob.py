@@ -96,6 +96,7 @@ def run(tmp: Path) -> Outcome:
         batching.sample_token = real
         server.shutdown()
         server.server_close()
+        engine.close()
     outcomes = [err, healthy]
     _, _, abort_err = _settle(outcomes, "abort")
     kept, books, drop_err = _settle(outcomes, "drop")

@@ -91,6 +91,7 @@ def _two_turns(token_only_key: bool) -> dict:
     second_ids = list(PROMPT) + list(first.output_ids) + [5, 9]
     second = greedy(engine, second_ids, "turn-2")
     served_s = time.monotonic() - t_load
+    engine.close()
     return {"reused": engine.scheduler.pool.reused_tokens - reused_before, "gap": full_forward_gap(engine, second_ids, second),
             "version": second.weight_version, "served_s": served_s, "t_load": t_load, "t_served": t_load + served_s}
 

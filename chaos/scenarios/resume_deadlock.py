@@ -118,6 +118,7 @@ def run(tmp: Path) -> Outcome:
         ex.shutdown(wait=False, cancel_futures=True)
         server.shutdown()
         server.server_close()
+        engine.close()
     return Outcome(
         fault_fired=bad_hung,
         unguarded=(f"barrier open for the checkpoint (gate closed, engine paused) while the trainer waits for the "

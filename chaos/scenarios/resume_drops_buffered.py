@@ -35,7 +35,7 @@ import signal
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from t1ops.campaign.async_buffer import GroupBuffer
 from t1ops.campaign.async_loop import GroupPlanner, end_books, row_books, step_accounting
 from t1ops.campaign.group_ledger import audit_groups, replay_plan
@@ -223,16 +223,22 @@ def resumed(crashed: dict, run_dir: Path) -> Summary:
     return summary
 
 
-def _resume(mode: str, crashed: dict, run_dir: Path, guarded: bool) -> dict:
+def _resume(mode: str, crashed: dict, run_dir: Path, guarded: bool, tl: Timeline | None = None) -> dict:
+    """Resume ``mode`` from the crashed summary; ``tl``: fault at the resume's start (the crashed state
+    loaded), detected when the replay plan names the buffered groups, healthy once the run is done."""
+    tl = tl or Timeline()
+    tl.fault()
     summary, first = resumed(crashed, run_dir), RESUME_AT + 1
     if mode == "fully_async":
         if guarded:
             start, replay = replay_plan(summary.steps, RESUME_AT)
+            tl.detected()
         else:  # the resume before the guard: the order continues, the buffer starts empty
             start, replay = summary.steps[-1]["async_books"]["planner_next"], []
         async_steps(summary, new_async(first, start, replay), first)
     else:
         pipelined_steps(summary, mode, first)
+    tl.healthy()
     return json.loads((run_dir / "summary.json").read_text())
 
 
@@ -284,9 +290,10 @@ def run(tmp: Path) -> Outcome:
         and lost_ids == sorted(g.split("-", 1)[0] for g in pending) and len(pending) > 0,
         "unguarded_loss_named_by_the_audit": any("never trained, dropped or left" in p for p in plain_audit["problems"]),
     }
-    audits = {}
+    audits, tl = {}, Timeline()
     for mode in MODES:
-        final = _resume(mode, crashes[mode][1], tmp / f"{mode}-guarded", guarded=True)
+        final = _resume(mode, crashes[mode][1], tmp / f"{mode}-guarded", guarded=True,
+                        tl=tl if mode == "fully_async" else None)
         audits[mode] = audit = audit_groups(final, mode)
         invariants[f"{mode}_exactly_once_audit_holds"] = audit["ok"] and audit["steps"] == STEPS
         invariants.update(_checks(mode, final, audit, crashes[mode][1]))
@@ -302,4 +309,6 @@ def run(tmp: Path) -> Outcome:
         guarded=Guarded(caught=caught, detection_s=detection_s,
                         error="; ".join(plain_audit["problems"]) + f"; guarded resumes: " + ", ".join(
                             f"{m} {a['trained']} groups trained once" for m, a in audits.items())),
-        invariants=invariants, details=details)
+        invariants=invariants, details=details,
+        recovery=tl.recovery(how=f"resume (fully_async): {len(pending)} buffered groups replayed, none lost; "
+                                 "from the resumed state's load to its last step"))

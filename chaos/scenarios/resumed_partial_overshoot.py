@@ -107,6 +107,8 @@ def run(tmp: Path) -> Outcome:
     tl.healthy()
     in_place = _run(lambda: engine.generate(_request(PROMPT, "p")), engine, PAUSE_AT, "in_place", None, None, "3")
     spans = [(s.version, s.end - s.start) for s in in_place.weight_versions]
+    bad_engine.close()
+    engine.close()
     return Outcome(
         fault_fired=partial.finish_reason.is_abort and 0 < len(partial.output_ids) < BUDGET,
         unguarded=(f"aborted after {len(partial.output_ids)} tokens, continued with prompt + partial and the "

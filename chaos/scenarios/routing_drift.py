@@ -37,7 +37,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from rl.model import ModelSpec, build_policy, weights_state_dict
 from rl.routing import fill_missing_rows
 from rl.trainer import RoutingGap, TrainBatch, measure_routing_gap, rollout_batch
@@ -123,6 +123,9 @@ def run(tmp: Path) -> Outcome:
         t0 = time.monotonic()
         gap = measure_routing_gap(actor, batch)  # free routing (R3 off), then replay (R3 on)
         measure_s = time.monotonic() - t0
+        tl = Timeline()  # from the bf16 engine's batch reaching the trainer: the flips measured and replayed
+        tl.fault(at=t0)
+        tl.after_fault(detected=measure_s, healthy=measure_s if gap.gap_r3_on < gap.gap_r3_off else None)
 
         # control: the same tokens scored by an fp32 sampler (same numerics as the trainer)
         control = measure_routing_gap(actor, _score(actor, seqs))
@@ -154,4 +157,5 @@ def run(tmp: Path) -> Outcome:
             "control_fp32_sampler": {"num_flipped_rows": control.num_flipped_rows, "gap_r3_off": control.gap_r3_off,
                                      "gap_r3_on": control.gap_r3_on},
             "measure_s": round(measure_s, 3), "spec": SPEC.to_dict(),
-        })
+        },
+        recovery=tl.recovery(how="in place, every step: the train forward replays the recorded experts (R3)"))

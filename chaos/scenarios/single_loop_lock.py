@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from t1ops.errors import StallError
 from t1ops.guards.pacing import TokenBucket, TrialLedger
 
@@ -79,6 +79,8 @@ def run(tmp: Path) -> Outcome:
     # Guarded 1: the same buggy lock with a ledger: the drop is named, not silent.
     ledger = TrialLedger(name="eval")
     t0 = time.monotonic()
+    tl = Timeline()  # from the eval on the buggy lock: the ledger names the drop; the loop-keyed lock completes
+    tl.fault(at=t0)
     _campaign(_SingleLoopBucket(), ledger)
     named = len(ledger.failed)
     try:
@@ -86,11 +88,15 @@ def run(tmp: Path) -> Outcome:
     except StallError:
         pass
     detection_s = time.monotonic() - t0
+    if named:
+        tl.detected()
 
     # Guarded 2: the loop-keyed bucket: every eval trial completes.
     ledger_ok = TrialLedger(name="eval")
     kept_ok, errors_ok = _campaign(TokenBucket(rate_per_s=5000, burst=1), ledger_ok)
     books = ledger_ok.close()
+    if kept_ok == NUM_EVAL:
+        tl.healthy()
     caught = kept_ok == NUM_EVAL and not errors_ok and named == len(loop_errors)
     return Outcome(
         fault_fired=fault_fired, unguarded=unguarded,
@@ -99,4 +105,6 @@ def run(tmp: Path) -> Outcome:
                               f"with the loop-keyed bucket eval completed {kept_ok}/{NUM_EVAL}"),
         invariants={"unguarded_eval_silently_dropped_trials": kept < NUM_EVAL and len(loop_errors) > 0,
                     "no_trial_vanished": books["missing"] == 0, "all_eval_completed": kept_ok == NUM_EVAL},
-        details={"unguarded_kept": kept, "unguarded_crashed": len(loop_errors), "guarded_books": books})
+        details={"unguarded_kept": kept, "unguarded_crashed": len(loop_errors), "guarded_books": books},
+        recovery=tl.recovery(trials_lost=named, how="named by the eval ledger; the production loop-keyed bucket's "
+                                                    "eval completed every trial (the runbook's fix)"))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 
 POOL = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 # a sandboxed verifier takes seconds to start on a loaded 2-core host (soak, --load 1): the cap must
@@ -114,6 +114,9 @@ def run(tmp: Path) -> Outcome:
     left = [p for p in pids_g if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     for t in (trial_u, trial_g):
         t.close()
+    tl = Timeline()  # from the guarded verifier's start: the stall report names it; the cap kills it
+    tl.fault(at=t0)
+    tl.after_fault(detected=detected_s, healthy=verdict_s if verdict is not None else None)
     named = bool(msg_g) and all(s in msg_g for s in (task.name, trial_g.trial_id)) \
         and any(str(p) in msg_g for p in pids_g)
     return Outcome(
@@ -137,4 +140,6 @@ def run(tmp: Path) -> Outcome:
                  "verdict": None if verdict is None else {"reason": verdict.reason, "source": verdict.reward.source,
                                                           "budget_s": verdict.budget_s, "pids": pids_g},
                  "scale": f"cap 600 s -> {CAP_S:g} s, stall threshold 300 s -> {STALL_S:g} s"},
+        recovery=tl.recovery(trials_lost=1, how="in place: the verifier killed at the capped budget, the trial "
+                                                "fails without a reward and the step goes on"),
     )

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from rl.agent.sandbox import Sandbox
 from rl.agent.tasks import load_task
 from rl.agent.verifier import accept_ctrf, verify
@@ -96,8 +96,13 @@ def run(tmp: Path) -> Outcome:
         except TrialDirError as e:
             errors.append(str(e))
     detection_s = time.monotonic() - t0
+    tl = Timeline()  # from the stale ctrf.json offered to the new run: refused; a fresh trial dir verified
+    tl.fault(at=t0)
+    tl.after_fault(detected=detection_s if errors else None)
     fresh = new_sandbox.create(load_task(task_dir), 0)
     verdict = verify(fresh)
+    if verdict.reward.source != "ctrf":
+        tl.healthy()
     fresh.close()
     return Outcome(
         fault_fired=fired and ung["reward"] > 0,
@@ -111,4 +116,5 @@ def run(tmp: Path) -> Outcome:
                     "new_trial_has_no_ctrf": not (fresh.dir / "verifier" / "ctrf.json").exists()},
         details={"unguarded": ung, "guarded_reason": verdict.reason,
                  "guarded_source": verdict.reward.source, "old_dir": str(old_dir),
-                 "new_dir": str(fresh.dir), "refusals": errors})
+                 "new_dir": str(fresh.dir), "refusals": errors},
+        recovery=tl.recovery(how="in place: the stale file refused; the trial runs in a fresh per-run dir"))

@@ -29,7 +29,7 @@ import signal
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from chaos.scenarios.resume_drops_buffered import (GROUPS, MAX_STALENESS, RESUME_AT, WORKERS, async_steps, crash,
                                                    new_async, resumed)
 from rl.staleness import CapacityError, StalenessManager
@@ -77,7 +77,13 @@ def run(tmp: Path) -> Outcome:
     t0 = time.monotonic()
     named, _, named_err = _resume(crashed, tmp / "detected", inflate=True, check=True)
     detection_s = time.monotonic() - t0
+    tl = Timeline()  # from the resume with the inflated budget: stopped at its first sync; the right resume runs
+    tl.fault(at=t0)
+    if isinstance(named_err, CapacityError):
+        tl.after_fault(detected=detection_s, stopped=detection_s)
     good, gen, good_err = _resume(crashed, tmp / "guarded", inflate=False, check=True)
+    if good_err is None:
+        tl.healthy()
     lags = [lag for r in _after(good["final"]) for lag in r["group_lags"].values()]
     replayed_lags = {g: lag for r in _after(good["final"]) for g, lag in r["group_lags"].items() if g in good["replay"]}
     invariants = {
@@ -105,4 +111,6 @@ def run(tmp: Path) -> Outcome:
                   f"{sorted(set(stale.values()))} steps old (max_staleness {MAX_STALENESS}): {sorted(stale)}, no error",
         guarded=Guarded(caught=invariants["inflated_budget_caught_at_the_first_sync"], detection_s=detection_s,
                         error=str(named_err)[:300] if named_err else "not caught"),
-        invariants=invariants, details=details)
+        invariants=invariants, details=details,
+        recovery=tl.recovery(how="stopped with CapacityError at the first sync; the resume with the rule's "
+                                 "headroom (runbook) ran to the last step"))

@@ -35,7 +35,7 @@ import random
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from rl.agent import budget
 from rl.errors import EngineError
 
@@ -205,6 +205,12 @@ def _outcome(naive_calls, guard_calls, unguarded, guarded, t0) -> Outcome:
     fits = all(c["prompt"] + c["max_new"] <= CONTEXT for c in guard_calls)
     continued = [ep for ep in guarded if ep.compactions and len(ep.chunks) > 1 and _turns_after_compaction(ep)]
     first = min((c["served_at"] for c in served), default=None)
+    tl = Timeline()  # the first guarded summary: the history reached the compaction point, compacted, served
+    if served:
+        one = min(served, key=lambda c: c["sent_at"])
+        tl.fault(at=one["sent_at"])
+        tl.detected(at=one["sent_at"])  # the budget check chose to compact before the window was passed
+        tl.healthy(at=one["served_at"])
     return Outcome(
         fault_fired=bool(refused) and all(c["prompt"] + c["max_new"] > CONTEXT for c in refused),
         unguarded=(f"{len(refused)}/{len(tried)} summaries ({share:.0%}) refused by the engine (report: 98.3% "
@@ -226,7 +232,8 @@ def _outcome(naive_calls, guard_calls, unguarded, guarded, t0) -> Outcome:
         details={"scale": round(SCALE, 1), "summary_prompts_unguarded": [c["prompt"] for c in tried],
                  "summary_prompts_guarded": [c["prompt"] for c in guard_calls if c["summary"]],
                  "end_reasons_guarded": sorted(ep.end_reason for ep in guarded),
-                 "chunks_guarded": [len(ep.chunks) for ep in guarded]})
+                 "chunks_guarded": [len(ep.chunks) for ep in guarded]},
+        recovery=tl.recovery(how="in place: compaction before the window; the summary served, the trial goes on"))
 
 
 def _turns_after_compaction(ep) -> bool:

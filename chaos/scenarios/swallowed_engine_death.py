@@ -23,7 +23,7 @@ import concurrent.futures as cf
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from chaos.scenarios.dead_engine import engine_client, kill_all, make_checkpoint, spawn_engines, tiny_spec
 from rl.engines import protocol as P
 from rl.engines.ports import free_port
@@ -87,12 +87,13 @@ def _guarded(procs, tmp: Path) -> dict:
         since = time.time()
         with cf.ThreadPoolExecutor(NUM_SAMPLES) as ex:
             results = list(ex.map(pool.generate, [_request(i) for i in range(NUM_SAMPLES)]))
+        collected_s = time.time() - since
         dead = [e for e in telemetry.recent_events("engine.dead", since=since) if e.get("url") == victim.url]
         resubmitted = telemetry.recent_events("engine.request_resubmitted", since=since)
         report = pool.sync_weights(make_checkpoint(tmp, 1), "1")
         pool.wait_until_live(2, timeout_s=120)
         return {"results": results, "dead": dead[:1], "detect_s": dead[0]["time"] - since if dead else None,
-                "resubmitted": len(resubmitted), "recreated": report.recreated_slots,
+                "resubmitted": len(resubmitted), "recreated": report.recreated_slots, "collected_s": collected_s,
                 "victim_pid": victim.process.pid, "replacement_pid": pool.slot(0).process.pid,
                 "replacement_version": pool.slot(0).client.weight_version()}
     finally:
@@ -114,6 +115,9 @@ def run(tmp: Path) -> Outcome:
     raised = [(tmp / f"{n}.log").read_text(errors="replace").count("chaos: batch scheduler raised")
               for n in ("unsupervised", "supervised")]
     results, dead = good["results"], good["dead"]
+    tl = Timeline()  # from the rollout's start (the victim's loop raises on its first batch)
+    tl.fault(at=0.0)
+    tl.after_fault(detected=good["detect_s"], healthy=good["collected_s"] if len(results) == NUM_SAMPLES else None)
     return Outcome(
         fault_fired=all(n >= 1 for n in raised),
         unguarded=(f"loop unsupervised: {bad['hung']}/{NUM_SAMPLES} requests still waiting after {WATCHDOG_S:g} s, "
@@ -131,4 +135,6 @@ def run(tmp: Path) -> Outcome:
             and good["replacement_version"] == "1",
         },
         details={"unguarded": bad, "guarded": {k: v for k, v in good.items() if k != "results"},
-                 "loops_raised": raised})
+                 "loops_raised": raised},
+        recovery=tl.recovery(how="in place: the death surfaced, requests resubmitted to the peer; recreated at "
+                                 "the next sync"))

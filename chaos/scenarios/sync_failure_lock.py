@@ -135,6 +135,8 @@ def run(tmp: Path) -> Outcome:
     resync_err, _, _ = _update(engine, t1ops_update, full, all_tensors, len(all_tensors), tmp)
     tl.healthy()
     served_after = _generation_finishes(engine)
+    bad_engine.close()
+    engine.close()
     fired = "broadcast 1 tensor(s) and left" in bad_out and "broadcast 1 tensor(s) and left" in out
     return Outcome(
         fault_fired=fired and bad_err is not None and err is not None,

@@ -24,7 +24,7 @@ import shutil
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from rl.agent.sandbox import Sandbox
 from rl.agent.tasks import load_task
 from rl.agent.verifier import verify
@@ -62,7 +62,7 @@ def _attempt(tmp: Path, task, *, allow_lower: bool) -> dict:
     return {"budget_s": trial.budget.timeout_s, "budget_source": trial.budget.source,
             "budget_reason": trial.budget.reason, "exec_reason": ran.reason,
             "exec_s": round(ran.duration_s, 2), "passed": verdict.reward.passed,
-            "reward": verdict.reward.value, "detection_s": detection_s}
+            "reward": verdict.reward.value, "detection_s": detection_s, "verdict_s": time.monotonic() - t0}
 
 
 @register("timeout-override", "a global override silently halves task-declared budgets")
@@ -77,6 +77,10 @@ def run(tmp: Path) -> Outcome:
     finally:
         logger.removeHandler(capture)
     logged = [m for m in capture.messages if "ignored" in m and f"{OVERRIDE_S:g}" in m]
+    tl = Timeline()  # from the guarded trial's creation under the lowering override
+    tl.fault(at=0.0)
+    tl.after_fault(detected=guarded["detection_s"] if logged else None,
+                   healthy=guarded["verdict_s"] if guarded["passed"] == 4 else None)
     return Outcome(
         fault_fired=unguarded["budget_s"] == TASK_BUDGET_S / 2 and unguarded["exec_reason"] == "budget_exhausted",
         unguarded=(f"task budget {TASK_BUDGET_S:g}s became {unguarded['budget_s']:g}s; the valid "
@@ -89,4 +93,5 @@ def run(tmp: Path) -> Outcome:
                     "task_budget_kept": guarded["budget_source"] == "task",
                     "slow_valid_command_completes": guarded["exec_reason"] == "ok",
                     "full_reward_when_budget_kept": guarded["passed"] == 4},
-        details={"unguarded": unguarded, "guarded": guarded})
+        details={"unguarded": unguarded, "guarded": guarded},
+        recovery=tl.recovery(how="in place: the override is ignored at trial creation; the trial passes"))

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from t1ops.audit import audit_dump, read_trajectory, write_trajectory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,6 +196,9 @@ def run(tmp: Path) -> Outcome:
         a[0] == b[0] and abs(a[1] - b[1]) < 1e-4 for a, b in zip(loss_bytes, returned))
     non_strict = [x for x in relations if x != "strict"]
     caught = bool(non_strict) and rep["drift_in_loss"] == 0 and rep["loss_positions"] > 0
+    tl = Timeline()  # from the request that carried a re-rendered history: its turn recorded non-strict, ids kept
+    tl.fault(at=0.0)
+    tl.after_fault(detected=h["detection_s"], healthy=h["detection_s"] if rep["drift_in_loss"] == 0 else None)
     sh = rep["shares"]
     error = (f"endpoint (TitoBuilder.add_turn): {len(non_strict)} of {len(relations)} turns not strict "
              f"({', '.join(relations)}); t1ops audit of its dump: aligned {sh['aligned_pct']:.2f}%, normalized "
@@ -221,4 +224,6 @@ def run(tmp: Path) -> Outcome:
                  "finish_reasons": h["finishes"], "relations": relations,
                  "sampled_vs_rerendered": [{"sampled": s, "rerendered": rr} for (s, _), rr in zip(sampled, rerendered)],
                  "repairs": [c.meta.get("repairs") for c in chunks], "guarded_audit": rep, "unguarded_audit": bad,
-                 "vocabulary": "campaign build_vocab(examples/tasks), engine.compact_vocab = true"})
+                 "vocabulary": "campaign build_vocab(examples/tasks), engine.compact_vocab = true"},
+        recovery=tl.recovery(how="in place: the endpoint keeps the sampled ids (the relation recorded), the "
+                                 "same turn trains on them"))

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from rl.agent.sandbox import Sandbox
 from rl.agent.tasks import load_task
 from rl.agent.verifier import verify
@@ -90,6 +90,7 @@ def _one(tmp: Path, name: str, guarded: bool) -> dict:
             ran = subprocess.run(["bash", "-c", cmd], cwd=trial.workspace, capture_output=True, timeout=20)
             return {"fired": ran.returncode == 0, "reward": _naive_verify(trial, task)}
         before = (src / "tests" / "test_outputs.py").read_bytes()
+        attacked_at = time.monotonic()
         trial.exec(cmd, timeout_s=20)
         landed = ((trial.dir / "verifier").exists() or (trial.dir / "tests").exists()
                   or (src / "tests" / "test_outputs.py").read_bytes() != before)
@@ -100,7 +101,7 @@ def _one(tmp: Path, name: str, guarded: bool) -> dict:
                 "kinds": kinds, "expected": kind, "landed": landed,
                 "caught": v.reward.value == 0.0 and (kind in kinds or not landed),
                 "trial_ids_match": all(e.trial_id == trial.trial_id for e in v.tamper_events),
-                "detection_s": time.monotonic() - t0}
+                "detection_s": time.monotonic() - t0, "attacked_at": attacked_at, "verdict_at": time.monotonic()}
     finally:
         trial.close()
 
@@ -112,6 +113,12 @@ def run(tmp: Path) -> Outcome:
     guarded = {n: _one(tmp / "g", n, guarded=True) for n in names}
     paid = {n: r["reward"] for n, r in unguarded.items()}
     caught = {n: r["caught"] for n, r in guarded.items()}
+    tl = Timeline()  # the slowest attack: from the agent's forging command to the verdict that pays nothing
+    worst = max(guarded.values(), key=lambda r: r["verdict_at"] - r["attacked_at"])
+    tl.fault(at=worst["attacked_at"])
+    if all(caught.values()):
+        tl.detected(at=worst["verdict_at"])
+        tl.healthy(at=worst["verdict_at"])
     return Outcome(
         fault_fired=all(r["fired"] for r in unguarded.values()) and all(v > 0 for v in paid.values()),
         unguarded="; ".join(f"{n} earned {v:.2f} with 0 genuine passes" for n, v in paid.items()),
@@ -122,4 +129,5 @@ def run(tmp: Path) -> Outcome:
                     "forgery_never_pays": all(r["reward"] == 0.0 for r in guarded.values()),
                     "events_carry_trial_id": all(r["trial_ids_match"] for r in guarded.values()),
                     "every_attempt_recorded": all(caught.values())},
-        details={"unguarded": unguarded, "guarded": guarded})
+        details={"unguarded": unguarded, "guarded": guarded},
+        recovery=tl.recovery(how="in place: the forgery is recorded at the verdict, reward 0; the run goes on"))

@@ -38,7 +38,10 @@ def _serve_with_sync_after_sampling(tl: Timeline) -> tuple:
         return gen
 
     engine.scheduler.run = sync_lands_after_the_last_token
-    resp = greedy(engine, PROMPT, "turn")
+    try:
+        resp = greedy(engine, PROMPT, "turn")
+    finally:
+        engine.close()
     return resp, [s.version for s in resp.weight_versions]
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from chaos.scenarios.dead_engine import engine_client, kill_all
 from rl.engines import protocol as P
 from rl.engines.ports import free_port
@@ -161,6 +161,10 @@ def run(tmp: Path) -> Outcome:
     delta_caught = (len(delta_pushes) == 2 and delta_pushes[0][0] == "2" and delta_pushes[1][0] == "None"
                     and 0 < delta_pushes[0][1] < full_bytes / 4 and bool(delta_mismatch)
                     and delta_report.live_slots == (0,) and delta_gap < 1e-4)
+    tl = Timeline()  # wall clock, from the guarded sync's start (its second bucket arrives reordered)
+    tl.fault(at=since)
+    tl.after_fault(detected=mismatch[0]["time"] - since if mismatch else None,
+                   healthy=resynced[0]["time"] - since if resynced and good_gap < 1e-4 else None)
     return Outcome(
         fault_fired=len(swaps) == 3 and num_buckets > 2,
         unguarded=(f"weights_checksum off: the {num_buckets}-bucket update to version 1 succeeded "
@@ -182,4 +186,5 @@ def run(tmp: Path) -> Outcome:
         details={"num_buckets": num_buckets, "swaps": swaps, "unguarded_gap": bad_gap, "guarded_gap": good_gap,
                  "guarded_sync_s": round(sync_s, 3), "mismatch": mismatch[:1], "resynced": resynced[:1],
                  "delta_pushes_base_bytes": delta_pushes, "full_bytes": full_bytes, "delta_gap": delta_gap,
-                 "delta_mismatch": delta_mismatch[:1]})
+                 "delta_mismatch": delta_mismatch[:1]},
+        recovery=tl.recovery(how="re-sync in the same barrier: the engine serves only verified weights"))

@@ -130,6 +130,13 @@ class SlotPool:
         self.free.extend(self.retained)
         self.retained.clear()
 
+    def usage(self) -> float:
+        """The share of the cache's slots running requests hold. A slot is this cache's unit of allocation
+        (``max_seq_len`` positions, as a page is SGLang's); retained prefixes are evictable on demand, as
+        SGLang's radix cache, so they do not count. At 1.0 a new request waits for a slot."""
+        held = self.cache.num_slots - len(self.free) - len(self.retained)
+        return held / self.cache.num_slots
+
 
 def _common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
     n = min(len(a), len(b), limit)
@@ -159,8 +166,10 @@ class BatchScheduler:
         self._waiting: collections.deque[Sequence] = collections.deque()
         self._active: list[Sequence] = []
         self._weights_seen = engine.weights_generation
+        self.cache_peak = 0.0  # the highest SlotPool.usage() under the current weights (cache_stats)
         self.num_forwards = 0
-        self.dead: str | None = None  # why the loop ended (it never ends otherwise)
+        self.dead: str | None = None  # why the loop died (it ends otherwise only at close())
+        self._closed = False
         self.chaos_fail_after = chaos_fail_after  # chaos only: raise inside the loop after this many forwards
         self._thread = supervised_thread(self._loop, name="engine-batcher", on_death=self._died, supervised=supervised)
 
@@ -189,9 +198,30 @@ class BatchScheduler:
             seq.error = reason
             seq.done.set()
 
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the loop (an in-process engine a test or a chaos scenario built): requests still waiting or
+        running fail with "engine closed"; no new one is accepted; the thread is joined."""
+        with self._cond:
+            self._closed, self.dead = True, self.dead or "engine closed"
+            stranded = [*self._waiting, *self._active]
+            self._waiting.clear()
+            self._active = []
+            self._cond.notify_all()
+        for seq in stranded:
+            seq.error = "engine closed"
+            seq.done.set()
+        self._thread.join(timeout_s)
+
     def num_queued(self) -> int:
         with self._cond:
             return len(self._waiting) + len(self._active)
+
+    def cache_stats(self) -> dict[str, float]:
+        """K/V cache use for ``/model_info``: ``kv_cache_usage`` now and ``kv_cache_peak`` since the current
+        weights loaded (a weight sync starts the next window), each a share of the slots; the run-health
+        alarm health.kv-cache reads the peak (t1ops/guards/run_health.py)."""
+        return {"kv_cache_usage": round(self.pool.usage(), 4), "kv_cache_peak": round(self.cache_peak, 4),
+                "kv_cache_slots": self.pool.cache.num_slots}  # read without the model lock: a forward holds it
 
     def flush(self) -> None:
         """Drop the retained prefixes (``/flush_cache``); running requests keep theirs."""
@@ -201,9 +231,9 @@ class BatchScheduler:
     # --- the loop -------------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)  # per thread
-        while True:
+        while not self._closed:
             with self._cond:
-                self._cond.wait_for(lambda: self._waiting or self._active, timeout=_IDLE_POLL_S)
+                self._cond.wait_for(lambda: self._waiting or self._active or self._closed, timeout=_IDLE_POLL_S)
             self._finish_aborted()
             if not self.engine.running_event.wait(timeout=_IDLE_POLL_S):
                 continue
@@ -237,6 +267,7 @@ class BatchScheduler:
         if self.engine.weights_generation == self._weights_seen:
             return
         self._weights_seen = self.engine.weights_generation
+        self.cache_peak = self.pool.usage()  # a new window: the peak under these weights
         self.pool.drop_retained()
         for seq in self._active:  # cached K/V came from the old weights: recompute under the new
             seq.cached = 0
@@ -250,6 +281,7 @@ class BatchScheduler:
                 seq = self._waiting.popleft()
                 seq.slot, seq.cached = got
                 self._active.append(seq)
+            self.cache_peak = max(self.cache_peak, self.pool.usage())
 
     def _step(self, finished: list[Sequence]) -> None:
         if self.chaos_fail_after is not None and self.num_forwards >= self.chaos_fail_after:

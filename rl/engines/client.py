@@ -112,6 +112,13 @@ class EngineClient:
         """The engine's current weight version (``GET /model_info``)."""
         return PC.ModelInfo.from_json(self._json(self._call("GET", P.MODEL_INFO), P.MODEL_INFO)).weight_version
 
+    def cache_stats(self) -> dict:
+        """The engine's K/V cache use from ``GET /model_info``: ``kv_cache_usage``, ``kv_cache_peak`` (since
+        the current weights loaded) and ``kv_cache_slots`` (rl.engines.batching); {} from an engine that does
+        not report them (a stock SGLang server exports its token usage as a Prometheus metric instead)."""
+        info = self._json(self._call("GET", P.MODEL_INFO), P.MODEL_INFO)
+        return {k: info[k] for k in ("kv_cache_usage", "kv_cache_peak", "kv_cache_slots") if k in info}
+
     def weight_checksums(self, dtype: str) -> dict:
         """``POST /weights_checksum`` (t1ops; rl.engines.weight_updates): ``{"weight_version", "dtype",
         "tensors": {name: checksum}}`` computed by the engine from the tensors it holds now. An engine

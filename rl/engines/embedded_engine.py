@@ -204,6 +204,11 @@ class EmbeddedEngine:
                 running.aborted, running.abort_message = True, "Aborted by abort_request"
         return len(targets)
 
+    def close(self) -> None:
+        """Stop the batch scheduler's thread (an engine built in-process; a served engine ends with its process)."""
+        if self.scheduler is not None:
+            self.scheduler.close()
+
     def num_running(self) -> int:
         with self._state_lock:
             return len(self._requests)

@@ -139,7 +139,8 @@ def _model_info(engine: EmbeddedEngine) -> dict:
     info = PC.ModelInfo(weight_version=engine.weight_version, model_path=engine.model_path).to_json()
     info.update(spec=engine.spec.to_dict(), dtype=str(engine.dtype).removeprefix("torch."), engine="embedded",
                 num_running_requests=engine.num_running(), is_paused=engine.paused,
-                num_generated_tokens=engine.num_generated_tokens)
+                num_generated_tokens=engine.num_generated_tokens,
+                **(engine.scheduler.cache_stats() if engine.scheduler is not None else {}))
     return info
 
 

@@ -52,6 +52,7 @@ class EngineRouter:
             launch = partial(spawn, spec=spec, vocab_path=vocab_path,
                              dtype=self.cfg.dtype, log_path=log_path, batching=self.cfg.batching,
                              batch_invariant=self.cfg.batch_invariant,
+                             extra_args=["--kv-slots", str(self.cfg.kv_slots)],
                              emission_dir=None if run_dir is None else str(Path(run_dir) / "emissions"))
             # a recreated engine starts from the newest published weights: the first checkpoint
             # may be gone by then (checkpoint retention), and the engine would exit at startup
@@ -111,6 +112,23 @@ class EngineRouter:
 
     def describe(self) -> str:
         return self.pool.describe()
+
+    def cache_stats(self) -> dict:
+        """The live engines' K/V cache use (``EngineClient.cache_stats``), the fullest engine's: ``kv_cache_peak``
+        since the weights the step's batch was sampled with loaded; {} when no engine reports it. Read before the
+        step's weight sync (t1ops.campaign.runner), for the step row and health.kv-cache."""
+        stats = []
+        for i in self.pool.live_slots():
+            handle = self.pool.slot(i)
+            try:
+                stats.append(handle.client.cache_stats())
+            except Exception as err:  # a dying engine: the pool's health pings say so, not this read
+                telemetry.event("engine.cache_stats_failed", severity="warn", slot=i, error=str(err)[:200])
+        stats = [s for s in stats if "kv_cache_peak" in s]
+        if not stats:
+            return {}
+        return {"kv_cache_peak": max(s["kv_cache_peak"] for s in stats),
+                "kv_cache_usage": max(s["kv_cache_usage"] for s in stats)}
 
     def dead_engines(self) -> list[str]:
         out = []

@@ -168,6 +168,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     source.before_sync()  # what must not span the weight sync is drained
     if ev is not None:
         ev.collect()  # nor an eval request: each eval sees exactly the weights it evaluates
+    cache = ray.get(c.router.cache_stats.remote())  # before the sync starts the engines' next window
     t_sync = time.monotonic()
     ckpt = ray.get(c.trainer.publish(step, step == c.cfg.run.steps))  # the last step is a resume point
     telemetry.event("campaign.sync_barrier", step=step)
@@ -183,7 +184,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     row = _metrics_row(step, results, credit, report, batch.rollout_s, train_s, time.monotonic() - t_step, sync_s)
     row.update(ray.get(c.trainer.checkpoint_report()).as_row())  # disk used, retention
     row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,
-               **source.row_fields(step, batch), **step_split(results, batch.rollout_s))
+               **cache, **source.row_fields(step, batch), **step_split(results, batch.rollout_s))
     c.guards.after_step(step)
     row.update(c.guards.check_health(row, results))  # run-health alarms (t1ops/guards/run_health.py)
     row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from chaos.harness import Guarded, Outcome, register
+from chaos.harness import Guarded, Outcome, Timeline, register
 from chaos.report import format_seconds
 from t1ops.cli import main
 
@@ -14,16 +14,24 @@ PASS, MISS, CRASH = "_selftest-report-pass", "_selftest-report-miss", "_selftest
 @register(PASS, "a scenario whose guard catches it (report self-test)")
 def _pass(tmp: Path) -> Outcome:
     (tmp / "fault").write_text("x")
+    tl = Timeline()  # every scenario marks its recovery (a result without it fails: test_recovery_table.py)
+    tl.fault(at=0.0)
+    tl.after_fault(detected=0.25, healthy=0.5)
     return Outcome(fault_fired=(tmp / "fault").exists(), unguarded="silent | loss <of> data",
                    guarded=Guarded(caught=True, detection_s=0.25, error="GuardError: caught it"),
-                   invariants={"unguarded_lost_data": True, "nothing_lost": True}, details={"count": 3})
+                   invariants={"unguarded_lost_data": True, "nothing_lost": True}, details={"count": 3},
+                   recovery=tl.recovery(how="in place"))
 
 
 @register(MISS, "a scenario whose invariant breaks (report self-test)")
 def _miss(tmp: Path) -> Outcome:
+    tl = Timeline()
+    tl.fault(at=0.0)
+    tl.after_fault(detected=0.0004, stopped=0.001)
     return Outcome(fault_fired=True, unguarded="silent",
                    guarded=Guarded(caught=True, detection_s=0.0004, error="seen"),
-                   invariants={"unguarded_lost_data": True, "nothing_lost": True, "no_duplicates": False})
+                   invariants={"unguarded_lost_data": True, "nothing_lost": True, "no_duplicates": False},
+                   recovery=tl.recovery(how="stopped"))
 
 
 @register(CRASH, "a scenario that crashes (report self-test)")

@@ -17,6 +17,7 @@ import torch
 
 from rl.engines import protocol as P
 from rl.engines import protocol_control as PC
+from rl.engines.background import EngineFailedError
 from rl.engines.embedded_engine import EmbeddedEngine
 from rl.model import ModelSpec, save_weights, build_policy
 from rl.vocab import CompactVocab
@@ -167,3 +168,35 @@ def test_an_endpoint_registered_from_another_module_is_served():
     finally:
         server.shutdown()
         embedded_http.EXTRA_ROUTES.pop(("POST", "/echo_version"))
+
+
+def test_model_info_reports_the_cache_peak_under_the_current_weights(tmp_path):
+    """The K/V cache figure the run-health alarm health.kv-cache reads: the share of slots running
+    requests held at their peak, since the weights loaded (retained prefixes are evictable: not counted)."""
+    from rl.engines.embedded_http import _model_info
+
+    ckpt = write_checkpoint(tmp_path / "a", seed=0)
+    engine = EmbeddedEngine(SPEC, CompactVocab.identity(SPEC.vocab_size), torch.float32, 0, checkpoint=ckpt,
+                            kv_slots=4)
+    assert _model_info(engine)["kv_cache_peak"] == 0.0 and _model_info(engine)["kv_cache_slots"] == 4
+    gate = threading.Barrier(4)
+
+    def run(ids):
+        gate.wait()
+        engine.generate(request(ids, max_new=30))
+
+    threads = [threading.Thread(target=run, args=(ids,)) for ids in prompts(4, seed=5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    info = _model_info(engine)
+    assert info["kv_cache_peak"] >= 0.5 and info["kv_cache_usage"] == 0.0  # all finished: their slots retained
+    engine.update_weights(PC.UpdateWeightsFromDiskRequest(model_path=write_checkpoint(tmp_path / "b", seed=1),
+                                                          weight_version="1"))
+    engine.generate(request(prompts(1, seed=6)[0]))
+    assert _model_info(engine)["kv_cache_peak"] == 0.25  # a new window: one request, one slot of four
+    engine.close()  # an in-process engine's scheduler thread ends (chaos scenarios close theirs)
+    assert not engine.scheduler._thread.is_alive()
+    with pytest.raises(EngineFailedError, match="engine closed"):
+        engine.generate(request(prompts(1)[0]))

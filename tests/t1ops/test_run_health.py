@@ -34,7 +34,7 @@ def _trials(rewards_per_group: list[list[float]], end="done", retokenized=0) -> 
 
 def _row(step: int, **kw) -> dict:
     return {"step": step, "rollout_s": 10.0, "train_s": 5.0, "sync_s": 1.0, "explained_variance": 0.3,
-            "logprob_gap": 0.015, "ledger": {"expected": 8, "completed": 8, "failed": 0}, **kw}
+            "logprob_gap": 0.015, "ledger": {"expected": 8, "completed": 8, "failed": 0}, "kv_cache_peak": 0.5, **kw}
 
 
 HEALTHY = [[0.0, 1.0], [0.25, 0.5], [1.0, 0.0], [0.0, 0.5]]
@@ -54,9 +54,9 @@ def test_a_healthy_run_is_silent():
     ("health.phase-stalled", lambda s: (_row(s, rollout_s=70.0 if s == 5 else 10.0), _trials(HEALTHY))),
     ("health.aborts", lambda s: (_row(s, ledger={"expected": 8, "completed": 7, "failed": 1 if s == 5 else 0}),
                                  _trials(HEALTHY))),
-    ("health.no-spread", lambda s: (_row(s), _trials([[0.0, 0.0], [1.0, 1.0], [0.0, 1.0], [0.0, 0.0]] if s == 5
-                                                     else HEALTHY))),
+    ("health.no-spread", lambda s: (_row(s), _trials([[0.0, 0.0]] * 30 + [[0.0, 1.0]] * 2 if s == 5 else HEALTHY))),
     ("health.truncated", lambda s: (_row(s), _trials(HEALTHY, end="truncated" if s == 5 else "done"))),
+    ("health.kv-cache", lambda s: (_row(s, kv_cache_peak=0.95 if s == 5 else 0.5), _trials(HEALTHY))),
     ("health.ev-negative", lambda s: (_row(s, explained_variance=-0.2 if s >= 3 else 0.3), _trials(HEALTHY))),
     ("health.logprob-gap", lambda s: (_row(s, logprob_gap=0.2 if s == 5 else 0.015), _trials(HEALTHY))),
     ("health.retokenized", lambda s: (_row(s), _trials(HEALTHY, retokenized=2 if s == 5 else 0))),
@@ -69,6 +69,24 @@ def test_each_alarm_fires_at_the_step_that_degrades(alarm, degraded):
     assert [alarm in f for f in fired] == [False, False, False, False, True], fired
     events = [e for e in telemetry.recent_events(alarm, since=since)]
     assert events and events[-1]["step"] == 5
+
+
+def _groups(n: int, flat: int) -> list[list[float]]:
+    return [[0.0] * 4] * flat + [[0.0, 0.0, 0.25, 0.0]] * (n - flat)
+
+
+def test_the_healthy_tiny_campaigns_measured_figures_stay_silent():
+    """The shipped tiny campaign (8 groups of 4 per step), 2026-12-06: groups without spread per step
+    0.25 0.5 0.375 0.5 0.75 0.0 (mean 0.40), EV -0.016 -0.004 -0.0008 0.005 0.011, a sub-second sync at
+    5.4x its median. The per-step, EV < 0 and ratio-only definitions fired on it; these do not."""
+    flat = [2, 4, 3, 4, 6, 0]
+    ev = [0.0, -0.016, -0.004, -0.0008, 0.005, 0.011]
+    sync = [0.5, 0.6, 0.4, 0.62, 2.3, 2.7]
+    fired = _run([(_row(s + 1, explained_variance=ev[s], sync_s=sync[s]), _trials(_groups(8, flat[s])))
+                  for s in range(6)])
+    assert fired == [[]] * 6, fired
+    collapsed = _run([(_row(s + 1), _trials(_groups(8, 8 if s >= 2 else flat[s]))) for s in range(6)])
+    assert ["health.no-spread" in f for f in collapsed] == [False, False, False, True, True, True], collapsed
 
 
 def test_alarms_reach_the_step_line_tensorboard_and_explain(capsys):
