@@ -239,6 +239,41 @@ def stage_input_shape(model, mb, *, sp_size: int = 1) -> tuple[int, int, int]:
     return (local // sp_size, len(mb.rows), model.t1_spec.hidden_size)
 
 
+def run_forwards(model, plan: Sequence, forward: Callable, collect: Callable, *, sp_size: int = 1,
+                 watch: Callable[[str], contextlib.AbstractContextManager] | None = None,
+                 tick: Callable[[], None] | None = None) -> None:
+    """:func:`forward_only` over the micro-batches ``plan``: ``forward(mb)`` on every stage, ``collect(mb, out)``
+    on the last, ``tick()`` after each forward (with one stage: forward, collect per micro-batch)."""
+    watch = watch or _no_watch
+
+    def run(i: int):
+        with watch("micro-batch forward"):
+            out = forward(plan[i])
+        if tick is not None:
+            tick()
+        return out
+
+    forward_only(model, len(plan), run, lambda i: stage_input_shape(model, plan[i], sp_size=sp_size),
+                 lambda i, out: collect(plan[i], out), watch=watch)
+
+
+def run_updates(model, plan: Sequence, forward: Callable, loss: Callable, *, sp_size: int = 1,
+                watch: Callable[[str], contextlib.AbstractContextManager] | None = None,
+                tick: Callable[[], None] | None = None) -> None:
+    """:func:`one_f_one_b` over ``plan``: gradients of ``loss(mb, forward(mb))`` (the loss on the last stage)
+    accumulate in the parameters; ``tick()`` after each backward (with one stage: forward, loss, backward
+    per micro-batch)."""
+    watch = watch or _no_watch
+
+    def run(i: int):
+        with watch("micro-batch forward"):
+            return forward(plan[i])
+
+    one_f_one_b(model, len(plan), run, lambda i: stage_input_shape(model, plan[i], sp_size=sp_size),
+                lambda i, out: loss(plan[i], out), on_backward=None if tick is None else (lambda i: tick()),
+                watch=watch)
+
+
 # --- results of the last stage -------------------------------------------------------------------------
 def _last_stage_rank() -> int | None:
     """Global rank of the last stage of this rank's pipeline; None with one stage."""

@@ -209,29 +209,10 @@ class RankTrainer:
             return pl.from_last_stage(totals)
 
     def _forward_each(self, model, plan: list[MicroBatch], forward, collect) -> None:
-        """``forward(mb)`` of every micro-batch through the pipeline without backward; ``collect(mb, out)``
-        on the last stage (with one stage: forward, collect per micro-batch)."""
-        def run(i: int):
-            with self._watch("micro-batch forward"):
-                out = forward(plan[i])
-            self._tick()
-            return out
-
-        pl.forward_only(model, len(plan), run, self._input_shape(model, plan),
-                        lambda i, out: collect(plan[i], out), watch=self._watch)
+        pl.run_forwards(model, plan, forward, collect, sp_size=self.layout.sp_size, watch=self._watch, tick=self._tick)
 
     def _train_each(self, model, plan: list[MicroBatch], forward, loss) -> None:
-        """Gradients of ``loss(mb, forward(mb))`` (the loss on the last stage) accumulated over ``plan`` in
-        1F1B order (with one stage: forward, loss, backward per micro-batch)."""
-        def run(i: int):
-            with self._watch("micro-batch forward"):
-                return forward(plan[i])
-
-        pl.one_f_one_b(model, len(plan), run, self._input_shape(model, plan), lambda i, out: loss(plan[i], out),
-                       on_backward=lambda i: self._tick(), watch=self._watch)
-
-    def _input_shape(self, model, plan: list[MicroBatch]):
-        return lambda i: pl.stage_input_shape(model, plan[i], sp_size=self.layout.sp_size)
+        pl.run_updates(model, plan, forward, loss, sp_size=self.layout.sp_size, watch=self._watch, tick=self._tick)
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch, plan: list[MicroBatch] | None = None, *, replay: bool | None = None,
