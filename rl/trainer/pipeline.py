@@ -12,7 +12,14 @@ step, then the cool-down backwards. The micro-batches are the existing packer's
 
 R3 on a stage: the routers of a stage are the routers of its layers, so a stage replays the layer
 columns ``[first, first + count)`` of each sample's rows; :func:`stage_rows` asserts, per sample, one
-row per token and exactly the stage's layer count.
+row per token and exactly the stage's layer count (``rl.trainer.rank_forward`` calls it on every
+forward that replays, with one stage too).
+
+The rank trainer (``rl.trainer.ranks``) runs every micro-batch loop through :func:`run_forwards` /
+:func:`run_updates`; with one stage they are forward (+ loss, backward) per micro-batch. What the
+last stage computes (per-sample results, loss tallies) reaches the other stages by
+:func:`from_last_stage`; weights leave a rank under the whole model's names (:func:`global_shard`)
+and enter it by :func:`stage_state`.
 """
 from __future__ import annotations
 

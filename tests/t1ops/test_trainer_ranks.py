@@ -1,4 +1,5 @@
-"""Equivalence: a TP=2 (+SP), an EP=2, a DP=2, a TP=2+EP=2, a CP=2+EP=2 and a PP=2 trainer against the 1-rank trainer, R3 on.
+"""Equivalence: a TP=2 (+SP), an EP=2, a DP=2, a TP=2+EP=2, a CP=2+EP=2 and a PP=2 trainer against the
+1-rank trainer, R3 on.
 
 Same batch, same initial weights (layout-free, rl.trainer.ranks.full_initial_states), one PPO
 step (critic + actor, ppo_epochs=1). Tolerances: per-token log-probs within 1e-5 (absolute, loss
