@@ -230,8 +230,8 @@ class RankTrainer:
                 rf.collect(mb, out[1], entropy)
 
         with swapped_weights(self.actor, self._behaviour if behaviour else None):
-            self._forward_each(self.actor, plan, lambda mb: self._actor_lp(batch, mb, replay, with_entropy=with_entropy),
-                               keep)
+            self._forward_each(self.actor, plan,
+                               lambda mb: self._actor_lp(batch, mb, replay, with_entropy=with_entropy), keep)
         logprobs_BT = self._gather(parts, batch)
         if not with_entropy:
             return logprobs_BT

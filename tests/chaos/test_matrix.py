@@ -30,7 +30,8 @@ NEW_LAYOUTS = {c.trainer for c in LAYOUT_CELLS}
 
 
 def _cell_params() -> list:
-    skip = pytest.mark.skip(reason="pairwise cell of a layout that runs one cell in the suite: python -m chaos.matrix --pairwise")
+    skip = pytest.mark.skip(reason="a pairwise cell of a layout that runs one cell in the suite: "
+                                   "python -m chaos.matrix --pairwise")
     return [pytest.param(c, marks=skip) if c.trainer in NEW_LAYOUTS and c not in LAYOUT_CELLS else c
             for c in _run_here()]
 
