@@ -224,6 +224,7 @@ class RankTrainer:
         parts: dict[int, torch.Tensor] = {}
         entropy: dict[int, torch.Tensor] = {}
         self.actor.eval()
+
         def keep(mb, out) -> None:
             rf.collect(mb, out[0] if with_entropy else out, parts)
             if with_entropy:
