@@ -1,7 +1,7 @@
 """The combination matrix: run mode x trainer layout x weight sync, each cell killed and resumed.
 
-    python -m chaos.matrix                      # all 18 cells; prints the table
-    python -m chaos.matrix --pairwise           # the pairwise cover (every pair of values in a cell)
+    python -m chaos.matrix                      # all 30 cells; prints the table
+    python -m chaos.matrix --pairwise           # the pairwise cover (every pair of values in a cell): 15
     python -m chaos.matrix --markdown docs/matrix.md
 
 Every cell is the tiny campaign (examples/tiny/campaign.toml) set with ``--set`` to 2 steps, the
@@ -33,7 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "examples" / "tiny" / "campaign.toml"
 MODES = ("sync", "one_step", "fully_async")
 TRAINERS = {"1 rank": [], "dp=2": ["trainer.parallel.dp=2"],
-            "tp=2+ep=2": ["trainer.parallel.tp=2", "trainer.parallel.ep=2", "trainer.parallel.sequence_parallel=true"]}
+            "tp=2+ep=2": ["trainer.parallel.tp=2", "trainer.parallel.ep=2", "trainer.parallel.sequence_parallel=true"],
+            # the report's levers (docs/parallelism.md): two pipeline stages of the tiny model's 2 layers, and
+            # every sample's tokens zig-zag sliced over two context-parallel ranks
+            "pp=2": ["trainer.parallel.pp=2"], "cp=2": ["trainer.parallel.cp=2"]}
 SYNCS = ("disk", "distributed")
 # Refusals that are physics, not code (none today: every combination runs on this host).
 PHYSICS: tuple[str, ...] = ()
@@ -78,7 +81,7 @@ def full_matrix() -> list[Cell]:
 
 
 def pairwise() -> list[Cell]:
-    """9 cells covering every pair of values (mode x trainer in full; weight sync alternating so
+    """15 cells covering every pair of values (mode x trainer in full; weight sync alternating so
     that every mode and every trainer meets both syncs)."""
     trainers = list(TRAINERS)
     return [Cell(m, t, SYNCS[(i + j) % 2]) for i, m in enumerate(MODES) for j, t in enumerate(trainers)]
@@ -162,7 +165,7 @@ def write_results(path: Path, text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m chaos.matrix", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairwise", action="store_true", help="the pairwise cover only (9 cells)")
+    p.add_argument("--pairwise", action="store_true", help="the pairwise cover only (15 cells)")
     p.add_argument("--markdown", type=Path, help="write the table here")
     p.add_argument("--json-out", type=Path, help="write the results as JSON here")
     p.add_argument("--jobs", type=int, default=1,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from rl.routing import zigzag_chunks
 
@@ -240,61 +239,29 @@ class CPGatedDeltaNet:
 def cp_gdn_forward(gdn, hidden_states: torch.Tensor, group, size: int, rank: int):
     """megatron's GatedDeltaNet forward (training, no packing) on this rank's zig-zag tokens, ``[s, b, h]``.
 
-    The arithmetic is megatron's, step for step (``megatron.core.ssm.gated_delta_net.GatedDeltaNet.forward``,
-    deterministic torch path), between the two relayouts and with the states in and out."""
-    from megatron.core.ssm import gated_delta_net as mgdn
+    Between the two relayouts, the rank's contiguous shard runs from the previous rank's states
+    (``rl.model.gdn_state.run_from_state``, the engine's step too) and sends its own on."""
+    from rl.model.gdn_state import run_from_state, split_projection
 
     ranks = _ranks(group)
     qkvzba, _ = gdn.in_proj(hidden_states)                       # [s, b, x]: the whole local sequence under SP
     qkvzba = relayout(qkvzba, group, size, rank, to_contiguous=True)
     seq_len, batch = qkvzba.shape[:2]
-    qkvzba = qkvzba.transpose(0, 1)
-    tp = gdn.tp_size
-    qkv, gate, beta, alpha = torch.split(
-        qkvzba, [(gdn.qk_dim * 2 + gdn.v_dim) // tp, gdn.v_dim // tp, gdn.num_value_heads // tp,
-                 gdn.num_value_heads // tp], dim=-1)
-    gate = gate.reshape(batch, seq_len, -1, gdn.value_head_dim)
-    beta = beta.reshape(batch, seq_len, -1)
-    alpha = alpha.reshape(batch, seq_len, -1)
-
-    qkv = qkv.transpose(1, 2).contiguous()                       # b, d, s
+    qkv, gate, beta, alpha = split_projection(gdn, qkvzba.transpose(0, 1))
     width = gdn.conv1d.weight.shape[-1] - 1
-    if rank > 0:
-        prev = _RecvPrev.apply(qkv, (batch, qkv.shape[1], width), qkv.dtype, ranks[rank - 1], group, _TAG_CONV)
-    else:
-        prev = torch.zeros(batch, qkv.shape[1], width, dtype=qkv.dtype)
-    window = torch.cat([prev, qkv], dim=-1)                      # the conv's left context: previous rank's inputs
+    channels = qkv.shape[-1]
+    prev, initial = torch.zeros(batch, channels, width, dtype=qkv.dtype), None
+    if rank > 0:  # the previous rank's last conv inputs, then its delta-rule memory (the order it sends them)
+        prev = _RecvPrev.apply(qkv, (batch, channels, width), qkv.dtype, ranks[rank - 1], group, _TAG_CONV)
+        shape = (batch, gdn.num_value_heads // gdn.tp_size, gdn.key_head_dim, gdn.value_head_dim)
+        initial = _RecvPrev.apply(qkv, shape, torch.float32, ranks[rank - 1], group, _TAG_REC)
+    core, final, conv_tail = run_from_state(gdn, qkv, beta, alpha, prev, initial, final_state=rank < size - 1)
     dummies = []
     if rank < size - 1:
-        dummies.append(_SendNext.apply(window[..., -width:], ranks[rank + 1], group, _TAG_CONV))
-    qkv = gdn.act_fn(gdn.conv1d(window)[..., width:width + seq_len])
-    qkv = qkv.transpose(1, 2)
-    query, key, value = torch.split(qkv, [gdn.qk_dim // tp, gdn.qk_dim // tp, gdn.v_dim // tp], dim=-1)
-    query = query.reshape(batch, seq_len, -1, gdn.key_head_dim)
-    key = key.reshape(batch, seq_len, -1, gdn.key_head_dim)
-    value = value.reshape(batch, seq_len, -1, gdn.value_head_dim)
-    if gdn.use_qk_l2norm:
-        query = mgdn.l2norm(query.contiguous())
-        key = mgdn.l2norm(key.contiguous())
-    if gdn.num_value_heads // gdn.num_key_heads > 1:
-        query = query.repeat_interleave(gdn.num_value_heads // gdn.num_key_heads, dim=2)
-        key = key.repeat_interleave(gdn.num_value_heads // gdn.num_key_heads, dim=2)
-    query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
-    gate, beta, alpha = gate.contiguous(), beta.contiguous(), alpha.contiguous()
-    g = -gdn.A_log.exp() * F.softplus(alpha.float() + gdn.dt_bias)
-    beta = beta.sigmoid()
-
-    initial = None
-    if rank > 0:
-        shape = (batch, value.shape[2], gdn.key_head_dim, gdn.value_head_dim)
-        initial = _RecvPrev.apply(value, shape, torch.float32, ranks[rank - 1], group, _TAG_REC)
-    core, final = mgdn.torch_chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=initial,
-                                                    output_final_state=rank < size - 1,
-                                                    use_qk_l2norm_in_kernel=False)
-    if rank < size - 1:
+        dummies.append(_SendNext.apply(conv_tail, ranks[rank + 1], group, _TAG_CONV))
         dummies.append(_SendNext.apply(final, ranks[rank + 1], group, _TAG_REC))
 
-    norm_out = gdn._apply_gated_norm(core, gate)
+    norm_out = gdn._apply_gated_norm(core, gate.reshape(batch, seq_len, -1, gdn.value_head_dim).contiguous())
     norm_out = norm_out.reshape(batch, seq_len, -1).transpose(0, 1).contiguous()
     for d in dummies:  # exactly 0.0: the graph reaches the sends' backward, the values stay the same
         norm_out = norm_out + d.to(norm_out.dtype)

@@ -140,17 +140,19 @@ def actor_logprobs(actor, batch, mb, *, replay: bool, temperature: float, with_e
     from rl import model as rmodel
     from rl.model.context_parallel import cp_group
     from rl.trainer.forward import shift_to_tokens
-    from rl.trainer.rows import routing_rows
+    from rl.trainer.rank_forward import stage_hidden, stage_routing_rows
 
     group, size, rank = cp_group()
     F, total, ids, targets = _local_inputs(batch, mb, size, rank)
     replaying = contextlib.nullcontext()
     if replay:
-        rows = routing_rows(batch, mb)[:, :F].numpy()
+        rows = stage_routing_rows(actor, batch, mb, F)
         local = routing_slice(rows, total // size, size, rank, list(mb.rows))
         replaying = rmodel.replay_routing(actor, sp_split_rows(local, sp_size, sp_rank, list(mb.rows)),
                                           sp_size=sp_size)
     with replaying:
+        if not actor.post_process:  # a pipeline stage before the last: its local hidden states
+            return stage_hidden(actor, ids)
         out = rmodel.token_logprobs(actor, ids, targets, temperature, with_entropy=with_entropy)
     outs = out if with_entropy else (out,)
     full = [shift_to_tokens(_GatherPositions.apply(o, group, size, rank)[:, :F]) for o in outs]
@@ -165,4 +167,8 @@ def critic_values(critic, batch, mb) -> torch.Tensor:
 
     group, size, rank = cp_group()
     F, _, ids, _ = _local_inputs(batch, mb, size, rank)
+    if not critic.post_process:
+        from rl.trainer.rank_forward import stage_hidden
+
+        return stage_hidden(critic, ids)
     return shift_to_tokens(_GatherPositions.apply(rmodel.values(critic, ids), group, size, rank)[:, :F])

@@ -12,10 +12,19 @@ step, then the cool-down backwards. The micro-batches are the existing packer's
 
 R3 on a stage: the routers of a stage are the routers of its layers, so a stage replays the layer
 columns ``[first, first + count)`` of each sample's rows; :func:`stage_rows` asserts, per sample, one
-row per token and exactly the stage's layer count.
+row per token and exactly the stage's layer count (``rl.trainer.rank_forward`` calls it on every
+forward that replays, with one stage too).
+
+The rank trainer (``rl.trainer.ranks``) runs every micro-batch loop through :func:`run_forwards` /
+:func:`run_updates`; with one stage they are forward (+ loss, backward) per micro-batch. What the
+last stage computes (per-sample results, loss tallies) reaches the other stages by
+:func:`from_last_stage`; weights leave a rank under the whole model's names (:func:`global_shard`)
+and enter it by :func:`stage_state`.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -69,33 +78,31 @@ def stage_state(full: Mapping[str, torch.Tensor], model) -> dict[str, torch.Tens
     return out
 
 
+def global_name(name: str, first: int) -> str:
+    """A stage's tensor name under the whole model's name (its layer ``i`` is layer ``first + i``)."""
+    layer = _layer_of(name)
+    if layer is None:
+        return name
+    parts = name.split(".")
+    parts[2] = str(layer + first)
+    return ".".join(parts)
+
+
 def global_names(state: Mapping[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
     """Inverse of :func:`stage_state`: a stage's tensors under the whole model's names."""
     first = model.t1_layers[0]
-    out = {}
-    for name, tensor in state.items():
-        layer = _layer_of(name)
-        if layer is not None:
-            parts = name.split(".")
-            parts[2] = str(layer + first)
-            name = ".".join(parts)
-        out[name] = tensor
-    return out
+    return {global_name(name, first): tensor for name, tensor in state.items()}
 
 
-def gather_full(model) -> dict[str, torch.Tensor] | None:
-    """The whole model (tp = 1) from every stage's tensors; on global rank 0, None elsewhere."""
-    from rl import model as rmodel
-
-    piece = global_names(rmodel.weights_state_dict(model), model)
-    pieces = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(piece, pieces, dst=0)
-    if pieces is None:
-        return None
-    full: dict[str, torch.Tensor] = {}
-    for p in pieces:
-        full.update(p)
-    return full
+def global_shard(where: Mapping, state: Mapping[str, torch.Tensor], model) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A rank's (placements, tensors) (``rl.trainer.shard``) under the whole model's names, so the shards of
+    every stage assemble into one full state (``rl.trainer.shard.assemble``)."""
+    first = model.t1_layers[0]
+    if first == 0:
+        return dict(where), dict(state)
+    named = {global_name(n, first): dataclasses.replace(p, full_name=global_name(p.full_name, first))
+             for n, p in where.items()}
+    return named, global_names(state, model)
 
 
 # --- R3 on a stage ----------------------------------------------------------------------------
@@ -119,6 +126,14 @@ def stage_rows(rows: Sequence[np.ndarray], num_positions: int, model, samples: S
 
 
 # --- the schedule ---------------------------------------------------------------------------------
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _no_watch(_phase: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
 def _peer(offset: int) -> int:
     ps = _ps()
     ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
@@ -127,7 +142,8 @@ def _peer(offset: int) -> int:
 
 def one_f_one_b(model, num_micro_batches: int, forward: Callable[[int], torch.Tensor],
                 input_shape: Callable[[int], tuple], loss: Callable[[int, torch.Tensor], torch.Tensor],
-                *, dtype: torch.dtype = torch.float32, on_backward: Callable[[int], None] | None = None) -> None:
+                *, dtype: torch.dtype = torch.float32, on_backward: Callable[[int], None] | None = None,
+                watch: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
     """Forward and backward ``num_micro_batches`` micro-batches through this stage in 1F1B order.
 
     ``forward(i)`` runs the stage's model on micro-batch ``i`` (after ``model.set_input_tensor``, which
@@ -135,7 +151,9 @@ def one_f_one_b(model, num_micro_batches: int, forward: Callable[[int], torch.Te
     output: hidden states ``[s, b, h]`` on a stage before the last, anything on the last, where
     ``loss(i, output)`` gives the scalar to backpropagate. ``input_shape(i)``: the activation's shape
     arriving at this stage. Gradients accumulate in the parameters, as the micro-batch loop's do.
-    With one stage this is forward, loss, backward per micro-batch."""
+    With one stage this is forward, loss, backward per micro-batch: the rank trainer's one path
+    (``rl.trainer.ranks``). ``watch(phase)`` wraps each receive and backward (the progress watchdog)."""
+    watch = watch or _no_watch
     stage, stages = stage_info()
     first, last = stage == 0, stage == stages - 1
     warmup = min(stages - stage - 1, num_micro_batches)
@@ -145,8 +163,9 @@ def one_f_one_b(model, num_micro_batches: int, forward: Callable[[int], torch.Te
 
     def run_forward(i: int) -> None:
         if not first:
-            x = torch.empty(input_shape(i), dtype=dtype)
-            dist.recv(x, _peer(-1), tag=_TAG_FWD)
+            x = torch.empty(input_shape(i), dtype=dtype, device=_device(model))
+            with watch("pipeline receive (activations)"):
+                dist.recv(x, _peer(-1), tag=_TAG_FWD)
             x.requires_grad_(True)
             inputs[i] = x
             model.set_input_tensor(x)
@@ -160,11 +179,14 @@ def one_f_one_b(model, num_micro_batches: int, forward: Callable[[int], torch.Te
     def run_backward(i: int) -> None:
         out = outputs.pop(i)
         if last:
-            out.backward()
+            with watch("micro-batch backward"):
+                out.backward()
         else:
-            grad = torch.empty(out.shape, dtype=out.dtype)
-            dist.recv(grad, _peer(1), tag=_TAG_BWD)
-            torch.autograd.backward(out, grad)
+            grad = torch.empty_like(out)
+            with watch("pipeline receive (gradients)"):
+                dist.recv(grad, _peer(1), tag=_TAG_BWD)
+            with watch("micro-batch backward"):
+                torch.autograd.backward(out, grad)
         if not first:
             g = inputs.pop(i).grad
             pending_sends.append((dist.isend(g.contiguous(), _peer(-1), tag=_TAG_BWD), g))
@@ -186,16 +208,19 @@ def one_f_one_b(model, num_micro_batches: int, forward: Callable[[int], torch.Te
 
 def forward_only(model, num_micro_batches: int, forward: Callable[[int], torch.Tensor],
                  input_shape: Callable[[int], tuple], collect: Callable[[int, torch.Tensor], None],
-                 *, dtype: torch.dtype = torch.float32) -> None:
+                 *, dtype: torch.dtype = torch.float32,
+                 watch: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
     """Forwards without backward (log-probs, values): each stage receives, runs and sends on;
-    ``collect(i, output)`` on the last stage."""
+    ``collect(i, output)`` on the last stage. With one stage: forward and collect per micro-batch."""
+    watch = watch or _no_watch
     stage, stages = stage_info()
     first, last = stage == 0, stage == stages - 1
     pending = []
     for i in range(num_micro_batches):
         if not first:
-            x = torch.empty(input_shape(i), dtype=dtype)
-            dist.recv(x, _peer(-1), tag=_TAG_FWD)
+            x = torch.empty(input_shape(i), dtype=dtype, device=_device(model))
+            with watch("pipeline receive (activations)"):
+                dist.recv(x, _peer(-1), tag=_TAG_FWD)
             model.set_input_tensor(x)
         out = forward(i)
         if last:
@@ -209,29 +234,72 @@ def forward_only(model, num_micro_batches: int, forward: Callable[[int], torch.T
         model.set_input_tensor(None)
 
 
-def policy_stage_forward(model, batch, mb, *, replay: bool, temperature: float = 1.0) -> torch.Tensor:
-    """One micro-batch through this stage of the policy: hidden states ``[s, b, h]`` on a stage before the
-    last, fp32 token-aligned log-probs ``[rows, positions]`` on the last (``rl.trainer.rank_forward``)."""
-    import contextlib
+def stage_input_shape(model, mb, *, sp_size: int = 1) -> tuple[int, int, int]:
+    """The activation ``[s, b, h]`` a stage receives for micro-batch ``mb``: the fed positions (this
+    rank's zig-zag share under context parallelism, ``rl.trainer.context``; then its sequence-parallel
+    slice) x rows x hidden."""
+    from rl.model.context_parallel import cp_group
+    from rl.trainer.context import padded_length
 
-    from rl import model as rmodel
-    from rl.model.forward import _model_inputs
-    from rl.trainer import rank_forward as rf
-    from rl.trainer.batch import PAD_TOKEN_ID
-    from rl.trainer.forward import shift_to_tokens
-
-    tokens = rf.slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
-    ids, targets = tokens[:, :-1], tokens[:, 1:]
-    replaying = contextlib.nullcontext()
-    if replay:
-        rows = list(rf.routing_rows(batch, mb)[:, : ids.shape[1]].numpy())
-        replaying = rmodel.replay_routing(model, stage_rows(rows, ids.shape[1], model, mb.rows))
-    with replaying:
-        if model.post_process:
-            return shift_to_tokens(rmodel.token_logprobs(model, ids, targets, temperature))
-        return model(*_model_inputs(ids))
+    cp = cp_group()[1]
+    local = padded_length(mb.positions - 1, cp) // cp
+    return (local // sp_size, len(mb.rows), model.t1_spec.hidden_size)
 
 
-def hidden_shape(model, mb) -> tuple[int, int, int]:
-    """The activation ``[s, b, h]`` a stage receives for micro-batch ``mb``."""
-    return (mb.positions - 1, len(mb.rows), model.t1_spec.hidden_size)
+def run_forwards(model, plan: Sequence, forward: Callable, collect: Callable, *, sp_size: int = 1,
+                 watch: Callable[[str], contextlib.AbstractContextManager] | None = None,
+                 tick: Callable[[], None] | None = None) -> None:
+    """:func:`forward_only` over the micro-batches ``plan``: ``forward(mb)`` on every stage, ``collect(mb, out)``
+    on the last, ``tick()`` after each forward (with one stage: forward, collect per micro-batch)."""
+    watch = watch or _no_watch
+
+    def run(i: int):
+        with watch("micro-batch forward"):
+            out = forward(plan[i])
+        if tick is not None:
+            tick()
+        return out
+
+    forward_only(model, len(plan), run, lambda i: stage_input_shape(model, plan[i], sp_size=sp_size),
+                 lambda i, out: collect(plan[i], out), watch=watch)
+
+
+def run_updates(model, plan: Sequence, forward: Callable, loss: Callable, *, sp_size: int = 1,
+                watch: Callable[[str], contextlib.AbstractContextManager] | None = None,
+                tick: Callable[[], None] | None = None) -> None:
+    """:func:`one_f_one_b` over ``plan``: gradients of ``loss(mb, forward(mb))`` (the loss on the last stage)
+    accumulate in the parameters; ``tick()`` after each backward (with one stage: forward, loss, backward
+    per micro-batch)."""
+    watch = watch or _no_watch
+
+    def run(i: int):
+        with watch("micro-batch forward"):
+            return forward(plan[i])
+
+    one_f_one_b(model, len(plan), run, lambda i: stage_input_shape(model, plan[i], sp_size=sp_size),
+                lambda i, out: loss(plan[i], out), on_backward=None if tick is None else (lambda i: tick()),
+                watch=watch)
+
+
+# --- results of the last stage -------------------------------------------------------------------------
+def _last_stage_rank() -> int | None:
+    """Global rank of the last stage of this rank's pipeline; None with one stage."""
+    ps = _ps()
+    if stage_info()[1] == 1:
+        return None
+    return dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())[-1]
+
+
+def from_last_stage(value):
+    """``value`` as the last stage holds it, on every stage of the pipeline: a tensor (same shape on every
+    stage) is broadcast in place, any other object pickled. With one stage, ``value`` itself."""
+    src = _last_stage_rank()
+    if src is None:
+        return value
+    group = _ps().get_pipeline_model_parallel_group()
+    if isinstance(value, torch.Tensor):
+        dist.broadcast(value, src=src, group=group)
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]

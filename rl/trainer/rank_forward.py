@@ -28,12 +28,22 @@ from rl.routing import assert_row_count, shard_for_rank
 from rl.trainer.batch import PAD_TOKEN_ID, TrainBatch
 from rl.trainer.forward import shift_to_tokens
 from rl.trainer.packing import FILLER, MicroBatch
+from rl.trainer.pipeline import stage_rows
 from rl.trainer.rows import routing_rows, slice_rows  # noqa: F401  (rank_forward.slice_rows: callers' name)
 
 
-def sp_rows(batch: TrainBatch, mb: MicroBatch, ids_bF: torch.Tensor, sp_size: int, sp_rank: int) -> list[np.ndarray]:
-    """This rank's replay rows: each sample's forward rows through the token pipeline, counts asserted."""
-    rows_bFLK = routing_rows(batch, mb)[:, : ids_bF.shape[1]].numpy()
+def stage_routing_rows(model, batch: TrainBatch, mb: MicroBatch, num_fed: int) -> np.ndarray:
+    """``[rows, num_fed, layers, K]``: the micro-batch's routing rows of the layers this pipeline stage holds
+    (all of them with one stage), one row per fed position asserted per sample (``rl.trainer.pipeline``)."""
+    rows = list(routing_rows(batch, mb)[:, :num_fed].numpy())
+    return np.stack(stage_rows(rows, num_fed, model, list(mb.rows)))
+
+
+def sp_rows(model, batch: TrainBatch, mb: MicroBatch, ids_bF: torch.Tensor, sp_size: int,
+            sp_rank: int) -> list[np.ndarray]:
+    """This rank's replay rows: each sample's forward rows of this stage's layers through the token
+    pipeline, counts asserted."""
+    rows_bFLK = stage_routing_rows(model, batch, mb, ids_bF.shape[1])
     out = []
     for i, row in enumerate(mb.rows):
         F = ids_bF.shape[1]
@@ -47,6 +57,14 @@ def sp_rows(batch: TrainBatch, mb: MicroBatch, ids_bF: torch.Tensor, sp_size: in
     return out
 
 
+def stage_hidden(model, ids_bF: torch.Tensor) -> torch.Tensor:
+    """A pipeline stage before the last: its layers' output ``[s, b, h]`` for the next stage (the first
+    stage embeds ``ids_bF``; a later one runs on the activation ``rl.trainer.pipeline`` set as its input)."""
+    from rl.model.forward import _model_inputs
+
+    return model(*_model_inputs(ids_bF))
+
+
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
@@ -57,16 +75,20 @@ def actor_logprobs(actor, batch: TrainBatch, mb: MicroBatch, *, replay: bool, sp
     ``with_entropy``: ``(logprobs, entropy)``, the entropy without gradient, aligned the same way.
 
     The forward runs on the model's device; the result comes back to the CPU, where the batch lives.
-    Under context parallelism the forward is ``rl.trainer.context.actor_logprobs``'s (same result)."""
+    On a pipeline stage before the last the result is the stage's hidden states ``[s, b, h]`` (on the
+    device, for the next stage: ``rl.trainer.pipeline``). Under context parallelism the forward is
+    ``rl.trainer.context.actor_logprobs``'s (same result)."""
     if cp_group()[1] > 1:
         return context.actor_logprobs(actor, batch, mb, replay=replay, temperature=temperature,
                                       with_entropy=with_entropy, sp_size=sp_size, sp_rank=sp_rank)
     tokens = slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
     ids, targets = tokens[:, :-1], tokens[:, 1:]
     dev = _device(actor)
-    replaying = rmodel.replay_routing(actor, sp_rows(batch, mb, ids, sp_size, sp_rank), sp_size=sp_size) \
+    replaying = rmodel.replay_routing(actor, sp_rows(actor, batch, mb, ids, sp_size, sp_rank), sp_size=sp_size) \
         if replay else contextlib.nullcontext()
     with replaying:
+        if not actor.post_process:
+            return stage_hidden(actor, ids.to(dev))
         out = rmodel.token_logprobs(actor, ids.to(dev), targets.to(dev), temperature, with_entropy=with_entropy)
     if with_entropy:
         return shift_to_tokens(out[0].cpu()), shift_to_tokens(out[1].cpu())
@@ -74,10 +96,13 @@ def actor_logprobs(actor, batch: TrainBatch, mb: MicroBatch, *, replay: bool, sp
 
 
 def critic_values(critic, batch: TrainBatch, mb: MicroBatch) -> torch.Tensor:
-    """fp32 token-aligned ``[rows, positions]`` values (the critic routes freely)."""
+    """fp32 token-aligned ``[rows, positions]`` values (the critic routes freely); the hidden states on a
+    pipeline stage before the last (the value head is on the last)."""
     if cp_group()[1] > 1:
         return context.critic_values(critic, batch, mb)
     tokens = slice_rows(batch.tokens_BT, mb, fill=PAD_TOKEN_ID)
+    if not critic.post_process:
+        return stage_hidden(critic, tokens[:, :-1].to(_device(critic)))
     return shift_to_tokens(rmodel.values(critic, tokens[:, :-1].to(_device(critic))).cpu())
 
 

@@ -1,4 +1,4 @@
-"""The trainer: one rank of a megatron layout (DP x TP(+SP) x EP), actor and critic.
+"""The trainer: one rank of a megatron layout (DP x TP(+SP) x PP x CP x EP), actor and critic.
 
 This is the only implementation of the PPO/GRPO step (loss assembly, behaviour
 plan, gradients, optimizer steps): the 1-rank :class:`~rl.trainer.trainer.Trainer`
@@ -24,6 +24,14 @@ backwards run per rank, per micro-batch (``rl.trainer.packing``), with
 gradients accumulated, reduced and clipped by the global norm
 (``rl.trainer.grads``). ``on_micro_batch`` is called after every micro-batch
 (the progress watchdog's heartbeat).
+
+Every micro-batch loop runs through the pipeline schedule (``rl.trainer.pipeline``):
+``forward_only`` for log-probs and values, ``one_f_one_b`` for the updates. With one stage
+that is forward, loss, backward per micro-batch; with ``pp`` stages the loss, its tallies and
+the per-token results are the last stage's, handed to every stage (``from_last_stage``), and
+each stage replays the R3 rows of its own layers (``rl.trainer.rank_forward``). Weights
+leave and enter a rank under the whole model's names (``pipeline.global_shard`` /
+``stage_state``), so the gathers, checkpoints and loads are layout-free at any ``pp``.
 """
 from __future__ import annotations
 
@@ -39,6 +47,7 @@ from rl.advantages import compute_gae, whiten_advantages
 from rl.errors import InputError
 from rl.losses import dppo_loss, ppo_clip_loss, reduction_weights, tis_weights, value_loss
 from rl.metrics import checked_logprob_gap, explained_variance
+from rl.trainer import pipeline as pl
 from rl.trainer import rank_forward as rf
 from rl.trainer.batch import TrainBatch
 from rl.trainer.grads import Tally, comm_device, reduce_clip_step
@@ -114,12 +123,17 @@ class RankTrainer:
                           ep=self.layout.ep, num_experts=self.spec.num_experts)
 
     def _load(self, model, full: Mapping[str, torch.Tensor]) -> None:
-        rmodel.load_state(model, local_from_full(full, self._placements(model)), source="full state")
+        local = local_from_full(pl.stage_state(full, model), self._placements(model))
+        rmodel.load_state(model, local, source="full state")
+
+    def _piece(self, model):
+        """(placements, tensors) of this rank's part of ``model`` under the whole model's names."""
+        return pl.global_shard(self._placements(model), rmodel.weights_state_dict(model), model)
 
     def full_state(self, role: str) -> dict[str, torch.Tensor] | None:
         """The whole model of ``role`` gathered from every rank (a collective); the full state on rank 0."""
         model = self.actor if role == "actor" else self.critic
-        piece = (self._placements(model), rmodel.weights_state_dict(model))
+        piece = self._piece(model)
         pieces = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         with self._watch(f"weight-update gather ({role})"):
             dist.gather_object(piece, pieces, dst=0)
@@ -130,7 +144,7 @@ class RankTrainer:
         model = self.actor if role == "actor" else self.critic
         if model is None:
             raise InputError(f"this trainer has no {role} (GRPO mode has no critic)", argument="role")
-        return self._placements(model), rmodel.weights_state_dict(model)
+        return self._piece(model)
 
     def load_full(self, *, actor: Mapping[str, torch.Tensor] | None = None,
                   critic: Mapping[str, torch.Tensor] | None = None, step: int | None = None) -> None:
@@ -182,8 +196,23 @@ class RankTrainer:
                                  temperature=self.temperature if temperature is None else temperature)
 
     def _gather(self, parts: dict[int, torch.Tensor], batch: TrainBatch) -> torch.Tensor:
+        """Full ``[B, T]`` of the last stage's per-sample results, on every rank."""
         with self._watch("data-parallel gather"):
-            return rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
+            full = rf.gather_samples(parts, tuple(batch.tokens_BT.shape), self.dp_group)
+        with self._watch("pipeline broadcast (last stage's results)"):
+            return pl.from_last_stage(full)
+
+    def _totals(self, tally: Tally) -> dict[str, float]:
+        """The last stage's tallies (where the losses are), summed over DP, on every rank."""
+        totals = tally.total(self.dp_group) if self.actor.post_process else None
+        with self._watch("pipeline broadcast (last stage's results)"):
+            return pl.from_last_stage(totals)
+
+    def _forward_each(self, model, plan: list[MicroBatch], forward, collect) -> None:
+        pl.run_forwards(model, plan, forward, collect, sp_size=self.layout.sp_size, watch=self._watch, tick=self._tick)
+
+    def _train_each(self, model, plan: list[MicroBatch], forward, loss) -> None:
+        pl.run_updates(model, plan, forward, loss, sp_size=self.layout.sp_size, watch=self._watch, tick=self._tick)
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch, plan: list[MicroBatch] | None = None, *, replay: bool | None = None,
@@ -195,14 +224,15 @@ class RankTrainer:
         parts: dict[int, torch.Tensor] = {}
         entropy: dict[int, torch.Tensor] = {}
         self.actor.eval()
+
+        def keep(mb, out) -> None:
+            rf.collect(mb, out[0] if with_entropy else out, parts)
+            if with_entropy:
+                rf.collect(mb, out[1], entropy)
+
         with swapped_weights(self.actor, self._behaviour if behaviour else None):
-            for mb in plan:
-                with self._watch("micro-batch forward"):
-                    out = self._actor_lp(batch, mb, replay, with_entropy=with_entropy)
-                rf.collect(mb, out[0] if with_entropy else out, parts)
-                if with_entropy:
-                    rf.collect(mb, out[1], entropy)
-                self._tick()
+            self._forward_each(self.actor, plan,
+                               lambda mb: self._actor_lp(batch, mb, replay, with_entropy=with_entropy), keep)
         logprobs_BT = self._gather(parts, batch)
         if not with_entropy:
             return logprobs_BT
@@ -217,10 +247,8 @@ class RankTrainer:
     def _values(self, batch: TrainBatch, plan: list[MicroBatch]) -> torch.Tensor:
         parts: dict[int, torch.Tensor] = {}
         self.critic.eval()
-        for mb in plan:
-            with self._watch("micro-batch forward"):
-                rf.collect(mb, rf.critic_values(self.critic, batch, mb), parts)
-            self._tick()
+        self._forward_each(self.critic, plan, lambda mb: rf.critic_values(self.critic, batch, mb),
+                           lambda mb, values: rf.collect(mb, values, parts))
         return self._gather(parts, batch)
 
     # --- the step -----------------------------------------------------------------------------
@@ -253,21 +281,20 @@ class RankTrainer:
             for plan, weights_BT in minis:
                 norms.append(self._critic_pass(batch, plan, weights_BT, old_BT, returns_BT, mask_BT, tally,
                                                len(minis)))
-        return tally.total(self.dp_group), sum(norms) / len(norms)
+        return self._totals(tally), sum(norms) / len(norms)
 
     def _critic_pass(self, batch, plan, weights_BT, old_BT, returns_BT, mask_BT, tally, num_minis) -> float:
         """One optimizer step of the critic over ``plan``; returns its pre-clip gradient norm."""
         s = self.settings
-        for mb in plan:
-            mask = rf.slice_rows(mask_BT, mb, fill=False)
-            with self._watch("micro-batch forward/backward"):
-                values = rf.critic_values(self.critic, batch, mb)
-                loss_bT, stats = value_loss(values, rf.slice_rows(old_BT, mb), rf.slice_rows(returns_BT, mb),
-                                            mask, clip=s.value_clip)
-                loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
-                loss.backward()
-            tally.add(stats, ("clip_fraction",), float(loss.detach()) / num_minis)
-            self._tick()
+
+        def loss(mb, values):
+            loss_bT, stats = value_loss(values, rf.slice_rows(old_BT, mb), rf.slice_rows(returns_BT, mb),
+                                        rf.slice_rows(mask_BT, mb, fill=False), clip=s.value_clip)
+            out = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
+            tally.add(stats, ("clip_fraction",), float(out.detach()) / num_minis)
+            return out
+
+        self._train_each(self.critic, plan, lambda mb: rf.critic_values(self.critic, batch, mb), loss)
         with self._watch("gradient all-reduce (critic)"):
             return reduce_clip_step(self.critic, self.critic_optimizer, s.grad_clip)
 
@@ -284,17 +311,16 @@ class RankTrainer:
             for plan, weights_BT in minis:
                 norms.append(self._actor_pass(batch, plan, weights_BT, adv_BT, old_BT, tis_BT, tally, first,
                                               epoch, len(minis)))
-        return tally.total(self.dp_group), sum(norms) / len(norms), first
+        return self._totals(tally), sum(norms) / len(norms), first
 
     def _actor_pass(self, batch, plan, weights_BT, adv_BT, old_BT, tis_BT, tally, first, epoch, num_minis) -> float:
         """One optimizer step of the actor over ``plan``; returns its pre-clip gradient norm."""
         s, mask_BT = self.settings, batch.loss_mask_BT
         key = "clip_fraction" if s.mode == "ppo" else "tv_masked_fraction"
         extra = ("dual_clip_fraction",) if s.mode == "ppo" else ()
-        for mb in plan:
+
+        def loss(mb, lp):
             mask = rf.slice_rows(mask_BT, mb, fill=False)
-            with self._watch("micro-batch forward"):
-                lp = self._actor_lp(batch, mb, s.r3, with_entropy=epoch == 0)
             if epoch == 0:
                 lp, entropy = lp
                 rf.collect(mb, lp, first["logprobs"])
@@ -308,11 +334,11 @@ class RankTrainer:
                                            *s.dppo_deltas)
             if tis_BT is not None:
                 loss_bT = loss_bT * rf.slice_rows(tis_BT, mb)
-            loss = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
-            with self._watch("micro-batch backward"):
-                loss.backward()
-            tally.add(stats, (key, "ratio_mean", "approx_kl") + extra, float(loss.detach()) / num_minis)
-            self._tick()
+            out = self._weighted(loss_bT, rf.slice_rows(weights_BT, mb))
+            tally.add(stats, (key, "ratio_mean", "approx_kl") + extra, float(out.detach()) / num_minis)
+            return out
+
+        self._train_each(self.actor, plan, lambda mb: self._actor_lp(batch, mb, s.r3, with_entropy=epoch == 0), loss)
         with self._watch("gradient all-reduce (actor)"):
             return reduce_clip_step(self.actor, self.actor_optimizer, s.grad_clip)
 
@@ -393,13 +419,15 @@ class RankTrainer:
         weights_BT = reduction_weights(batch.loss_mask_BT, "token_mean")
         self.actor.train()
         total = torch.zeros(1, dtype=torch.float64, device=comm_device())
-        for mb in plan:
-            loss = -self._weighted(self._actor_lp(batch, mb, False, temperature=1.0), rf.slice_rows(weights_BT, mb))
-            with self._watch("micro-batch backward"):
-                loss.backward()
-            total += float(loss.detach())
-            self._tick()
+
+        def loss(mb, lp):
+            out = -self._weighted(lp, rf.slice_rows(weights_BT, mb))
+            total.add_(float(out.detach()))
+            return out
+
+        self._train_each(self.actor, plan, lambda mb: self._actor_lp(batch, mb, False, temperature=1.0), loss)
         with self._watch("gradient all-reduce (actor)"):
             norm = reduce_clip_step(self.actor, self.actor_optimizer, self.settings.grad_clip)
         dist.all_reduce(total, group=self.dp_group)
+        total = pl.from_last_stage(total)
         return SftStats(float(total.item()), batch.num_loss_tokens, norm)

@@ -37,7 +37,7 @@ class Layout(BaseModel):
     dp: int = Field(1, ge=1, le=4096, description="Data-parallel ranks: trajectories are packed to them by token count.")
     tp: int = Field(1, ge=1, le=64, description="Tensor-parallel ranks (megatron-core; > 1 needs sequence_parallel).")
     ep: int = Field(1, ge=1, le=1024, description="Expert-parallel ranks: must divide num_experts and dp*tp (expert tensor parallelism is 1).")
-    pp: int = Field(1, ge=1, le=1, description="Pipeline stages: 1 only in the trainer; the stages and the 1F1B schedule exist (rl.trainer.pipeline) but the PPO step does not run through them yet (docs/parallelism.md).")
+    pp: int = Field(1, ge=1, le=64, description="Pipeline stages: each holds num_layers / pp layers (the first the embedding, the last the head, loss and the critic's value head); micro-batches run a 1F1B schedule (rl.trainer.pipeline, docs/parallelism.md).")
     cp: int = Field(1, ge=1, le=64, description="Context-parallel ranks: each holds a zig-zag slice of every sample's tokens (attention exchanges K/V, GatedDeltaNet passes its states; docs/parallelism.md).")
     sequence_parallel: bool = Field(False, description="Split the sequence over the tensor-parallel ranks (megatron SP); requires tp > 1.")
     max_tokens_per_gpu: int = Field(8192, ge=16, description="Token cap of one micro-batch (padded tokens) on one rank; a longer sample is its own micro-batch.")

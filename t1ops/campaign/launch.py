@@ -173,8 +173,8 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
                  f"vocabulary {vocab.size} ids, dir {run.path}")
     c.trainer, rank_watch = start_trainer(cfg, run, spec)  # one path for every world size
     if cfg.trainer.parallel.world_size > 1:
-        progress.log(f"trainer: {cfg.trainer.parallel.world_size} ranks (dp {cfg.trainer.parallel.dp}, "
-                     f"tp {cfg.trainer.parallel.tp}, ep {cfg.trainer.parallel.ep})")
+        p = cfg.trainer.parallel
+        progress.log(f"trainer: {p.world_size} ranks (dp {p.dp}, tp {p.tp}, pp {p.pp}, cp {p.cp}, ep {p.ep})")
     # The engines start now, from the model's seeded weights (as SGLang starts from the base model),
     # while the trainer warm-starts or loads the resumed checkpoint; version 0 (or the resumed step)
     # reaches them through the normal weight sync below. Calls on the trainer actor run in order. (The

@@ -212,11 +212,7 @@ def check_trainer_layout(plan: Plan, est: MemoryEstimate) -> list[Finding]:
     try:
         Layout(**keys)
     except ValidationError as exc:
-        if par.pp > 1:
-            errors.append(f"pp = {par.pp}: the stages and the 1F1B schedule exist (rl.trainer.pipeline) but the "
-                          "rank trainer's PPO step does not run through them yet")
-        else:
-            errors.append(str(exc.errors()[0]["msg"]))
+        errors.append(str(exc.errors()[0]["msg"]))
     if errors:
         return [Finding("trainer-layout", "info", f"t1ops' rank trainer does not run this layout ({spelled}): "
                         + "; ".join(errors))]

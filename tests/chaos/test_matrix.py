@@ -11,15 +11,33 @@ from t1ops.audit import audit_dump
 
 
 def test_pairwise_cover_has_every_pair_of_values_and_the_check_can_fail():
-    assert len(full_matrix()) == 18 and covers_all_pairs(full_matrix())
+    assert len(full_matrix()) == 30 and covers_all_pairs(full_matrix())
     cells = pairwise()
-    assert len(cells) == 9 and covers_all_pairs(cells)
+    assert len(cells) == 15 and covers_all_pairs(cells)
     assert not covers_all_pairs([c for c in cells if c.mode != "sync"])  # a missing pair is seen
     assert not covers_all_pairs([Cell(c.mode, c.trainer, "disk") for c in cells])
 
 
 def _run_here() -> list[Cell]:
     return [c for c in pairwise() if c not in STANDS_IN]
+
+
+# The pipeline and context-parallel layouts (issue 52) run one cell each in the suite, each a kill and
+# resume on 2 ranks; their other pairwise cells (every mode, both syncs) are `python -m chaos.matrix
+# --pairwise`'s, so the suite's campaign time grows by 2 cells, not 6.
+LAYOUT_CELLS = (Cell("sync", "pp=2", "distributed"), Cell("one_step", "cp=2", "distributed"))
+NEW_LAYOUTS = {c.trainer for c in LAYOUT_CELLS}
+
+
+def _cell_params() -> list:
+    skip = pytest.mark.skip(reason="a pairwise cell of a layout that runs one cell in the suite: "
+                                   "python -m chaos.matrix --pairwise")
+    return [pytest.param(c, marks=skip) if c.trainer in NEW_LAYOUTS and c not in LAYOUT_CELLS else c
+            for c in _run_here()]
+
+
+def test_each_new_layout_runs_one_cell_in_the_suite():
+    assert set(LAYOUT_CELLS) <= set(_run_here()) and NEW_LAYOUTS == {"pp=2", "cp=2"}
 
 
 def _stand_in_config(name: str):
@@ -96,7 +114,7 @@ def test_every_output_check_reads_a_cell_the_suite_runs():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cell", _run_here(), ids=lambda c: f"{c.mode}-{c.trainer}-{c.sync}".replace(" ", ""))
+@pytest.mark.parametrize("cell", _cell_params(), ids=lambda c: f"{c.mode}-{c.trainer}-{c.sync}".replace(" ", ""))
 def test_cell_runs_with_eval_and_resumes_after_a_kill(cell, tmp_path):
     result = run_cell(cell, tmp_path)
     assert result.ok, result.detail

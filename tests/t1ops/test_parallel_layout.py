@@ -18,6 +18,8 @@ def test_valid_layouts_load():
     assert _cfg(cp=2).trainer.parallel.world_size == 2      # context parallelism (rl.trainer.context)
     assert _cfg(dp=2, cp=2, ep=2).trainer.parallel.world_size == 4
     assert _cfg(tp=2, cp=2, sequence_parallel=True).trainer.parallel.world_size == 4
+    assert _cfg(pp=2).trainer.parallel.world_size == 2      # pipeline stages (rl.trainer.pipeline)
+    assert _cfg(pp=2, dp=2, ep=2).trainer.parallel.world_size == 4
 
 
 @pytest.mark.parametrize("parallel, match", [
@@ -26,7 +28,7 @@ def test_valid_layouts_load():
     ({"ep": 2}, "pp\\*ep\\*etp = 2"),                                # ep does not fit a world of 1
     ({"dp": 3, "ep": 3}, "does not divide num_experts 8"),
     ({"tp": 3, "sequence_parallel": True}, "does not divide num_attention_heads 4"),
-    ({"pp": 2}, "less than or equal to 1"),
+    ({"pp": 3}, "num_layers 2 is not divisible by pp 3"),         # a stage holds whole layers
     ({"cp": 2, "ep": 4}, "pp\\*ep\\*etp = 4; 2 is not"),                # the CP ranks count in the expert world
 ])
 def test_bad_layouts_are_named_at_load(parallel, match):

@@ -37,8 +37,8 @@ def pipeline_step(model, batch) -> dict:
     parts: dict = {}
     model.eval()
     with torch.no_grad():
-        pl.forward_only(model, len(plan), lambda i: pl.policy_stage_forward(model, batch, plan[i], replay=True),
-                        lambda i: pl.hidden_shape(model, plan[i]), lambda i, lp: rf.collect(plan[i], lp, parts))
+        pl.forward_only(model, len(plan), lambda i: rf.actor_logprobs(model, batch, plan[i], replay=True),
+                        lambda i: pl.stage_input_shape(model, plan[i]), lambda i, lp: rf.collect(plan[i], lp, parts))
     old = rf.gather_samples(parts, tuple(batch.tokens_BT.shape), None) if model.post_process else None
     weights = reduction_weights(batch.loss_mask_BT, "token_mean")
     adv = (batch.rewards_B - batch.rewards_B.mean())[:, None].expand(batch.loss_mask_BT.shape)
@@ -54,8 +54,8 @@ def pipeline_step(model, batch) -> dict:
         return out
 
     model.train()
-    pl.one_f_one_b(model, len(plan), lambda i: pl.policy_stage_forward(model, batch, plan[i], replay=True),
-                   lambda i: pl.hidden_shape(model, plan[i]), loss)
+    pl.one_f_one_b(model, len(plan), lambda i: rf.actor_logprobs(model, batch, plan[i], replay=True),
+                   lambda i: pl.stage_input_shape(model, plan[i]), loss)
     norm = reduce_clip_step(model, optimizer, SETTINGS.grad_clip)
     return {"logprobs": old, "loss": sum(losses), "norm": norm}
 
@@ -81,7 +81,9 @@ def _rank(rank: int, init: str, state: dict, batch, out_dir: str) -> None:
     model = rmodel.build_policy(SPEC, seed=0)
     rmodel.load_state(model, pl.stage_state(state, model))
     out = pipeline_step(model, batch)
-    out["actor"] = pl.gather_full(model)
+    pieces = [None, None] if rank == 0 else None
+    torch.distributed.gather_object(pl.global_names(rmodel.weights_state_dict(model), model), pieces, dst=0)
+    out["actor"] = {k: v for p in pieces for k, v in p.items()} if pieces else None
     out["layers"] = model.t1_layers
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     torch.distributed.destroy_process_group()

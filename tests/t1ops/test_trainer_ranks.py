@@ -1,4 +1,5 @@
-"""Equivalence: a TP=2 (+SP), an EP=2, a DP=2 and a TP=2+EP=2 trainer against the 1-rank trainer, R3 on.
+"""Equivalence: a TP=2 (+SP), an EP=2, a DP=2, a TP=2+EP=2, a CP=2+EP=2 and a PP=2 trainer against the
+1-rank trainer, R3 on.
 
 Same batch, same initial weights (layout-free, rl.trainer.ranks.full_initial_states), one PPO
 step (critic + actor, ppo_epochs=1). Tolerances: per-token log-probs within 1e-5 (absolute, loss
@@ -44,8 +45,8 @@ def reference():
                                     Layout(dp=2, ep=2, max_tokens_per_gpu=CAP),
                                     Layout(dp=2, max_tokens_per_gpu=CAP),
                                     Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP),
-                                    Layout(cp=2, ep=2, max_tokens_per_gpu=CAP)],
-                         ids=["tp2-sp", "ep2", "dp2", "tp2-sp-ep2", "cp2-ep2"])
+                                    Layout(cp=2, ep=2, max_tokens_per_gpu=CAP), Layout(pp=2, max_tokens_per_gpu=CAP)],
+                         ids=["tp2-sp", "ep2", "dp2", "tp2-sp-ep2", "cp2-ep2", "pp2"])
 def test_layout_matches_one_rank(reference, layout, tmp_path):
     batch, ref_lp, ref, ref_actor = reference
     # dp > 1: each rank holds routing rows for its own rows only, as in a campaign (dataplane.fetch_shard)

@@ -1,5 +1,5 @@
-"""The Qwen3.5-MoE hybrid on real ranks: tp = 2 (+SP) + ep = 2, dp = 2 and cp = 2, against one rank and against
-``transformers``.
+"""The Qwen3.5-MoE hybrid on real ranks: tp = 2 (+SP) + ep = 2, dp = 2, cp = 2 and pp = 2 (alone and with tp = 2 or
+cp = 2), against one rank and against ``transformers``.
 
 GatedDeltaNet's ``in_proj`` and ``conv1d`` are split over TP section by section (rl.trainer.shard), its
 output norm's gradient is summed over TP (rl.trainer.grads). Same batch, same initial weights, one PPO
@@ -7,7 +7,10 @@ step with R3 on: per-token log-probs before the step (experts replayed from the 
 1e-5 of the 1-rank trainer's; the 1-rank trainer's free-routing log-probs within 1e-4 of the log-softmax
 of ``Qwen3_5MoeForCausalLM``'s logits on the exported weights (transformers cannot replay experts, so the
 chain is ranks = 1 rank = transformers; each max printed); losses, grad norms and the weights after the
-step as tests/t1ops/test_trainer_ranks.py checks them.
+step as tests/t1ops/test_trainer_ranks.py checks them. At pp = 2 stage 0 holds the GatedDeltaNet layer and the
+embedding, stage 1 the attention layer, the LM head and the critic's value head; the actor and critic steps run
+the 1F1B schedule (rl.trainer.pipeline) and the results shown are rank 0's, i.e. the first stage's copy of
+what the last stage computed.
 """
 import pytest
 import torch
@@ -59,10 +62,13 @@ def test_one_rank_equals_transformers(reference):
     assert err <= 1e-4
 
 
-@pytest.mark.parametrize("layout", [Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP),
-                                    Layout(dp=2, max_tokens_per_gpu=CAP), Layout(cp=2, max_tokens_per_gpu=CAP),
-                                    Layout(tp=2, cp=2, sequence_parallel=True, max_tokens_per_gpu=CAP)],
-                         ids=["tp2-sp-ep2", "dp2", "cp2", "tp2-sp-cp2"])
+@pytest.mark.parametrize("layout", [
+    Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP), Layout(dp=2, max_tokens_per_gpu=CAP),
+    Layout(cp=2, max_tokens_per_gpu=CAP), Layout(tp=2, cp=2, sequence_parallel=True, max_tokens_per_gpu=CAP),
+    Layout(pp=2, max_tokens_per_gpu=CAP),
+    pytest.param(Layout(pp=2, tp=2, sequence_parallel=True, max_tokens_per_gpu=CAP), marks=pytest.mark.slow),
+    pytest.param(Layout(pp=2, cp=2, max_tokens_per_gpu=CAP), marks=pytest.mark.slow)],
+    ids=["tp2-sp-ep2", "dp2", "cp2", "tp2-sp-cp2", "pp2", "pp2-tp2-sp", "pp2-cp2"])
 def test_layout_matches_one_rank_and_transformers(reference, layout):
     batch, ref_lp, hf_err, ref, ref_actor = reference
     got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE, own_shard=layout.dp > 1)
