@@ -110,6 +110,7 @@ def results():
     return batch, ref, [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(2)]
 
 
+@pytest.mark.heavy  # two stage processes at the model level; the trainer's pp = 2 step is in the default run (test_trainer_ranks.py[pp2])
 def test_pp2_matches_one_rank(results):
     batch, ref, (stage0, stage1) = results
     assert stage0["layers"] == (0, 2) and stage1["layers"] == (2, 2)

@@ -62,12 +62,21 @@ def test_one_rank_equals_transformers(reference):
     assert err <= 1e-4
 
 
+# Every layout here is heavy (several ranks training the hybrid model: minutes each on 2 cores; run them
+# with `pytest --heavy`, docs/testing.md "Heavy tests"). The default run proves the same step on ranks with
+# the Qwen3-MoE stand-in in every layout (tests/t1ops/test_trainer_ranks.py) and GatedDeltaNet's context
+# parallelism (tests/t1ops/test_context_parallel.py); this file's one-rank test stays in it.
+_HEAVY = pytest.mark.heavy
+
+
 @pytest.mark.parametrize("layout", [
-    Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP), Layout(dp=2, max_tokens_per_gpu=CAP),
-    Layout(cp=2, max_tokens_per_gpu=CAP), Layout(tp=2, cp=2, sequence_parallel=True, max_tokens_per_gpu=CAP),
-    Layout(pp=2, max_tokens_per_gpu=CAP),
-    pytest.param(Layout(pp=2, tp=2, sequence_parallel=True, max_tokens_per_gpu=CAP), marks=pytest.mark.slow),
-    pytest.param(Layout(pp=2, cp=2, max_tokens_per_gpu=CAP), marks=pytest.mark.slow)],
+    pytest.param(Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP), marks=_HEAVY),
+    pytest.param(Layout(dp=2, max_tokens_per_gpu=CAP), marks=_HEAVY),
+    pytest.param(Layout(cp=2, max_tokens_per_gpu=CAP), marks=_HEAVY),
+    pytest.param(Layout(tp=2, cp=2, sequence_parallel=True, max_tokens_per_gpu=CAP), marks=_HEAVY),
+    pytest.param(Layout(pp=2, max_tokens_per_gpu=CAP), marks=_HEAVY),
+    pytest.param(Layout(pp=2, tp=2, sequence_parallel=True, max_tokens_per_gpu=CAP), marks=(_HEAVY, pytest.mark.slow)),
+    pytest.param(Layout(pp=2, cp=2, max_tokens_per_gpu=CAP), marks=(_HEAVY, pytest.mark.slow))],
     ids=["tp2-sp-ep2", "dp2", "cp2", "tp2-sp-cp2", "pp2", "pp2-tp2-sp", "pp2-cp2"])
 def test_layout_matches_one_rank_and_transformers(reference, layout):
     batch, ref_lp, hf_err, ref, ref_actor = reference
