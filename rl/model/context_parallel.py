@@ -33,6 +33,19 @@ import torch.distributed as dist
 
 from rl.routing import zigzag_chunks
 
+#: A padded length is a multiple of ``cp x CP_ALIGN``: each rank's contiguous GatedDeltaNet shard is then
+#: whole 64-token chunks of the delta rule, which rounds as on one rank (:func:`cp_gdn_forward`).
+CP_ALIGN = 64
+
+
+def padded_length(num_positions: int, cp_size: int, align: int = CP_ALIGN) -> int:
+    """``num_positions`` rounded up to a multiple of ``cp_size * align`` (unchanged when cp = 1)."""
+    if cp_size == 1:
+        return num_positions
+    multiple = cp_size * align
+    return -(-num_positions // multiple) * multiple
+
+
 GDN_CHUNK = 64  # megatron's torch_chunk_gated_delta_rule chunk_size
 _TAG_CONV, _TAG_REC = 11, 12
 

@@ -14,20 +14,8 @@ import numpy as np
 import torch
 
 from rl.errors import InputError, RoutingError
-from rl.model.context_parallel import zigzag_positions
+from rl.model.context_parallel import CP_ALIGN, padded_length, zigzag_positions  # noqa: F401  (context.padded_length: callers' name)
 from rl.routing import assert_row_count, shard_for_rank
-
-#: A padded length is a multiple of ``cp x CP_ALIGN``: each rank's contiguous GatedDeltaNet shard is then
-#: whole 64-token chunks of the delta rule, which rounds as on one rank (rl.model.context_parallel).
-CP_ALIGN = 64
-
-
-def padded_length(num_positions: int, cp_size: int, align: int = CP_ALIGN) -> int:
-    """``num_positions`` rounded up to a multiple of ``cp_size * align`` (unchanged when cp = 1)."""
-    if cp_size == 1:
-        return num_positions
-    multiple = cp_size * align
-    return -(-num_positions // multiple) * multiple
 
 
 def zigzag_BT(x_BT, cp_size: int, cp_rank: int, *, num_positions: int, fill=0):
@@ -140,7 +128,7 @@ def actor_logprobs(actor, batch, mb, *, replay: bool, temperature: float, with_e
     from rl import model as rmodel
     from rl.model.context_parallel import cp_group
     from rl.trainer.forward import shift_to_tokens
-    from rl.trainer.rank_forward import stage_hidden, stage_routing_rows
+    from rl.trainer.pipeline import stage_hidden, stage_routing_rows
 
     group, size, rank = cp_group()
     F, total, ids, targets = _local_inputs(batch, mb, size, rank)
@@ -168,7 +156,7 @@ def critic_values(critic, batch, mb) -> torch.Tensor:
     group, size, rank = cp_group()
     F, _, ids, _ = _local_inputs(batch, mb, size, rank)
     if not critic.post_process:
-        from rl.trainer.rank_forward import stage_hidden
+        from rl.trainer.pipeline import stage_hidden
 
         return stage_hidden(critic, ids)
     return shift_to_tokens(_GatherPositions.apply(rmodel.values(critic, ids), group, size, rank)[:, :F])

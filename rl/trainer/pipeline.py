@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -238,8 +238,7 @@ def stage_input_shape(model, mb, *, sp_size: int = 1) -> tuple[int, int, int]:
     """The activation ``[s, b, h]`` a stage receives for micro-batch ``mb``: the fed positions (this
     rank's zig-zag share under context parallelism, ``rl.trainer.context``; then its sequence-parallel
     slice) x rows x hidden."""
-    from rl.model.context_parallel import cp_group
-    from rl.trainer.context import padded_length
+    from rl.model.context_parallel import cp_group, padded_length
 
     cp = cp_group()[1]
     local = padded_length(mb.positions - 1, cp) // cp
@@ -303,3 +302,20 @@ def from_last_stage(value):
     box = [value]
     dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
+
+
+def stage_routing_rows(model, batch, mb, num_fed: int) -> np.ndarray:
+    """``[rows, num_fed, layers, K]``: the micro-batch's routing rows of the layers this pipeline stage holds
+    (all of them with one stage), one row per fed position asserted per sample (:func:`stage_rows`)."""
+    from rl.trainer.rows import routing_rows
+
+    rows = list(routing_rows(batch, mb)[:, :num_fed].numpy())
+    return np.stack(stage_rows(rows, num_fed, model, list(mb.rows)))
+
+
+def stage_hidden(model, ids_bF: torch.Tensor) -> torch.Tensor:
+    """A pipeline stage before the last: its layers' output ``[s, b, h]`` for the next stage (the first
+    stage embeds ``ids_bF``; a later one runs on the activation the schedule set as its input)."""
+    from rl.model.forward import _model_inputs
+
+    return model(*_model_inputs(ids_bF))

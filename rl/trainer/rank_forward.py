@@ -28,15 +28,8 @@ from rl.routing import assert_row_count, shard_for_rank
 from rl.trainer.batch import PAD_TOKEN_ID, TrainBatch
 from rl.trainer.forward import shift_to_tokens
 from rl.trainer.packing import FILLER, MicroBatch
-from rl.trainer.pipeline import stage_rows
+from rl.trainer.pipeline import stage_hidden, stage_routing_rows
 from rl.trainer.rows import routing_rows, slice_rows  # noqa: F401  (rank_forward.slice_rows: callers' name)
-
-
-def stage_routing_rows(model, batch: TrainBatch, mb: MicroBatch, num_fed: int) -> np.ndarray:
-    """``[rows, num_fed, layers, K]``: the micro-batch's routing rows of the layers this pipeline stage holds
-    (all of them with one stage), one row per fed position asserted per sample (``rl.trainer.pipeline``)."""
-    rows = list(routing_rows(batch, mb)[:, :num_fed].numpy())
-    return np.stack(stage_rows(rows, num_fed, model, list(mb.rows)))
 
 
 def sp_rows(model, batch: TrainBatch, mb: MicroBatch, ids_bF: torch.Tensor, sp_size: int,
@@ -55,14 +48,6 @@ def sp_rows(model, batch: TrainBatch, mb: MicroBatch, ids_bF: torch.Tensor, sp_s
                          stage=f"sequence-parallel shard {sp_rank}/{sp_size}")
         out.append(rows_shard)
     return out
-
-
-def stage_hidden(model, ids_bF: torch.Tensor) -> torch.Tensor:
-    """A pipeline stage before the last: its layers' output ``[s, b, h]`` for the next stage (the first
-    stage embeds ``ids_bF``; a later one runs on the activation ``rl.trainer.pipeline`` set as its input)."""
-    from rl.model.forward import _model_inputs
-
-    return model(*_model_inputs(ids_bF))
 
 
 def _device(model) -> torch.device:
