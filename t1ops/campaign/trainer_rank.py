@@ -15,6 +15,7 @@ use it; the campaign runs one Ray actor per rank instead
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tempfile
@@ -25,6 +26,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rl.megatron_cpu import init_model_parallel, teardown
+from rl.trainer.activations import SavedActivations
 from rl.trainer.packing import pack_to_ranks
 from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from t1ops.config import GuardsConfig
@@ -85,10 +87,14 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
             job["batch"] = own_shard_only(job["batch"], layout.dp, rt.dp_rank)
         logprobs = rt.logprobs(job["batch"])
         times = []
+        saved = SavedActivations([rt.actor, rt.critic])
         for _ in range(job["steps"]):
             t0 = time.perf_counter()
-            stats = rt.train_step(job["batch"], behaviour=job["behaviour"])
+            with saved if job["activations"] else contextlib.nullcontext():
+                stats = rt.train_step(job["batch"], behaviour=job["behaviour"])
             times.append(time.perf_counter() - t0)
+        if job["activations"]:
+            torch.save(saved.peak_bytes, _activations_file(out, rank))
         full = rt.full_state("actor")
         if job.get("shards_to"):
             save_sharded(job["shards_to"], "actor", job["steps"], rt)
@@ -99,16 +105,23 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
         teardown()
 
 
+def _activations_file(out: str, rank: int) -> str:
+    return os.path.join(os.path.dirname(out), f"activations{rank}.pt")
+
+
 def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk_id: int | None = None,
                     steps: int = 1, temperature: float = 1.0, timeout_s: float = 600.0,
-                    shards_to: str | None = None, behaviour: str = "snapshot", own_shard: bool = False) -> dict:
+                    shards_to: str | None = None, behaviour: str = "snapshot", own_shard: bool = False,
+                    activations: bool = False) -> dict:
     """Spawn ``layout.world_size`` local ranks, take ``steps`` steps on ``batch``; rank 0's results.
 
     Returns ``logprobs`` (full ``[B, T]`` before the step), ``stats`` (StepStats of the last step),
     ``step_s`` (seconds per step) and ``actor`` (the full actor state after the steps). With
     ``shards_to`` the ranks also save the actor sharded there (step = ``steps``). ``behaviour``:
     as ``RankTrainer.train_step``'s ("rollout": the fully async behaviour policy). ``own_shard``:
-    each rank's batch carries routing rows only for its own data-parallel rows (:func:`own_shard_only`)."""
+    each rank's batch carries routing rows only for its own data-parallel rows (:func:`own_shard_only`).
+    ``activations``: also ``activation_peak_bytes``, every rank's peak of the bytes autograd saves for
+    backward during the steps (:class:`rl.trainer.activations.SavedActivations`), in rank order."""
     ctx = mp.get_context("spawn")
     out = os.path.join(tempfile.mkdtemp(prefix="t1ops-ranks-"), "rank0.pt")
     # One fresh port per rendezvous attempt, as a campaign's ranks meet (group-init-race): a single
@@ -118,7 +131,7 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
     guards = GuardsConfig(field=FieldGuardsConfig(group_init_timeout_s=60.0))
     job = {"layout": layout, "batch": batch, "spec": spec, "settings": settings, "seed": seed,
            "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to,
-           "behaviour": behaviour, "own_shard": own_shard, "guards": guards}
+           "behaviour": behaviour, "own_shard": own_shard, "guards": guards, "activations": activations}
     init_method = plan_rendezvous("127.0.0.1", guards.field)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     procs = [ctx.Process(target=_one_step, args=(r, layout.world_size, init_method, job, out), daemon=True)
@@ -132,7 +145,10 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
         bad = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode != 0]
         if bad:
             raise RuntimeError(f"trainer ranks failed or timed out (rank, exit code): {bad}")
-        return torch.load(out, weights_only=False)
+        result = torch.load(out, weights_only=False)
+        if activations:
+            result["activation_peak_bytes"] = [torch.load(_activations_file(out, r)) for r in range(layout.world_size)]
+        return result
     finally:
         for p in procs:
             if p.is_alive():

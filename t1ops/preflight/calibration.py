@@ -95,3 +95,21 @@ MAX_EXPERTS_PER_GPU = 64
 #: measured. Bytes of one routing-record entry: an int32 expert id (report 05:
 #: "a base64 int32 tensor"; 48 layers x top-8 x 4 B = 1536 B per token).
 ROUTING_ID_BYTES = 4
+
+#: The CPU calibration of the per-token activation term (t1ops.preflight.cpu_activations): the batch is one
+#: long sample of ACTIVATION_LONG_TOKENS (its own micro-batch) and ACTIVATION_SAMPLES - 1 samples of
+#: ACTIVATION_CAP_TOKENS, the packer's cap; layouts are name -> (tp, pp, cp), tp > 1 with sequence parallelism.
+ACTIVATION_LONG_TOKENS = 512
+ACTIVATION_CAP_TOKENS = 64
+ACTIVATION_SAMPLES = 3
+ACTIVATION_LAYOUTS = {"1 rank": (1, 1, 1), "cp2": (1, 1, 2), "pp2": (1, 2, 1), "tp2-sp": (2, 1, 1),
+                      "tp2-sp-cp2": (2, 1, 2)}
+
+#: measured (CPU): fp32, gloo ranks, no recompute; the tiny Qwen3.5-MoE hybrid (4 layers, hidden 32), one
+#: PPO step (actor and critic, R3). Peak bytes autograd saves for backward on the worst rank, per token of
+#: the long sample, by layout (`python bench/bench_activations.py`, 2026-12-06; worst rank's peak / 512).
+#: Absolute bytes are this shape's and CPU's (no recompute keeps every intermediate); the model is checked
+#: on the ratios to one rank for cp and pp (tests/t1ops/test_preflight_activations.py). At tp = 2 + SP the
+#: CPU ranks halve (1.99x) what the model keeps whole (1.00x): its full-recompute rule; docs/preflight.md.
+ACTIVATION_LAYOUT_POINTS = {"1 rank": 48_653_122 / 512, "cp2": 24_611_258 / 512, "pp2": 26_893_328 / 512,
+                            "tp2-sp": 24_412_522 / 512, "tp2-sp-cp2": 12_356_394 / 512}

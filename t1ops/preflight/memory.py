@@ -75,6 +75,19 @@ def _stored_bytes_per_token_layer(plan: Plan) -> int:
     return cal.GDN_ACTIVATION_BYTES_PER_TOKEN
 
 
+def in_flight_tokens(plan: Plan, stage: int) -> int:
+    """Tokens whose activations ``stage`` holds at once: under 1F1B stage s holds pp - s micro-batches,
+    the binding one and packed bins at the cap."""
+    return binding_tokens_per_gpu(plan) + (plan.parallelism.pp - stage - 1) * plan.batch.max_tokens_per_gpu
+
+
+def activation_bytes(plan: Plan, stage: int) -> int:
+    """The per-token activation term on one GPU of ``stage``: tokens in flight x layers of the stage x
+    bytes a layer keeps per token. Its layout scaling is checked against CPU ranks
+    (calibration.ACTIVATION_LAYOUT_POINTS, docs/preflight.md)."""
+    return in_flight_tokens(plan, stage) * plan.layers_per_stage * _stored_bytes_per_token_layer(plan)
+
+
 @dataclass(frozen=True)
 class Phase:
     name: str
@@ -119,8 +132,6 @@ def stage_memory(plan: Plan, phase: Phase, stage: int, ep: int | None = None) ->
     dense_shard = par.derived_dp * par.cp if par.distributed_optimizer else 1
     opt_params = params.expert / expert_shard + params.dense / dense_shard
     tokens = binding_tokens_per_gpu(plan)
-    # 1F1B: stage s holds pp - s micro-batches; the others are packed bins at the cap.
-    in_flight_tokens = tokens + (par.pp - stage - 1) * plan.batch.max_tokens_per_gpu
     n_gdn, _ = stage_layer_kinds(plan, stage)
     last = stage == par.pp - 1
     staged_tokens = plan.batch.samples_per_step * plan.batch.mean_sample_tokens // (par.derived_dp * par.cp)
@@ -128,7 +139,7 @@ def stage_memory(plan: Plan, phase: Phase, stage: int, ep: int | None = None) ->
         "weights": (params.expert + params.dense) * prec.param_bytes,
         "grads": (params.expert + params.dense) * prec.main_grad_bytes,
         "optimizer": int(opt_params * prec.optimizer_bytes_per_param * (1 - prec.optimizer_offload_fraction)),
-        "activations": in_flight_tokens * plan.layers_per_stage * _stored_bytes_per_token_layer(plan),
+        "activations": activation_bytes(plan, stage),
         # Each stage stages the rows of its own MoE layers for replay.
         "routing_replay": routing_record_bytes(staged_tokens, plan.layers_per_stage, m.moe_router_topk)
         if phase.routing_staged else 0,

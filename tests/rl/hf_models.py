@@ -51,11 +51,6 @@ def hybrid_spec(**overrides):
     """A 4-layer Qwen3.5-MoE ``ModelSpec`` (GatedDeltaNet, gated attention, twice; shared expert) for the
     layout tests (context and pipeline parallelism): small enough for gloo ranks on a CPU."""
     from rl.model import ModelSpec
+    from t1ops.preflight.cpu_activations import TINY_HYBRID
 
-    return ModelSpec(**{**dict(arch="qwen3_5_moe", num_layers=4, hidden_size=32, num_attention_heads=4,
-                               num_query_groups=2, head_dim=16, ffn_hidden_size=64, num_experts=4, moe_router_topk=2,
-                               moe_ffn_hidden_size=16, shared_expert_intermediate_size=24, max_seq_len=64,
-                               vocab_size=64, rope_theta=1e4, partial_rotary_factor=0.25,
-                               layer_types=("linear_attention", "full_attention") * 2, linear_num_key_heads=2,
-                               linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8),
-                        **overrides})
+    return ModelSpec(**{**TINY_HYBRID, **overrides})

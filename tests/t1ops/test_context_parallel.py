@@ -17,6 +17,7 @@ import torch
 
 from rl import model as rmodel
 from rl.errors import RoutingError
+from rl.trainer.activations import SavedActivations
 from tests.rl.hf_models import hybrid_spec
 
 SPEC = hybrid_spec(max_seq_len=1024)
@@ -24,21 +25,12 @@ B, T, CP = 2, 512, 2
 
 
 def saved_activation_bytes(fn):
-    """Run ``fn``; bytes of the distinct non-parameter tensors autograd saved for backward."""
-    seen: dict = {}
-    params: set = set()
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
-        return t
-
+    """Run ``fn``; the peak bytes of the non-parameter tensors autograd saved for backward
+    (rl.trainer.activations, the measurement behind the memory model's calibration)."""
     def run(model):
-        params.update(p.untyped_storage().data_ptr() for p in model.parameters())
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with SavedActivations([model]) as saved:
             out = fn()
-        return out, sum(seen.values())
+        return out, saved.peak_bytes
     return run
 
 
