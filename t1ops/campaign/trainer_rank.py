@@ -22,10 +22,13 @@ import tempfile
 import time
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from rl import model as rmodel
 from rl.megatron_cpu import init_model_parallel, teardown
+from rl.trainer import TrainerSettings, rollout_batch
 from rl.trainer.activations import SavedActivations
 from rl.trainer.packing import pack_to_ranks
 from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
@@ -34,6 +37,13 @@ from t1ops.guards import dist as dist_guard
 from t1ops.guards.field_config import FieldGuardsConfig
 from t1ops.guards.rendezvous import plan_rendezvous
 from t1ops.guards.sharded_checkpoints import save_sharded
+from t1ops.preflight.calibration import (
+    ACTIVATION_CAP_TOKENS,
+    ACTIVATION_LONG_TOKENS,
+    ACTIVATION_SAMPLES,
+)
+from t1ops.preflight.cpu_activations import LAYOUTS as ACTIVATION_LAYOUTS
+from t1ops.preflight.cpu_activations import TINY_HYBRID
 
 
 def backend_for(requested: str = "auto") -> str:
@@ -153,3 +163,25 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
         for p in procs:
             if p.is_alive():
                 p.kill()
+
+
+def measure_layouts(names=tuple(ACTIVATION_LAYOUTS), *, long_tokens: int = ACTIVATION_LONG_TOKENS,
+                    cap: int = ACTIVATION_CAP_TOKENS, samples: int = ACTIVATION_SAMPLES,
+                    timeout_s: float = 600.0) -> dict[str, list[int]]:
+    """Each layout's per-rank peak of saved-for-backward bytes over one PPO step (actor and critic, R3) of
+    the tiny hybrid on gloo ranks (preflight's CPU calibration, ``t1ops.preflight.cpu_activations``); every layout trains the same batch from the same weights."""
+    spec = rmodel.ModelSpec(**{**TINY_HYBRID, "max_seq_len": long_tokens})
+    rng = np.random.default_rng(0)
+    lengths = [long_tokens] + [cap] * (samples - 1)
+    seqs = [rng.integers(0, spec.vocab_size, n).astype(np.int64) for n in lengths]
+    sampler = rmodel.build_policy(spec, seed=7)
+    batch = rollout_batch(sampler, seqs, [4] * samples, [0.1 * i for i in range(samples)],
+                          [i // 2 for i in range(samples)], [i // 2 for i in range(samples)])
+    settings = TrainerSettings(mode="ppo", ppo_epochs=1, r3=True)
+    out = {}
+    for name in names:
+        tp, pp, cp = ACTIVATION_LAYOUTS[name]
+        layout = Layout(tp=tp, pp=pp, cp=cp, sequence_parallel=tp > 1, max_tokens_per_gpu=cap)
+        got = run_local_ranks(layout, batch, spec, settings, seed=0, timeout_s=timeout_s, activations=True)
+        out[name] = got["activation_peak_bytes"]
+    return out

@@ -1,6 +1,6 @@
 """The memory model's per-token activation term against CPU ranks, layout by layout.
 
-:func:`measure_layouts` trains one PPO step of the tiny Qwen3.5-MoE hybrid (:data:`TINY_HYBRID`: GatedDeltaNet,
+:func:`t1ops.campaign.trainer_rank.measure_layouts` trains one PPO step of the tiny Qwen3.5-MoE hybrid (:data:`TINY_HYBRID`: GatedDeltaNet,
 gated attention, MoE with a shared expert, 4 layers) on real gloo ranks
 (:func:`t1ops.campaign.trainer_rank.run_local_ranks`) at each layout of :data:`LAYOUTS`, on the same batch:
 one long sample (``long_tokens``) that is its own micro-batch, as the report's 84k sample is, beside short
@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 from t1ops.preflight import calibration as cal
 from t1ops.preflight.memory import activation_bytes
-from t1ops.preflight.plan import BatchPlan, ModelShape, Parallelism, Plan, PrecisionPlan, RolesPlan
+from t1ops.preflight.plan import (
+    BatchPlan,
+    ModelShape,
+    Parallelism,
+    Plan,
+    PrecisionPlan,
+    RolesPlan,
+)
 
 #: The tiny hybrid's shape (tests/rl/hf_models.hybrid_spec builds the layout tests' model from it).
 TINY_HYBRID = dict(arch="qwen3_5_moe", num_layers=4, hidden_size=32, num_attention_heads=4, num_query_groups=2,
@@ -67,32 +74,3 @@ def recorded_points() -> list[LayoutPoint]:
     """The recorded CPU measurements beside the model's predictions, in :data:`LAYOUTS` order."""
     return [LayoutPoint(name, cal.ACTIVATION_LAYOUT_POINTS[name], model_bytes_per_token(*layout))
             for name, layout in LAYOUTS.items()]
-
-
-def measure_layouts(names=tuple(LAYOUTS), *, long_tokens: int = cal.ACTIVATION_LONG_TOKENS,
-                    cap: int = cal.ACTIVATION_CAP_TOKENS, samples: int = cal.ACTIVATION_SAMPLES,
-                    timeout_s: float = 600.0) -> dict[str, list[int]]:
-    """Each layout's per-rank peak of saved-for-backward bytes over one PPO step (actor and critic, R3) of
-    the tiny hybrid on gloo ranks; every layout trains the same batch from the same weights."""
-    import numpy as np
-
-    from rl import model as rmodel
-    from rl.trainer import TrainerSettings, rollout_batch
-    from rl.trainer.ranks import Layout
-    from t1ops.campaign.trainer_rank import run_local_ranks
-
-    spec = rmodel.ModelSpec(**{**TINY_HYBRID, "max_seq_len": long_tokens})
-    rng = np.random.default_rng(0)
-    lengths = [long_tokens] + [cap] * (samples - 1)
-    seqs = [rng.integers(0, spec.vocab_size, n).astype(np.int64) for n in lengths]
-    sampler = rmodel.build_policy(spec, seed=7)
-    batch = rollout_batch(sampler, seqs, [4] * samples, [0.1 * i for i in range(samples)],
-                          [i // 2 for i in range(samples)], [i // 2 for i in range(samples)])
-    settings = TrainerSettings(mode="ppo", ppo_epochs=1, r3=True)
-    out = {}
-    for name in names:
-        tp, pp, cp = LAYOUTS[name]
-        layout = Layout(tp=tp, pp=pp, cp=cp, sequence_parallel=tp > 1, max_tokens_per_gpu=cap)
-        got = run_local_ranks(layout, batch, spec, settings, seed=0, timeout_s=timeout_s, activations=True)
-        out[name] = got["activation_peak_bytes"]
-    return out

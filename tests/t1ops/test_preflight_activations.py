@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import pytest
 
+from t1ops.campaign.trainer_rank import measure_layouts
 from t1ops.preflight import calibration as cal
-from t1ops.preflight.cpu_activations import LAYOUTS, measure_layouts, model_bytes_per_token, recorded_points
+from t1ops.preflight.cpu_activations import (
+    LAYOUTS,
+    model_bytes_per_token,
+    recorded_points,
+)
 
 #: Largest relative difference allowed between the model's and the measured ratio to one rank.
 RATIO_TOLERANCE = 0.15
