@@ -34,6 +34,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from t1ops import telemetry
+from t1ops.campaign.dataplane import loss_relations
 from t1ops.guards.field_config import RunHealthConfig
 
 PHASES = ("rollout_s", "train_s", "sync_s")
@@ -165,15 +166,12 @@ class RunHealth:
 
 
 def retokenized_share(results: list) -> float | None:
-    """Loss tokens that went through the retokenized or split relations, over all loss tokens (None: no
-    trajectories in reach, e.g. staged in the object store)."""
-    from rl.tito import RETOKENIZED
-
+    """Loss tokens that went through the retokenized or split relations, over all loss tokens: from the
+    chunks a result carries, or the counts it was staged with (the object-store data plane: the
+    coordinator holds refs, ``t1ops.campaign.dataplane.stage``). None: no loss token in reach."""
     loss = odd = 0
     for r in results:
-        for c in r.chunks or ():
-            mask = c.loss_mask == 1
-            loss += int(mask.sum())
-            split = "split" in (c.meta or {}).get("relations", ())
-            odd += int(mask.sum()) if split else int((mask & (c.origin == RETOKENIZED)).sum())
+        counts = loss_relations(r.chunks) if r.chunks is not None else r.loss_relations
+        if counts:
+            loss, odd = loss + counts["loss"], odd + counts["retokenized"]
     return odd / loss if loss else None

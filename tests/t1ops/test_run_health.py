@@ -132,3 +132,40 @@ def test_the_runner_row_through_campaign_guards(tmp_path):
     finally:
         guards.stop()
     assert row["health_alarms"] == ["health.truncated"] and row["health"]["logprob-gap"] == 0.01
+
+
+def test_staged_results_carry_their_retokenized_share():
+    """The default data plane stages chunks in the object store; the coordinator's results hold the
+    counts ``dataplane.stage`` took (``loss_relations``), and the alarm reads them (it read only chunks
+    before, so it never fired on a real run)."""
+    from t1ops.campaign.dataplane import loss_relations
+
+    def staged(retokenized: int) -> list:
+        return [r.replace(chunks=None, loss_relations=loss_relations(r.chunks))
+                for r in _trials(HEALTHY, retokenized=retokenized)]
+
+    assert loss_relations([_chunk(2)]) == {"loss": 6, "retokenized": 2}
+    fired = _run([(_row(s), staged(2 if s == 3 else 0)) for s in range(1, 4)])
+    assert fired == [[], [], ["health.retokenized"]], fired
+
+
+def test_an_evaluation_collected_in_a_step_reaches_eval_shrinking(tmp_path):
+    """``runner.take_step`` puts the books of the evaluation it collected into the step row
+    (``runner.eval_books``); the evaluation's own row never reached the alarm before."""
+    from t1ops.campaign.evaluation import eval_row
+    from t1ops.campaign.guarding import CampaignGuards
+    from t1ops.campaign.runner import eval_books
+    from t1ops.campaign.trials import BatchResult
+    from t1ops.config import CampaignConfig
+
+    scored = _trials(HEALTHY)[:5]
+    out = BatchResult(results=scored, failed={f"t{i}": "VerifierTimeoutError: past 1 s" for i in range(3)}, node="n",
+                      ledger={"expected": 8, "completed": 5, "failed": 3, "cancelled": 0, "missing": 0})
+    evaluated = eval_row(4, [out], 8, 1.0, 1.0)
+    assert eval_books(None) == {} and eval_books(evaluated) == {"eval_expected": 8, "eval_num_trials": 5}
+    guards = CampaignGuards(CampaignConfig(), tmp_path, dead_engines=lambda: [])
+    try:
+        health = guards.check_health({"step": 5, **eval_books(evaluated)}, [])
+    finally:
+        guards.stop()
+    assert health["health_alarms"] == ["health.eval-shrinking"] and health["health"]["eval-shrinking"] == 0.625
