@@ -169,3 +169,20 @@ def test_an_evaluation_collected_in_a_step_reaches_eval_shrinking(tmp_path):
     finally:
         guards.stop()
     assert health["health_alarms"] == ["health.eval-shrinking"] and health["health"]["eval-shrinking"] == 0.625
+
+
+def test_a_fully_async_step_row_carries_the_trial_ledger_aborts_reads():
+    """``async_loop.step_accounting`` sums the trained groups' trial books into the row's ``ledger``
+    (a fully async row had none, so health.aborts never read a figure in that mode)."""
+    from t1ops.campaign.async_buffer import Group
+    from t1ops.campaign.async_loop import trial_ledger
+    from t1ops.campaign.trials import GroupResult
+
+    def group(i: int, failed: int) -> Group:
+        books = {"expected": 4, "completed": 4 - failed, "failed": failed, "cancelled": 0, "missing": 0}
+        return Group(data=GroupResult(group_id=f"g{i}", task="t", started_step=1, results=[], ledger=books,
+                                      failed={}, node="n", duration_s=1.0), started_step=1)
+
+    ledger = trial_ledger([group(0, 0), group(1, 1)])
+    assert ledger == {"expected": 8, "completed": 7, "failed": 1, "cancelled": 0, "missing": 0}
+    assert _run([(_row(1, ledger=ledger), _trials(HEALTHY))]) == [["health.aborts"]]
