@@ -142,7 +142,7 @@ def eval_books(evaluated: dict | None) -> dict:
     fields health.eval-shrinking reads from a step row ({} when no evaluation finished)."""
     if evaluated is None:
         return {}
-    return {"eval_expected": evaluated["eval_expected"], "eval_num_trials": evaluated["eval_num_trials"]}
+    return {k: evaluated[k] for k in ("eval_expected", "eval_num_trials", "eval_failed")}
 
 
 def audit_run_groups(c: Campaign, summary: Summary) -> dict:

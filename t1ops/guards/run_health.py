@@ -20,7 +20,9 @@ health.ev-negative      explained variance < ``ev_negative_below`` for ``ev_nega
 health.logprob-gap      the train-rollout log-prob gap > ``logprob_gap_max``
 health.retokenized      the loss tokens' retokenized + split share rose by > ``retokenized_rise``
                         over the run's first step with trajectories
-health.eval-shrinking   an evaluation scored fewer than (1 - ``eval_shrink_share``) of its trials
+health.eval-shrinking   an evaluation's trials with a verdict fewer than (1 - ``eval_shrink_share``) of its
+                        planned trials (a failed trial kept as a zero, ``rollout.failed_trials = "zero"``,
+                        has no verdict)
 ======================  ======================================================================
 
 Each alarm is a ``health.<name>`` warning event, a key of the row's ``health`` map (every value a
@@ -70,7 +72,8 @@ ALARMS = {  # id -> (what it means, what to do); `t1ops explain ID`
     "health.retokenized": ("the share of loss tokens that went through the retokenized or split TITO relations is "
                            "rising: the chat template and the engine's stream diverge more and more",
                            "`t1ops tito-debug` on a recent trial; runbooks/token-drift.md"),
-    "health.eval-shrinking": ("an evaluation scored fewer trials than it planned: its number is not comparable with "
+    "health.eval-shrinking": ("an evaluation scored fewer trials than it planned, or scored failed ones as zeros "
+                              "(rollout.failed_trials = 'zero'): its number is not comparable with "
                               "the previous ones", "the evaluation's failed trials name the errors; "
                                                    "runbooks/single-loop-lock.md"),
 }
@@ -160,6 +163,7 @@ class RunHealth:
             alarm("retokenized", share, rise > c.retokenized_rise, rise=round(rise, 4))
         expected, scored = row.get("eval_expected"), row.get("eval_num_trials")
         if expected and scored is not None:  # an evaluation finished with this step
+            scored = min(scored, expected - row.get("eval_failed", 0))  # kept failed trials score a zero, no verdict
             alarm("eval-shrinking", scored / expected, scored < (1 - c.eval_shrink_share) * expected,
                   scored=scored, expected=expected)
         return {"health": values, "health_alarms": fired} if values else {}

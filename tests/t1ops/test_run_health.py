@@ -162,7 +162,8 @@ def test_an_evaluation_collected_in_a_step_reaches_eval_shrinking(tmp_path):
     out = BatchResult(results=scored, failed={f"t{i}": "VerifierTimeoutError: past 1 s" for i in range(3)}, node="n",
                       ledger={"expected": 8, "completed": 5, "failed": 3, "cancelled": 0, "missing": 0})
     evaluated = eval_row(4, [out], 8, 1.0, 1.0)
-    assert eval_books(None) == {} and eval_books(evaluated) == {"eval_expected": 8, "eval_num_trials": 5}
+    assert eval_books(None) == {} and eval_books(evaluated) == {"eval_expected": 8, "eval_num_trials": 5,
+                                                                "eval_failed": 3}
     guards = CampaignGuards(CampaignConfig(), tmp_path, dead_engines=lambda: [])
     try:
         health = guards.check_health({"step": 5, **eval_books(evaluated)}, [])
@@ -186,3 +187,12 @@ def test_a_fully_async_step_row_carries_the_trial_ledger_aborts_reads():
     ledger = trial_ledger([group(0, 0), group(1, 1)])
     assert ledger == {"expected": 8, "completed": 7, "failed": 1, "cancelled": 0, "missing": 0}
     assert _run([(_row(1, ledger=ledger), _trials(HEALTHY))]) == [["health.aborts"]]
+
+
+def test_failed_eval_trials_kept_as_zeros_shrink_the_evaluation():
+    """The degraded tiny campaign's evaluation at step 0 (docs/failures.md): 8 of 8 trials scored, 4 of
+    them failed verifiers kept as zeros (``rollout.failed_trials = "zero"``). Counting scored trials
+    alone, the alarm was silent; trials with a verdict are 4 of 8."""
+    fired = _run([(_row(1, eval_expected=8, eval_num_trials=8, eval_failed=4), _trials(HEALTHY)),
+                  (_row(2, eval_expected=8, eval_num_trials=8, eval_failed=0), _trials(HEALTHY))])
+    assert fired == [["health.eval-shrinking"], []], fired
