@@ -249,6 +249,7 @@ def step_accounting(buffer: GroupBuffer, groups, results: list, step: int, alarm
     out["version_lag_tokens"] = {str(k): v for k, v in version_lag_histogram(results, trainer_version).items()}
     out["trajectories_spanning_versions"] = sum(len(spans_versions(r)) > 1 for r in results)
     out["group_lags"] = {g.group_id: step - g.started_step for g in groups}
+    out["ledger"] = trial_ledger(groups)  # health.aborts reads it, as the sync modes' row
     out["staleness_alarm"] = out["violation_share"] > alarm_share
     if out["staleness_alarm"]:
         telemetry.event("rollout.staleness_alarm", severity="error", step=step, share=out["violation_share"],
@@ -258,6 +259,12 @@ def step_accounting(buffer: GroupBuffer, groups, results: list, step: int, alarm
             telemetry.event("rollout.staleness_violation", severity="warn", step=step, group=g.group_id,
                             staleness=g.violation.staleness, max_staleness=g.violation.max_staleness)
     return out
+
+
+def trial_ledger(groups) -> dict:
+    """The trial books of the groups a step trains, summed (the sync modes' ``ledger`` field)."""
+    keys = ("expected", "completed", "failed", "cancelled", "missing")
+    return {k: sum(g.data.ledger.get(k, 0) for g in groups) for k in keys}
 
 
 def row_books(buffer: GroupBuffer, planner: GroupPlanner, in_flight: list[str]) -> dict:

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rl.tito import RETOKENIZED
 from rl.trainer.packing import pack_to_ranks
 from t1ops import telemetry
 from t1ops.audit import write_trajectory
@@ -76,6 +77,18 @@ def loss_versions(chunks) -> dict[int, int]:
     return dict(out)
 
 
+def loss_relations(chunks) -> dict[str, int]:
+    """Loss-bearing tokens, and those of them that went through the retokenized or split TITO relations
+    (a split chunk's every loss token; health.retokenized, ``t1ops.guards.run_health``)."""
+    loss = odd = 0
+    for c in chunks:
+        mask = np.asarray(c.loss_mask) == 1
+        loss += int(mask.sum())
+        split = "split" in (c.meta or {}).get("relations", ())
+        odd += int(mask.sum()) if split else int((mask & (np.asarray(c.origin) == RETOKENIZED)).sum())
+    return {"loss": loss, "retokenized": odd}
+
+
 def chunk_bytes(chunks) -> int:
     arrays = ("tokens", "loss_mask", "rollout_logprobs", "engine_tokens", "origin", "policy_version", "routing")
     return sum(getattr(c, a).nbytes for c in chunks for a in arrays if getattr(c, a, None) is not None)
@@ -83,7 +96,7 @@ def chunk_bytes(chunks) -> int:
 
 def stage(results: list[TrialResult], store, worker: int) -> list[TrialResult]:
     """Worker side: put each result's chunks in the object store (owned by ``store``); return the
-    results with ``payload`` and ``loss_versions`` instead of ``chunks``. ``store`` None:
+    results with ``payload``, ``loss_versions`` and ``loss_relations`` instead of ``chunks``. ``store`` None:
     the results are returned as they are (the old path)."""
     if store is None:
         return results
@@ -93,7 +106,7 @@ def stage(results: list[TrialResult], store, worker: int) -> list[TrialResult]:
     out = []
     for r, (ref, light_ref) in zip(results, held):
         chunks = r.chunks
-        out.append(r.replace(chunks=None, loss_versions=loss_versions(chunks),
+        out.append(r.replace(chunks=None, loss_versions=loss_versions(chunks), loss_relations=loss_relations(chunks),
                              payload=Payload(ref, len(chunks), sum(len(c.tokens) for c in chunks),
                                              chunk_bytes(chunks), worker, light_ref)))
     return out

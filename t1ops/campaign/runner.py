@@ -130,8 +130,19 @@ def step_loop(c: Campaign, summary: Summary, progress: Progress) -> None:
     finally:
         source.stop(summary)
     audit_run_groups(c, summary)
-    if ev is not None and ev.collect() is not None:  # the last step's weights
-        progress.log(progress.eval_text(ev.latest))
+    if ev is not None and (evaluated := ev.collect()) is not None:  # the last step's weights
+        progress.log(progress.eval_text(evaluated))
+        last = c.guards.check_health({"step": evaluated["step"], **eval_books(evaluated)}, [])
+        if last.get("health_alarms"):  # the step rows are written: the event and this line say it
+            progress.log(f"evaluation of step {evaluated['step']} | ALARM {' '.join(last['health_alarms'])}")
+
+
+def eval_books(evaluated: dict | None) -> dict:
+    """An evaluation row's planned and scored trials (``t1ops.campaign.evaluation.eval_row``), the
+    fields health.eval-shrinking reads from a step row ({} when no evaluation finished)."""
+    if evaluated is None:
+        return {}
+    return {k: evaluated[k] for k in ("eval_expected", "eval_num_trials", "eval_failed")}
 
 
 def audit_run_groups(c: Campaign, summary: Summary) -> dict:
@@ -166,8 +177,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     train_s = time.monotonic() - t_train
     telemetry.event("campaign.train_done", step=step)
     source.before_sync()  # what must not span the weight sync is drained
-    if ev is not None:
-        ev.collect()  # nor an eval request: each eval sees exactly the weights it evaluates
+    evaluated = ev.collect() if ev is not None else None  # nor an eval request: each eval sees exactly its weights
     cache = ray.get(c.router.cache_stats.remote())  # before the sync starts the engines' next window
     t_sync = time.monotonic()
     ckpt = ray.get(c.trainer.publish(step, step == c.cfg.run.steps))  # the last step is a resume point
@@ -185,6 +195,7 @@ def take_step(c: Campaign, source, summary: Summary, progress: Progress, step: i
     row.update(ray.get(c.trainer.checkpoint_report()).as_row())  # disk used, retention
     row.update(engines_recreated=sync["recreated"], engines_dead=sync["dead"], mode=c.cfg.pipeline_mode,
                **cache, **source.row_fields(step, batch), **step_split(results, batch.rollout_s))
+    row.update(eval_books(evaluated))  # an evaluation finished with this step: health.eval-shrinking reads it
     c.guards.after_step(step)
     row.update(c.guards.check_health(row, results))  # run-health alarms (t1ops/guards/run_health.py)
     row["guards_s"] = round(c.guards.take_busy_s(), 4)  # the coordinator guards' own overhead

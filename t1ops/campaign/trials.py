@@ -72,6 +72,7 @@ class TrialResult:
     chunks: list | None = None          # the TITO trajectories (rl.tito.Trajectory); None once staged
     payload: Any = None                 # staged: where the chunks are (t1ops.campaign.dataplane.Payload)
     loss_versions: dict | None = None   # staged: loss tokens by the policy version that sampled them
+    loss_relations: dict | None = None  # staged: {"loss": loss tokens, "retokenized": those retokenized or split}
 
     def replace(self, **changes) -> "TrialResult":
         return dataclasses.replace(self, **changes)

@@ -41,4 +41,4 @@ class RunHealthConfig(Section):
     ev_negative_below: float = Field(-0.05, le=0, description="health.ev-negative: the EV that counts as negative (a zero-initialised critic reads -0.016 to 0.011 on the healthy tiny campaign: noise around 0).")
     logprob_gap_max: float = Field(0.05, gt=0, description="health.logprob-gap: the train-rollout log-prob gap above this (the report's healthy band is ~0.01-0.02).")
     retokenized_rise: float = Field(0.05, gt=0, le=1, description="health.retokenized: the retokenized + split share of loss tokens risen by more than this over the first step's.")
-    eval_shrink_share: float = Field(0.1, ge=0, le=1, description="health.eval-shrinking: an evaluation scored fewer than (1 - this) of the trials it planned.")
+    eval_shrink_share: float = Field(0.1, ge=0, le=1, description="health.eval-shrinking: an evaluation's trials with a verdict (failed ones kept as zeros have none) fewer than (1 - this) of the trials it planned.")

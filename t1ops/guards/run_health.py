@@ -20,7 +20,9 @@ health.ev-negative      explained variance < ``ev_negative_below`` for ``ev_nega
 health.logprob-gap      the train-rollout log-prob gap > ``logprob_gap_max``
 health.retokenized      the loss tokens' retokenized + split share rose by > ``retokenized_rise``
                         over the run's first step with trajectories
-health.eval-shrinking   an evaluation scored fewer than (1 - ``eval_shrink_share``) of its trials
+health.eval-shrinking   an evaluation's trials with a verdict fewer than (1 - ``eval_shrink_share``) of its
+                        planned trials (a failed trial kept as a zero, ``rollout.failed_trials = "zero"``,
+                        has no verdict)
 ======================  ======================================================================
 
 Each alarm is a ``health.<name>`` warning event, a key of the row's ``health`` map (every value a
@@ -34,6 +36,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from t1ops import telemetry
+from t1ops.campaign.dataplane import loss_relations
 from t1ops.guards.field_config import RunHealthConfig
 
 PHASES = ("rollout_s", "train_s", "sync_s")
@@ -69,7 +72,8 @@ ALARMS = {  # id -> (what it means, what to do); `t1ops explain ID`
     "health.retokenized": ("the share of loss tokens that went through the retokenized or split TITO relations is "
                            "rising: the chat template and the engine's stream diverge more and more",
                            "`t1ops tito-debug` on a recent trial; runbooks/token-drift.md"),
-    "health.eval-shrinking": ("an evaluation scored fewer trials than it planned: its number is not comparable with "
+    "health.eval-shrinking": ("an evaluation scored fewer trials than it planned, or scored failed ones as zeros "
+                              "(rollout.failed_trials = 'zero'): its number is not comparable with "
                               "the previous ones", "the evaluation's failed trials name the errors; "
                                                    "runbooks/single-loop-lock.md"),
 }
@@ -159,21 +163,19 @@ class RunHealth:
             alarm("retokenized", share, rise > c.retokenized_rise, rise=round(rise, 4))
         expected, scored = row.get("eval_expected"), row.get("eval_num_trials")
         if expected and scored is not None:  # an evaluation finished with this step
+            scored = min(scored, expected - row.get("eval_failed", 0))  # kept failed trials score a zero, no verdict
             alarm("eval-shrinking", scored / expected, scored < (1 - c.eval_shrink_share) * expected,
                   scored=scored, expected=expected)
         return {"health": values, "health_alarms": fired} if values else {}
 
 
 def retokenized_share(results: list) -> float | None:
-    """Loss tokens that went through the retokenized or split relations, over all loss tokens (None: no
-    trajectories in reach, e.g. staged in the object store)."""
-    from rl.tito import RETOKENIZED
-
+    """Loss tokens that went through the retokenized or split relations, over all loss tokens: from the
+    chunks a result carries, or the counts it was staged with (the object-store data plane: the
+    coordinator holds refs, ``t1ops.campaign.dataplane.stage``). None: no loss token in reach."""
     loss = odd = 0
     for r in results:
-        for c in r.chunks or ():
-            mask = c.loss_mask == 1
-            loss += int(mask.sum())
-            split = "split" in (c.meta or {}).get("relations", ())
-            odd += int(mask.sum()) if split else int((mask & (c.origin == RETOKENIZED)).sum())
+        counts = loss_relations(r.chunks) if r.chunks is not None else r.loss_relations
+        if counts:
+            loss, odd = loss + counts["loss"], odd + counts["retokenized"]
     return odd / loss if loss else None

@@ -68,6 +68,7 @@ def test_refs_through_the_coordinator_chunks_from_the_store(ray_local, tmp_path)
     assert len(pickle.dumps([r.replace(payload=None) for r in slim])) < 0.01 * payload_bytes
     # what the loops read from results works from metadata alone
     assert version_lag_histogram(slim, 4) == {1: 6000} and spans_versions(slim[0]) == [3]
+    assert [r.loss_relations for r in slim] == [{"loss": 2000, "retokenized": 0}, {"loss": 4000, "retokenized": 0}]
     # the worker dies after returning: its objects are owned by the store and survive
     ray.kill(putter, no_restart=True)
     full = dataplane.fetch(slim)

@@ -132,3 +132,67 @@ def test_the_runner_row_through_campaign_guards(tmp_path):
     finally:
         guards.stop()
     assert row["health_alarms"] == ["health.truncated"] and row["health"]["logprob-gap"] == 0.01
+
+
+def test_staged_results_carry_their_retokenized_share():
+    """The default data plane stages chunks in the object store; the coordinator's results hold the
+    counts ``dataplane.stage`` took (``loss_relations``), and the alarm reads them (it read only chunks
+    before, so it never fired on a real run)."""
+    from t1ops.campaign.dataplane import loss_relations
+
+    def staged(retokenized: int) -> list:
+        return [r.replace(chunks=None, loss_relations=loss_relations(r.chunks))
+                for r in _trials(HEALTHY, retokenized=retokenized)]
+
+    assert loss_relations([_chunk(2)]) == {"loss": 6, "retokenized": 2}
+    fired = _run([(_row(s), staged(2 if s == 3 else 0)) for s in range(1, 4)])
+    assert fired == [[], [], ["health.retokenized"]], fired
+
+
+def test_an_evaluation_collected_in_a_step_reaches_eval_shrinking(tmp_path):
+    """``runner.take_step`` puts the books of the evaluation it collected into the step row
+    (``runner.eval_books``); the evaluation's own row never reached the alarm before."""
+    from t1ops.campaign.evaluation import eval_row
+    from t1ops.campaign.guarding import CampaignGuards
+    from t1ops.campaign.runner import eval_books
+    from t1ops.campaign.trials import BatchResult
+    from t1ops.config import CampaignConfig
+
+    scored = _trials(HEALTHY)[:5]
+    out = BatchResult(results=scored, failed={f"t{i}": "VerifierTimeoutError: past 1 s" for i in range(3)}, node="n",
+                      ledger={"expected": 8, "completed": 5, "failed": 3, "cancelled": 0, "missing": 0})
+    evaluated = eval_row(4, [out], 8, 1.0, 1.0)
+    assert eval_books(None) == {} and eval_books(evaluated) == {"eval_expected": 8, "eval_num_trials": 5,
+                                                                "eval_failed": 3}
+    guards = CampaignGuards(CampaignConfig(), tmp_path, dead_engines=lambda: [])
+    try:
+        health = guards.check_health({"step": 5, **eval_books(evaluated)}, [])
+    finally:
+        guards.stop()
+    assert health["health_alarms"] == ["health.eval-shrinking"] and health["health"]["eval-shrinking"] == 0.625
+
+
+def test_a_fully_async_step_row_carries_the_trial_ledger_aborts_reads():
+    """``async_loop.step_accounting`` sums the trained groups' trial books into the row's ``ledger``
+    (a fully async row had none, so health.aborts never read a figure in that mode)."""
+    from t1ops.campaign.async_buffer import Group
+    from t1ops.campaign.async_loop import trial_ledger
+    from t1ops.campaign.trials import GroupResult
+
+    def group(i: int, failed: int) -> Group:
+        books = {"expected": 4, "completed": 4 - failed, "failed": failed, "cancelled": 0, "missing": 0}
+        return Group(data=GroupResult(group_id=f"g{i}", task="t", started_step=1, results=[], ledger=books,
+                                      failed={}, node="n", duration_s=1.0), started_step=1)
+
+    ledger = trial_ledger([group(0, 0), group(1, 1)])
+    assert ledger == {"expected": 8, "completed": 7, "failed": 1, "cancelled": 0, "missing": 0}
+    assert _run([(_row(1, ledger=ledger), _trials(HEALTHY))]) == [["health.aborts"]]
+
+
+def test_failed_eval_trials_kept_as_zeros_shrink_the_evaluation():
+    """The degraded tiny campaign's evaluation at step 0 (docs/failures.md): 8 of 8 trials scored, 4 of
+    them failed verifiers kept as zeros (``rollout.failed_trials = "zero"``). Counting scored trials
+    alone, the alarm was silent; trials with a verdict are 4 of 8."""
+    fired = _run([(_row(1, eval_expected=8, eval_num_trials=8, eval_failed=4), _trials(HEALTHY)),
+                  (_row(2, eval_expected=8, eval_num_trials=8, eval_failed=0), _trials(HEALTHY))])
+    assert fired == [["health.eval-shrinking"], []], fired
