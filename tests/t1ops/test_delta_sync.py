@@ -8,14 +8,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import time
 
-import httpx
 import pytest
 import torch
 
 from rl.engines import protocol_weights as PW
-from rl.engines.client import EngineClient
-from rl.engines.embedded_spawn import spawn
-from rl.engines.ports import free_port
 from rl.errors import T1OpsError
 from rl.megatron_cpu import init_single_process
 from rl.model import ModelSpec, build_policy, token_logprobs, weights_state_dict
@@ -23,6 +19,7 @@ from rl.weights.checksums import mismatched
 from rl.weights.sender import WeightSender
 from t1ops import telemetry
 from t1ops.guards.weight_sync import DistributedSync, LocalTrainerSender
+from tests.t1ops.engine_pair import engine_pair
 
 SPEC = ModelSpec(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=32,
                  num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16, max_seq_len=64, vocab_size=256)
@@ -54,14 +51,7 @@ class _Trainer(WeightSender):
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("engines")
-    procs = [spawn(free_port(), SPEC, dtype="bf16", seed=99 + i, log_path=logs / f"engine{i}.log") for i in range(2)]
-    http = httpx.Client(timeout=120)
-    yield [(i, EngineClient(p.url, http)) for i, p in enumerate(procs)]
-    for p in procs:
-        p.kill()
-        p.wait()
-    http.close()
+    yield from engine_pair(SPEC, "bf16", tmp_path_factory.mktemp("engines"))
 
 
 def _loaded_as_sent(trainer, engines, version) -> None:

@@ -13,12 +13,11 @@ import torch
 
 from rl.engines import protocol as P
 from rl.engines.client import EngineClient
-from rl.engines.embedded_spawn import spawn
-from rl.engines.ports import free_port
 from rl.megatron_cpu import init_single_process
 from rl.model import ModelSpec, build_policy, token_logprobs, weights_state_dict
 from rl.weights.sender import WeightSender
 from t1ops.guards.weight_sync import DiskSync, DistributedSync, LocalTrainerSender
+from tests.t1ops.engine_pair import engine_pair
 
 SPEC = ModelSpec(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=32,
                  num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16, max_seq_len=64, vocab_size=256)
@@ -39,15 +38,7 @@ class _Trainer(WeightSender):
 def engines(tmp_path_factory):
     """Two engine processes for the whole module (each test publishes its own versions, 1-5; the
     distributed test, first in the file, reads the engines' initial weights)."""
-    logs = tmp_path_factory.mktemp("engines")
-    procs = [spawn(free_port(), SPEC, dtype="fp32", seed=99 + i, log_path=logs / f"engine{i}.log")
-             for i in range(2)]
-    http = httpx.Client(timeout=120)
-    yield [(i, EngineClient(p.url, http)) for i, p in enumerate(procs)]
-    for p in procs:
-        p.kill()
-        p.wait()
-    http.close()
+    yield from engine_pair(SPEC, "fp32", tmp_path_factory.mktemp("engines"))
 
 
 def _engine_logprobs(client: EngineClient) -> tuple[list[int], np.ndarray]:
