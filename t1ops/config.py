@@ -8,17 +8,19 @@ Sections own their concern: add fields to the section that uses them.
 from __future__ import annotations
 
 import tomllib
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
-from dataclasses import dataclass, field as dc_field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from rl.agent.bounded import check_nesting, short
 from rl.agent.settings import AgentLimits
 from rl.trainer.settings import Layout, TrainerSettings
 from t1ops.config_engine_checks import EngineChecks
 from t1ops.config_errors import FileKind, explain
+from t1ops.config_model import ModelConfig
 from t1ops.config_paths import RELATIVE_NOTE, ResolvedPath, check_files, resolve
 from t1ops.config_section import Section
 from t1ops.errors import ConfigError
@@ -35,52 +37,6 @@ class RunConfig(Section):
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray (None: all).")
     mode: Literal["sync", "one_step", "fully_async"] = Field("one_step", description="Step pipeline: 'sync' (generate, then train), 'one_step' (batch t+1 generates while step t trains), 'fully_async' (group workers generate continuously within the staleness budget, [fully_async] section; docs/async.md).")
     plan: str | None = Field(None, description="Cluster plan (TOML) that `t1ops preflight` must accept before launch (None: no gate). " + RELATIVE_NOTE)
-
-
-class ModelConfig(Section):
-    """The model: a Hugging Face checkpoint (``path``) or the shape of a random init (docs/model.md)."""
-
-    path: str | None = Field(None, description="Hugging Face checkpoint directory (config.json, *.safetensors, sharded or not, tokenizer.json) the trainer and engines start from; its config.json decides the architecture (qwen3_5_moe, qwen3_moe) and the shape, which fill the fields below (a field set to another value is refused). `t1ops model init` writes a small one. None: a random-init qwen3_moe of the fields below.")
-    num_layers: int = Field(2, ge=1, le=128, description="Transformer layers (all MoE).")
-    hidden_size: int = Field(64, ge=8, le=16384, description="Hidden size.")
-    num_attention_heads: int = Field(4, ge=1, le=256, description="Attention heads.")
-    num_query_groups: int = Field(2, ge=1, le=256, description="Key/value heads (grouped-query attention; divides num_attention_heads).")
-    ffn_hidden_size: int = Field(128, ge=8, description="Dense FFN size.")
-    num_experts: int = Field(8, ge=2, le=1024, description="Routed experts per MoE layer.")
-    moe_router_topk: int = Field(2, ge=1, le=64, description="Experts selected per token (top-k).")
-    moe_ffn_hidden_size: int = Field(64, ge=8, description="Per-expert FFN size.")
-    max_seq_len: int = Field(2048, ge=64, le=1_048_576, description="Positional capacity in tokens.")
-    vocab_size: int = Field(248_320, ge=256, description="Vocabulary size (Qwen3.5 tokenizer: 248,320).")
-    _spec: Any = PrivateAttr(default=None)  # the checkpoint's rl.model.ModelSpec (every architecture field)
-
-    @model_validator(mode="after")
-    def _from_checkpoint(self) -> "ModelConfig":
-        if self.path is None:
-            return self
-        from rl.errors import CheckpointError
-        from rl.hf.reader import read_config
-        from rl.hf.layout import spec_from_config
-
-        config_json = Path(self.path) / "config.json"
-        try:
-            spec = spec_from_config(read_config(self.path), where=str(config_json))
-        except CheckpointError as exc:
-            raise ValueError(f"model.path: {exc}") from None
-        shape = [name for name in type(self).model_fields if name != "path"]
-        clash = [f"model.{k} = {getattr(self, k)} (checkpoint: {getattr(spec, k)})"
-                 for k in sorted(self.model_fields_set & set(shape)) if getattr(self, k) != getattr(spec, k)]
-        if clash:
-            raise ValueError(f"model.path takes the shape from {config_json}; remove {', '.join(clash)}")
-        for name in shape:  # every reader of [model] sees the checkpoint's shape
-            object.__setattr__(self, name, getattr(spec, name))
-        self._spec = spec
-        return self
-
-    def model_spec(self):
-        """The :class:`rl.model.ModelSpec`: the checkpoint's, or a random-init qwen3_moe of these fields."""
-        from rl.model import ModelSpec
-
-        return self._spec if self._spec is not None else ModelSpec.from_config(self)
 
 
 class EngineConfig(Section, EngineChecks):  # + the barrier's proofs (t1ops.config_engine_checks)
@@ -296,7 +252,7 @@ class CampaignConfig(Section):
         return self.run.mode
 
     @model_validator(mode="after")
-    def _consistent(self) -> "CampaignConfig":
+    def _consistent(self) -> CampaignConfig:
         r, m = self.rollout, self.model
         if self.pipeline_mode == "fully_async" and self.trainer.tis_mode != "off":
             raise ValueError(f"trainer.tis_mode = '{self.trainer.tis_mode}' is not applied under run.mode = "
