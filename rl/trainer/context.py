@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from rl.errors import InputError, RoutingError
-from rl.model.context_parallel import CP_ALIGN, padded_length, zigzag_positions  # noqa: F401  (context.padded_length: callers' name)
+from rl.model.context_parallel import padded_length, zigzag_positions
 from rl.routing import assert_row_count, shard_for_rank
 
 
@@ -27,7 +27,7 @@ def zigzag_BT(x_BT, cp_size: int, cp_rank: int, *, num_positions: int, fill=0):
     arr = x_BT.numpy() if is_tensor else np.asarray(x_BT)
     if num_positions % (2 * cp_size) or num_positions < arr.shape[1]:
         raise InputError(f"{num_positions} positions cannot hold {arr.shape[1]} in 2 x cp = {2 * cp_size} equal chunks; "
-                         "use rl.trainer.context.padded_length")
+                         "use rl.model.context_parallel.padded_length")
     out = []
     for row in arr:
         padded = np.full((num_positions,) + row.shape[1:], fill, dtype=row.dtype)
