@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.matrix import STANDS_IN, Cell, covers_all_pairs, full_matrix, pairwise, run_cell
+from chaos.matrix import MODES, STANDS_IN, SYNCS, TRAINERS, Cell, covers_all_pairs, full_matrix, pairwise, run_cell
 from t1ops.audit import audit_dump
 
 
@@ -22,22 +22,27 @@ def _run_here() -> list[Cell]:
     return [c for c in pairwise() if c not in STANDS_IN]
 
 
-# The pipeline and context-parallel layouts (issue 52) run one cell each in the suite, each a kill and
-# resume on 2 ranks; their other pairwise cells (every mode, both syncs) are heavy (`pytest --heavy`, or
-# `python -m chaos.matrix --pairwise`), so the default run's campaign time grows by 2 cells, not 6.
-LAYOUT_CELLS = (Cell("sync", "pp=2", "distributed"), Cell("one_step", "cp=2", "distributed"))
-NEW_LAYOUTS = {c.trainer for c in LAYOUT_CELLS}
+# The default run (CI's) runs one cell of each layout, each a kill and resume: every layout, mode and
+# sync appears in these cells or the stand-ins; the rest of the pairwise cover is heavy (`pytest --heavy`,
+# or `python -m chaos.matrix --pairwise`; docs/testing.md "Heavy tests"). A cell costs 2-5 minutes of a
+# 2-core host, and the suite ran 13 of them (docs/testing.md "Where the time goes").
+DEFAULT_CELLS = (Cell("fully_async", "1 rank", "disk"), Cell("one_step", "dp=2", "disk"),
+                 Cell("one_step", "tp=2+ep=2", "distributed"), Cell("sync", "pp=2", "distributed"),
+                 Cell("one_step", "cp=2", "distributed"))
 
 
 def _cell_params() -> list:
-    # the layouts' other cells are heavy (`pytest --heavy`, docs/testing.md "Heavy tests"): a skip would
-    # be a check that never runs (and fails in CI)
-    return [pytest.param(c, marks=pytest.mark.heavy) if c.trainer in NEW_LAYOUTS and c not in LAYOUT_CELLS else c
-            for c in _run_here()]
+    # heavy, not skipped: a skip would be a check that never runs (and fails in CI)
+    return [c if c in DEFAULT_CELLS else pytest.param(c, marks=pytest.mark.heavy) for c in _run_here()]
 
 
-def test_each_new_layout_runs_one_cell_in_the_suite():
-    assert set(LAYOUT_CELLS) <= set(_run_here()) and NEW_LAYOUTS == {"pp=2", "cp=2"}
+def test_the_default_run_has_a_cell_of_every_layout_mode_and_sync():
+    ran = set(DEFAULT_CELLS) | set(STANDS_IN)
+    assert set(DEFAULT_CELLS) <= set(_run_here())
+    assert {c.trainer for c in DEFAULT_CELLS} == set(TRAINERS)  # a cell of its own for every layout
+    assert {c.mode for c in ran} == set(MODES) and {c.sync for c in ran} == set(SYNCS)
+    heavy = [p for p in _cell_params() if not isinstance(p, Cell)]
+    assert len(heavy) == len(_run_here()) - len(DEFAULT_CELLS)
 
 
 def _stand_in_config(name: str):
@@ -110,7 +115,7 @@ OUTPUT_CHECKS = {Cell("fully_async", "1 rank", "disk"): _fully_async_books,
 
 
 def test_every_output_check_reads_a_cell_the_suite_runs():
-    assert set(OUTPUT_CHECKS) <= set(_run_here())
+    assert set(OUTPUT_CHECKS) <= set(DEFAULT_CELLS)  # read in the default run
 
 
 @pytest.mark.slow
