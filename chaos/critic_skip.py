@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import sys
 
+import ray
+
+from t1ops import cli
+
 
 def skip_critic_saves(host, from_step: int) -> int:
     """Inside a ``TrainerHost``: its critic saves of ``from_step`` and later write nothing, say nothing."""
@@ -30,15 +34,12 @@ def at_step(step: int):
     """The ``on_step`` hook: at the start of campaign step ``step``, every trainer rank skips its critic saves."""
     def hook(campaign, now: int) -> None:
         if now == step:
-            import ray
-
             ray.get([a.__ray_call__.remote(skip_critic_saves, step) for a in campaign.trainer.actors])
     return hook
 
 
 def main(argv: list[str]) -> int:
-    from t1ops import cli
-    from t1ops.campaign import launch
+    from t1ops.campaign import launch  # torch and megatron: only when run
 
     step, run = int(argv[0]), launch.run_campaign
     launch.run_campaign = lambda cfg, **kw: run(cfg, **{**kw, "on_step": [*(kw.get("on_step") or []), at_step(step)]})
