@@ -26,7 +26,7 @@ guardrail catches it. Runbooks: runbooks/<id>.md.
   t1ops chaos soak [ID...] --repeat 5 --load 1 [--json-out FILE]
                                    the suite N times under K busy background cores:
                                    pass rate and detection-time spread per scenario
-  t1ops chaos verify-recovery [--faults engine-kill,coordinator-kill,trainer-kill] [--combined]
+  t1ops chaos verify-recovery [--faults engine-kill,coordinator-kill,trainer-kill,critic-skip] [--combined]
                                    the tiny campaign (deterministic configuration, 4 steps)
                                    clean and with each fault plus recovery: per-step rewards,
                                    losses and the final actor checksum must be identical
@@ -64,7 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     vr = sub.add_parser("verify-recovery",
                         help="a run with a fault plus recovery must equal the clean run, bit for bit")
     vr.add_argument("--faults", default="engine-kill,coordinator-kill,trainer-kill",
-                    help="comma-separated faults (default: all three)")
+                    help="comma-separated faults (default: the three kills; critic-skip: the "
+                         "critic's saves skipped, the run resumed)")
     vr.add_argument("--out", type=Path, default=None, help="keep the run directories here (default: a temp dir)")
     vr.add_argument("--combined", action="store_true",
                     help="all faults in one run (engine-kill at step 2, coordinator-kill at 3, trainer-kill at 4)")
@@ -195,12 +196,16 @@ def _verify_recovery(args: argparse.Namespace) -> int:
     import tempfile
     import time
 
-    from chaos.recovery import DETERMINISTIC, FAULTS, verify
+    from chaos.recovery import DETERMINISTIC, FAULTS, KNOWN, verify
 
     faults = tuple(f for f in args.faults.split(",") if f)
-    unknown = [f for f in faults if f not in FAULTS]
+    unknown = [f for f in faults if f not in KNOWN]
     if unknown:
-        print(f"unknown fault(s): {', '.join(unknown)}; known: {', '.join(FAULTS)}", file=sys.stderr)
+        print(f"unknown fault(s): {', '.join(unknown)}; known: {', '.join(KNOWN)}", file=sys.stderr)
+        return 2
+    if args.combined and set(faults) - set(FAULTS):
+        print(f"--combined takes {', '.join(FAULTS)}; run {', '.join(sorted(set(faults) - set(FAULTS)))} "
+              "without --combined", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="t1ops-recovery-") as tmp:

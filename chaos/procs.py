@@ -13,12 +13,14 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 
 
-def start_campaign(args: list[str], log: Path, *, append: bool = False) -> subprocess.Popen:
+def start_campaign(args: list[str], log: Path, *, append: bool = False,
+                   entry: tuple[str, ...] = ("t1ops.cli", "run")) -> subprocess.Popen:
     """``t1ops run ARGS --no-progress`` as a process of its own session (a SIGKILL of the session
-    takes Ray and the engines with it), output to ``log``; this checkout first on the path."""
+    takes Ray and the engines with it), output to ``log``; this checkout first on the path. ``entry``:
+    the module and its first arguments (``("chaos.critic_skip", "3")``: the run with that fault)."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "t1ops.cli", "run", *args, "--no-progress"], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", *entry, *args, "--no-progress"], cwd=REPO, env=env,
                             stdout=open(log, "a" if append else "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
 

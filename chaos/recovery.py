@@ -9,6 +9,14 @@ batch-invariant engines; docs/determinism.md) runs 4 steps once clean and once w
   and the run is resumed (``--resume``) from its newest verified step;
 - ``trainer-kill``: the trainer's rank (the 1-rank trainer's Ray actor process) is SIGKILLed
   while it trains step ``KILL_STEP``; the campaign fails and the run is resumed.
+- ``critic-skip`` (catalogue id critic-checkpoint-skipped; not in the default set): from step
+  ``KILL_STEP`` on the trainer skips the critic's save silently (``chaos.critic_skip``); the check
+  after the save stops the run with ``CheckpointError`` and the run is resumed from the last complete
+  resume point.
+
+Which catalogue ids' recovery is a sync-mode resume checked here (docs/failures.md, "Time to
+recover"): coordinator-crash and resume-deadlock (``coordinator-kill``: the resumed run pushes the
+checkpoint's weights before any rollout), critic-checkpoint-skipped (``critic-skip``).
 
 Each run's per-step rewards and losses and the final actor checksum (the manifest's per-tensor
 sha256, ``t1ops.guards.checkpoints``) are compared with the clean run's; any difference is a
@@ -26,14 +34,15 @@ from pathlib import Path
 
 import psutil
 
-from chaos.procs import end_session, session_processes, start_campaign
+from chaos.procs import end_session, event_since, session_processes, start_campaign
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "tiny" / "campaign.toml"
 STEPS, KILL_STEP = 4, 3
 LABEL = 22  # width of the comparison table's row labels
 RUN_TIMEOUT_S = 900
-FAULTS = ("engine-kill", "coordinator-kill", "trainer-kill")
+FAULTS = ("engine-kill", "coordinator-kill", "trainer-kill")   # the default set (and --combined's)
+KNOWN = FAULTS + ("critic-skip",)
 # The smallest tiny campaign that still exercises every path: 2 groups of 4 per step, 2 engines (so
 # a killed one's requests have somewhere to go), a checkpoint and trainer state every step (so a
 # resume restarts from the step before the fault), held-out eval of one task at steps 0, 2 and 4
@@ -148,6 +157,8 @@ def _wait(proc: subprocess.Popen) -> int | None:
 def _inject(proc: subprocess.Popen, out: Path, fault: str, step: int) -> str:
     """Wait until ``fault``'s moment in ``step`` has come, then inject it; returns what it did ("" if
     the run ended first)."""
+    if fault == "critic-skip":  # injected inside the run (chaos.critic_skip): the run stops by itself
+        return _critic_skip_stopped(proc, out, step)
     when = (lambda d: _train_submitted(d, step)) if fault == "trainer-kill" else (lambda d: _rollout_started(d, step))
     act = {"engine-kill": _kill_engine, "coordinator-kill": _kill_coordinator, "trainer-kill": _kill_trainer}[fault]
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -190,6 +201,17 @@ def _kill_trainer(proc: subprocess.Popen, step: int) -> str:
     return f"trainer rank pid {ranks[0].pid} SIGKILLed while training step {step} (run exit {proc.returncode}); resumed"
 
 
+def _critic_skip_stopped(proc: subprocess.Popen, out: Path, step: int) -> str:
+    """Wait for the run with the skipped critic saves to stop; what happened ("" if it did not stop on the
+    check after the save of ``step``: the fault did not fire or was not caught)."""
+    rc = _wait(proc)
+    run_dir = _run_dir(out)
+    if run_dir is None or event_since(run_dir, "checkpoint.incomplete", 0.0, step) is None:
+        return ""
+    return (f"critic save of step {step} skipped silently; CheckpointError at that step (run exit {rc}); "
+            "resumed")
+
+
 # --- the runs ---------------------------------------------------------------------------------
 def run_one(name: str, tmp: Path, overrides: list[str], plan: list[tuple[str, int]]) -> Record:
     """One campaign with the faults of ``plan`` ((fault, step) in step order; none: the clean run),
@@ -197,7 +219,9 @@ def run_one(name: str, tmp: Path, overrides: list[str], plan: list[tuple[str, in
     args = [str(CONFIG), *[a for o in overrides for a in ("--set", o)]]
     out, log, t0 = tmp / name, tmp / f"{name}.log", time.monotonic()
     rec, fired = Record(name), []
-    proc = start_campaign([*args, "--out", str(out)], log, append=True)
+    first = dict(plan).get("critic-skip")  # the first process carries that fault in it
+    proc = start_campaign([*args, "--out", str(out)], log, append=True,
+                          entry=("t1ops.cli", "run") if first is None else ("chaos.critic_skip", str(first)))
     try:
         for fault, step in plan:
             what = _inject(proc, out, fault, step)

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except T1OpsError as err:
+        cause = getattr(err, "cause", None)   # raised in a Ray actor: Ray's wrapper holds the remote traceback
+        err = cause if isinstance(cause, T1OpsError) else err
         print(f"t1ops {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `t1ops config | head`: the reader left, nothing to report

@@ -8,10 +8,13 @@ in its ``raylet.err``, and ``ray.init`` raises only "The current node timed out 
 ``ray.init`` takes). Seen here with a full test suite and one more campaign on 2 cores (docs/testing.md,
 "Flakes"). Nothing of the campaign has started then, so the start is tried again (tenacity), after
 the half-started node's processes are killed; every retry is a ``ray.start_retry`` telemetry event.
-Any other error of ``ray.init`` is raised at once.
+When the last attempt times out too, what is left of its node is killed and the start fails with one
+line (``ControlPlaneTimeout``: the problem, the host's load, the fix), not Ray's traceback. Any other
+error of ``ray.init`` is raised at once.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable
 
@@ -19,6 +22,7 @@ import psutil
 import tenacity
 
 from t1ops import telemetry
+from t1ops.errors import ControlPlaneTimeout
 
 ATTEMPTS = 3
 STARTUP_TIMEOUT = "timed out during startup"   # ray/_private/node.py, Ray 2.60
@@ -44,9 +48,23 @@ def kill_ray_children(since: float) -> int:
     return killed
 
 
+def gave_up(attempts: int, err: BaseException) -> ControlPlaneTimeout:
+    """The one-line error of a start that timed out ``attempts`` times: what happened, why, the fix."""
+    load = os.getloadavg()[0]
+    return ControlPlaneTimeout(
+        f"Ray's local node timed out during startup {attempts} time(s) in a row (its dashboard agent did not "
+        f"start within the raylet's hard-coded wait: the host is overloaded, load average {load:.0f} on "
+        f"{os.cpu_count()} CPUs; ray-project/ray#65983): run again when the host is less busy, or start a "
+        "cluster once yourself (`ray start --head`, again if it times out) and point run.ray_address at it "
+        "(docs/testing.md, \"Flakes\")", attempts=attempts, load_average=round(load, 1),
+        error=str(err).splitlines()[0][:200])
+
+
 def start_with_retry(start: Callable[[], object], attempts: int | None = None) -> None:
     """``start()`` (a local ``ray.init``), up to ``attempts`` times while it fails with Ray's
-    start-up timeout (default :data:`ATTEMPTS`); the last error is raised as it came."""
+    start-up timeout (default :data:`ATTEMPTS`); when the last one times out too, its node's
+    processes are killed and :func:`gave_up`'s one-line error is raised. Any other error as it came."""
+    attempts = attempts or ATTEMPTS
     began = time.time()  # when the attempt now failing started its processes
 
     def before_retry(state: tenacity.RetryCallState) -> None:
@@ -57,8 +75,14 @@ def start_with_retry(start: Callable[[], object], attempts: int | None = None) -
                         known_issue="ray-project/ray#65983")
         began = time.time()
 
-    for attempt in tenacity.Retrying(stop=tenacity.stop_after_attempt(attempts or ATTEMPTS),
-                                     retry=tenacity.retry_if_exception(is_startup_timeout),
-                                     wait=tenacity.wait_fixed(1.0), before_sleep=before_retry, reraise=True):
-        with attempt:
-            start()
+    try:
+        for attempt in tenacity.Retrying(stop=tenacity.stop_after_attempt(attempts),
+                                         retry=tenacity.retry_if_exception(is_startup_timeout),
+                                         wait=tenacity.wait_fixed(1.0), before_sleep=before_retry, reraise=True):
+            with attempt:
+                start()
+    except Exception as err:
+        if not is_startup_timeout(err):
+            raise
+        kill_ray_children(began)
+        raise gave_up(attempts, err) from err

@@ -39,6 +39,7 @@ class RunHealthConfig(Section):
     kv_cache_max: float = Field(0.9, gt=0, le=1, description="health.kv-cache: an engine's K/V cache peak (share of its slots) above this during the step (miles alarms at 90%).")
     ev_negative_steps: int = Field(3, ge=1, description="health.ev-negative: the critic's explained variance below ev_negative_below this many steps in a row.")
     ev_negative_below: float = Field(-0.05, le=0, description="health.ev-negative: the EV that counts as negative (a zero-initialised critic reads -0.016 to 0.011 on the healthy tiny campaign: noise around 0).")
+    ev_negative_floor: float = Field(-1.0, le=0, description="health.ev-negative: an EV below this fires at once, without the streak (the critic's errors vary twice as much as the returns: that step's advantages are noise). A critic overshooting at a high learning rate read -31.9 and -4.79 for one step each, then saturated to a constant (EV 0), so no streak formed (docs/failures.md).")
     logprob_gap_max: float = Field(0.05, gt=0, description="health.logprob-gap: the train-rollout log-prob gap above this (the report's healthy band is ~0.01-0.02).")
     retokenized_rise: float = Field(0.05, gt=0, le=1, description="health.retokenized: the retokenized + split share of loss tokens risen by more than this over the first step's.")
     eval_shrink_share: float = Field(0.1, ge=0, le=1, description="health.eval-shrinking: an evaluation's trials with a verdict (failed ones kept as zeros have none) fewer than (1 - this) of the trials it planned.")

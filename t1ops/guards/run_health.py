@@ -16,7 +16,8 @@ health.no-spread        >= ``no_spread_share`` of the groups of the last steps (
 health.truncated        >= ``truncated_share`` of the step's trials ended truncated
 health.kv-cache         the fullest engine's K/V cache peak (share of its slots, since the weights the step
                         sampled with loaded; ``rl.engines.batching``) > ``kv_cache_max``
-health.ev-negative      explained variance < ``ev_negative_below`` for ``ev_negative_steps`` steps in a row
+health.ev-negative      explained variance < ``ev_negative_below`` for ``ev_negative_steps`` steps in a row,
+                        or < ``ev_negative_floor`` at one step
 health.logprob-gap      the train-rollout log-prob gap > ``logprob_gap_max``
 health.retokenized      the loss tokens' retokenized + split share rose by > ``retokenized_rise``
                         over the run's first step with trajectories
@@ -63,7 +64,8 @@ ALARMS = {  # id -> (what it means, what to do); `t1ops explain ID`
                         "lower rollout.max_concurrency, add engines (engine.num_engines) or cache (engine.kv_slots on "
                         "the embedded engine); the row's kv_cache_peak is the figure"),
     "health.ev-negative": ("the critic's explained variance has been below ev_negative_below (< 0) for "
-                           "ev_negative_steps steps: it predicts returns worse than their mean, and PPO's advantages are noise",
+                           "ev_negative_steps steps, or fell below ev_negative_floor at one step: it predicts returns "
+                           "worse than their mean, and PPO's advantages are noise",
                            "raise trainer.critic_warmup_steps or the critic's learning rate; the T1 report warms the "
                            "critic first (section 04)"),
     "health.logprob-gap": ("the train-rollout log-prob gap left its band: trainer and sampler disagree (routing "
@@ -86,7 +88,8 @@ THRESHOLDS = {  # id -> the [guards.health] keys that govern it
     "health.no-spread": ("guards.health.no_spread_share", "guards.health.no_spread_min_groups"),
     "health.truncated": ("guards.health.truncated_share",),
     "health.kv-cache": ("guards.health.kv_cache_max",),
-    "health.ev-negative": ("guards.health.ev_negative_steps", "guards.health.ev_negative_below"),
+    "health.ev-negative": ("guards.health.ev_negative_steps", "guards.health.ev_negative_below",
+                           "guards.health.ev_negative_floor"),
     "health.logprob-gap": ("guards.health.logprob_gap_max",),
     "health.retokenized": ("guards.health.retokenized_rise",),
     "health.eval-shrinking": ("guards.health.eval_shrink_share",),
@@ -152,7 +155,8 @@ class RunHealth:
         ev = row.get("explained_variance", math.nan)
         if isinstance(ev, float) and math.isfinite(ev):
             self.ev_streak = self.ev_streak + 1 if ev < c.ev_negative_below else 0
-            alarm("ev-negative", self.ev_streak, self.ev_streak >= c.ev_negative_steps, explained_variance=ev)
+            alarm("ev-negative", self.ev_streak, self.ev_streak >= c.ev_negative_steps or ev < c.ev_negative_floor,
+                  explained_variance=ev)
         gap = row.get("logprob_gap", math.nan)
         if isinstance(gap, float) and math.isfinite(gap):
             alarm("logprob-gap", gap, gap > c.logprob_gap_max)

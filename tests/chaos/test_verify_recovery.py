@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from chaos.critic_skip import skip_critic_saves
 from chaos.recovery import FAULTS, Record, differences, verify
 
 
@@ -35,8 +36,44 @@ def test_every_fault_plus_recovery_equals_the_clean_run(tmp_path):
     assert records[0].evals == records[1].evals == [0, 2, 4], text  # eval across both resumes
 
 
+@pytest.mark.chaos
+@pytest.mark.slow
+def test_a_skipped_critic_save_plus_resume_equals_the_clean_run(tmp_path):
+    """critic-checkpoint-skipped's recovery is a sync-mode resume: the trainer skips the critic's save
+    from step 3 on (chaos.critic_skip), the check after the save stops the run there, and the run
+    resumed from step 2 ends with the clean run's figures and actor, bit for bit."""
+    ok, records, text = verify(tmp_path, ("critic-skip",))
+    assert len(records) == 2 and "CheckpointError at that step" in records[1].fired, text
+    assert records[1].rcs[0] not in (0, None), text   # the first process stopped on the check
+    assert ok, text
+
+
+def test_the_critic_skip_fault_skips_only_the_critics_saves_from_its_step(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from t1ops.guards.checkpoints import CheckpointManager, list_steps
+
+    host = SimpleNamespace(ckpt=CheckpointManager.from_base(tmp_path, save_every=1), rank=0)
+    state = {"w": torch.zeros(2)}
+    host.ckpt.save("critic", 2, state)
+    assert skip_critic_saves(host, 3) == 0
+    for step in (3, 4):
+        host.ckpt.save("actor", step, state)
+        host.ckpt.save("critic", step, state)
+    assert list_steps(tmp_path / "actor") == [3, 4] and list_steps(tmp_path / "critic") == [2]
+
+
 def test_cli_refuses_an_unknown_fault(capsys):
     from t1ops.cli import main
 
     assert main(["chaos", "verify-recovery", "--faults", "engine-kill,disk-full"]) == 2
     assert "unknown fault(s): disk-full" in capsys.readouterr().err
+
+
+def test_cli_refuses_critic_skip_combined(capsys):
+    from t1ops.cli import main
+
+    assert main(["chaos", "verify-recovery", "--faults", "engine-kill,critic-skip", "--combined"]) == 2
+    assert "run critic-skip without --combined" in capsys.readouterr().err

@@ -92,3 +92,34 @@ def test_only_rays_startup_timeout_is_tried_again() -> None:
         start_with_retry(start)
     assert len(calls) == 1
     assert is_startup_timeout(Exception("The current node timed out during startup. This could happen ..."))
+
+
+def test_a_start_that_times_out_every_time_fails_t1ops_run_with_one_line(tmp_path, monkeypatch, capsys) -> None:
+    """`t1ops run` whose every Ray start times out: one line naming the problem and the fix (the
+    project's rule), not Ray's traceback; the run is marked crashed with it."""
+    import ray
+
+    from t1ops import cli, telemetry
+    from t1ops.campaign import ray_start
+
+    calls = []
+
+    def timed_out(*args, **kwargs):   # Ray's own error, as ray/_private/node.py raises it
+        calls.append(1)
+        raise Exception("The current node timed out during startup. This could happen because some of "
+                        "the Ray processes failed to startup.")
+
+    monkeypatch.setattr(ray, "init", timed_out)
+    monkeypatch.setattr(ray_start, "ATTEMPTS", 2)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    try:
+        rc = cli.main(["run", "examples/tiny/campaign.toml", "--out", str(tmp_path), "--no-progress"])
+    finally:
+        telemetry.shutdown()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(calls) == 2
+    assert "Traceback" not in "\n".join(err) and len(err) == 1, err
+    assert err[0].startswith("t1ops run: ControlPlaneTimeout: Ray's local node timed out during startup 2 time(s)"), err
+    assert "run.ray_address" in err[0] and "ray start --head" in err[0]
+    status = json.loads(next(tmp_path.glob("*/status.json")).read_text())
+    assert status["state"] == "crashed" and status["error"].startswith("ControlPlaneTimeout: Ray's local node"), status

@@ -89,6 +89,16 @@ def test_the_healthy_tiny_campaigns_measured_figures_stay_silent():
     assert ["health.no-spread" in f for f in collapsed] == [False, False, False, True, True, True], collapsed
 
 
+def test_a_critic_overshooting_for_one_step_fires_ev_negative_at_that_step():
+    """Two real runs (docs/failures.md, round 4): a critic at 1000x the actor's learning rate read EV 0.0,
+    -31.90, 0.0003, -0.019 and then none (reward 0); at 300x in fully async 0.0, -0.0009, -4.79, then none.
+    Each overshoot is one step before the critic saturates to a constant (EV 0): the three-step streak
+    never forms, and those steps' advantages were noise. The floor fires at the overshoot."""
+    for ev, at in (([0.0, -31.90, 0.0003, -0.019, math.nan], 2), ([0.0, -0.0009, -4.79, math.nan, math.nan], 3)):
+        fired = _run([(_row(s + 1, explained_variance=ev[s]), _trials(HEALTHY)) for s in range(5)])
+        assert ["health.ev-negative" in f for f in fired] == [s + 1 == at for s in range(5)], (ev, fired)
+
+
 def test_alarms_reach_the_step_line_tensorboard_and_explain(capsys):
     from t1ops.explain import explain
     h = RunHealth(RunHealthConfig())
