@@ -38,6 +38,8 @@ def test_every_fault_plus_recovery_equals_the_clean_run(tmp_path):
 
 @pytest.mark.chaos
 @pytest.mark.slow
+@pytest.mark.heavy  # two more campaigns (~600 s of a 2-core host); the resume path is the combined run's above,
+# the guard's catch is the critic-checkpoint-skipped scenario's (default run); docs/testing.md "Heavy tests"
 def test_a_skipped_critic_save_plus_resume_equals_the_clean_run(tmp_path):
     """critic-checkpoint-skipped's recovery is a sync-mode resume: the trainer skips the critic's save
     from step 3 on (chaos.critic_skip), the check after the save stops the run there, and the run
