@@ -4,7 +4,8 @@ What a resume needs at step S, all verified before any role starts
 (docs/campaign.md, "Resume"):
 
 - the actor's and (PPO) the critic's weights at S (``checkpoints/{actor,critic}/step_S``,
-  checksummed manifests, ``t1ops.guards.checkpoints``);
+  checksummed manifests: whole, ``t1ops.guards.checkpoints``, or one file per rank,
+  ``t1ops.guards.sharded_checkpoints``);
 - the trainer state at S (``checkpoints/trainer_state/step_S/state.pt``): both
   optimizers' state, the trainer's step count and RNG states, and the
   data-sampler position (the next step; task order is a pure function of seed
@@ -33,7 +34,8 @@ import torch
 
 from rl.atomic import publish_dir
 from t1ops.errors import CheckpointError, ConfigError
-from t1ops.guards.checkpoints import file_sha256, list_steps, load_checkpoint, step_dir_name
+from t1ops.guards.checkpoints import file_sha256, list_steps, step_dir_name
+from t1ops.guards.sharded_checkpoints import verify_role
 from t1ops.overrides import dotted
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
@@ -118,9 +120,9 @@ def plan_resume(ckpt_base: str | Path, needs_critic: bool) -> ResumePoint:
     point = ResumePoint(-1, actor, critic, state)
     for step in sorted(common, reverse=True):
         try:
-            load_checkpoint(base / "actor" / step_dir_name(step), "actor")
+            verify_role(base / "actor" / step_dir_name(step), "actor")  # whole or by shard
             if needs_critic:
-                load_checkpoint(base / "critic" / step_dir_name(step), "critic")
+                verify_role(base / "critic" / step_dir_name(step), "critic")
             load_trainer_state(base, step)
         except CheckpointError as err:
             point.skipped[step] = str(err).split(";")[0]
