@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import os
 import random
 import time
@@ -54,8 +53,8 @@ from t1ops import telemetry
 from t1ops.campaign.credit import CreditBatch
 from t1ops.campaign.pretrained import pretrained_states
 from t1ops.campaign.dataplane import batch_rows, fetch, fetch_shard, shard_trials
-from t1ops.campaign.resume import (load_rank_state, load_trainer_state, rank_state, resumed, save_trainer_state,
-                                   trainer_state)
+from t1ops.campaign.resume import (load_rank_state, load_trainer_state, rank_state, resumed, save_rank_state,
+                                   save_trainer_state, trainer_state)
 from t1ops.campaign.retention import Retention, disk_bytes
 from t1ops.campaign.roles import CheckpointReport, RankInfo, TrainReport
 from t1ops.campaign.trainer_rank import join_world
@@ -299,7 +298,8 @@ class TrainerHost(WeightSender, WeightPush):
         """Keep the actor of ``version`` for the engines (rank 0: the full actor, gathered once per
         step for the weight sync, a collective on every rank); at a resume point (:meth:`is_resume_point`)
         save the checkpoint: both roles (a world of 1 whole, a larger world by shard, every rank its
-        own slice) and every rank's optimizer and RNG state (``trainer_state``, on rank 0). Every rank
+        own slice) and every rank's optimizer and RNG state (``trainer_state``; a larger world: each rank's
+        in its own file, rank 0 commits the step). Every rank
         keeps its shard as the behaviour snapshot of the batch the engines sample next; older than the
         previous one are dropped. Called inside the weight-sync barrier; rank 0 returns the newest
         actor checkpoint directory."""
@@ -312,7 +312,9 @@ class TrainerHost(WeightSender, WeightPush):
             ranks = self._gather_rank_states(version)
         if self.rank == 0:
             if resume_point:
-                save_trainer_state(self.retention.base, version, trainer_state(self.trainer, version, ranks))
+                one = self.world_size == 1  # else ``ranks`` are the rank files' entries, moved into the step
+                save_trainer_state(self.retention.base, version, trainer_state(self.trainer, version, ranks if one
+                                                                               else None), None if one else ranks)
                 self.retention.check_saved(version)  # every role the run needs (critic-checkpoint-skipped)
             self.full_published[version] = actor  # what the weight sender exports or broadcasts
             deleted = self.retention.apply()
@@ -345,13 +347,15 @@ class TrainerHost(WeightSender, WeightPush):
                 save_sharded(self.ckpt.actor_dir.parent, role, version, self.trainer)
 
     def _gather_rank_states(self, version: int) -> list[dict] | None:
-        """Every rank's optimizer and RNG state on rank 0."""
+        """A world of 1: its optimizer and RNG state. A larger world: every rank writes its own file
+        (``save_rank_state``, nothing gathered); rank 0 gets the files' entries."""
         if self.world_size == 1:
             return [rank_state(self.trainer)]
-        ranks = [None] * self.world_size if self.rank == 0 else None
-        with self._collective_watch("trainer state gather"):  # bytes: tensors do not survive gather_object
-            torch.distributed.gather_object(_to_bytes(rank_state(self.trainer)), ranks, dst=0)
-        return None if ranks is None else [torch.load(io.BytesIO(b), weights_only=True) for b in ranks]
+        entry = save_rank_state(self.retention.base, version, self.rank, self.trainer)
+        entries = [None] * self.world_size if self.rank == 0 else None
+        with self._collective_watch("trainer state save"):
+            torch.distributed.gather_object(entry, entries, dst=0)
+        return entries
 
     def _published_weights(self, version: str):
         """What the weight sync sends for ``version`` (rl.weights.sender): rank 0's full actor."""
@@ -368,7 +372,7 @@ class TrainerHost(WeightSender, WeightPush):
         re-sharded tensor by tensor: ``CheckpointReader``), its own optimizer and RNG state, the step
         count; the actor of ``step`` is the behaviour snapshot of the next batch. Returns what was loaded."""
         roles = ("actor", "critic") if self.trainer.critic is not None else ("actor",)
-        state = load_trainer_state(self.retention.base, step)
+        state = load_trainer_state(self.retention.base, step, rank=self.rank)  # this rank's file only
         how = {}
         for role in roles:
             reader = CheckpointReader(self.ckpt.dir_for(role) / step_dir_name(step), role)
@@ -395,12 +399,6 @@ class TrainerHost(WeightSender, WeightPush):
         """Let the watchdog dump this process's Python stacks (SIGUSR1); returns the pid."""
         self._stack_file = install_stack_dump(path)
         return os.getpid()
-
-
-def _to_bytes(obj) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
 
 
 def require_credit(credit, where: str) -> CreditBatch:

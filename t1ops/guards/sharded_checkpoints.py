@@ -52,7 +52,7 @@ def is_sharded(manifest: Mapping) -> bool:
 def write_shard(out: Path, rank: int, where: Mapping[str, Placement], state: Mapping[str, torch.Tensor]) -> dict:
     """This rank's shard file in ``out`` (atomic rename); returns its manifest entry (file, sha256, pieces)."""
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu() for k, v in state.items()}
+    state = {k: v.detach() for k, v in state.items()}  # torch.save copies a device tensor to host one at a time
     path = publish_file(out / f"rank{rank:05d}.pt", lambda f: torch.save(
         {"placements": {k: asdict(p) for k, p in where.items()}, "state": state}, f))
     pieces = {k: {**asdict(p), "shape": list(state[k].shape), "dtype": str(state[k].dtype).removeprefix("torch.")}

@@ -85,6 +85,9 @@ def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
         full, manifest = load_role(step_dir, role)
         assert len(manifest["shards"]) == 2 and not (step_dir / "weights.pt").exists()
         assert manifest["layout"]["dp"] == 2 and not shard_dir(tmp_path / "checkpoints", role, 0).exists()
+    state_dir = tmp_path / "checkpoints" / "trainer_state" / "step_00000001"  # optimizer + RNG: a file per rank
+    ranks = __import__("json").loads((state_dir / "manifest.json").read_text())["ranks"]
+    assert [e["rank"] for e in ranks] == [0, 1] and all((state_dir / e["file"]).is_file() for e in ranks)
 
 
 def test_a_skipped_step_combines_to_no_rank_info():
