@@ -4,14 +4,15 @@ by shard, against the model's bytes (docs/parallelism.md, "Checkpoints by shard"
 Real rank processes (gloo groups through ``t1ops.guards.dist``, megatron-core parallel state,
 ``RankTrainer``) of a model large enough that its bytes stand out of the process's noise. Each rank
 takes one optimizer step (so Adam's state exists), then, in this order, each measured as the peak RSS
-above the RSS just before it (``psutil``, sampled every millisecond by a thread):
+above the RSS just before it (``psutil``, sampled every millisecond by a thread; the smallest first,
+so memory an earlier block freed to the allocator but not to the OS cannot hide a later block's):
 
-- ``before``: the save as it was until this change (kept here only to measure it): both roles gathered
-  to rank 0 (``RankTrainer.full_state``), rank 0 writes them whole (``save_checkpoint``), every rank's
-  optimizer and RNG state gathered to rank 0 as bytes;
 - ``after``: the production save, ``save_sharded`` of both roles and ``save_rank_state``;
 - ``sync gather``: the weight sync's gather of the full actor to rank 0 (``full_state("actor")``), which
-  this change leaves in place (docs/weights.md).
+  this change leaves in place (docs/weights.md);
+- ``before``: the save as it was until this change (kept here only to measure it): both roles gathered
+  to rank 0 (``RankTrainer.full_state``), rank 0 writes them whole (``save_checkpoint``), every rank's
+  optimizer and RNG state gathered to rank 0 as bytes.
 
 Run: python bench/bench_ckpt_memory.py [--layout dp2|tp2ep2|both] [--hidden 512 --experts 8 --vocab 32768]
 """
@@ -85,6 +86,15 @@ def _rank(rank: int, world: int, init: str, spec, settings, layout: Layout, out:
     base = Path(out) / "ckpt"
     shard_bytes = sum(_bytes(rt.shard(r)[1]) for r in ("actor", "critic"))
     torch.distributed.barrier()
+    with Peak() as after:  # the production save: every rank its own shard and its own trainer state
+        for r in ("actor", "critic"):
+            save_sharded(base / "after", r, 1, rt)
+        save_rank_state(base / "after", 1, rank, rt)
+    torch.distributed.barrier()
+    with Peak() as sync:
+        full = rt.full_state("actor")
+        del full
+    torch.distributed.barrier()
     with Peak() as before:  # the gather path as it was (rank 0 saved whole roles and gathered trainer states)
         full = {r: rt.full_state(r) for r in ("actor", "critic")}
         states = [None] * world if rank == 0 else None
@@ -97,14 +107,6 @@ def _rank(rank: int, world: int, init: str, spec, settings, layout: Layout, out:
             states = [torch.load(io.BytesIO(b), weights_only=True) for b in states]
         del full, states, buf
     torch.distributed.barrier()
-    with Peak() as after:  # the production save: every rank its own shard and its own trainer state
-        for r in ("actor", "critic"):
-            save_sharded(base / "after", r, 1, rt)
-        save_rank_state(base / "after", 1, rank, rt)
-    torch.distributed.barrier()
-    with Peak() as sync:
-        full = rt.full_state("actor")
-        del full
     torch.save({"before": before.bytes, "after": after.bytes, "sync": sync.bytes, "shard": shard_bytes,
                 **{f"model_{k}": v for k, v in model_bytes.items()}}, os.path.join(out, f"rank{rank}.pt"))
     teardown()
@@ -122,7 +124,22 @@ def measure(layout: Layout, spec, settings) -> list[dict]:
         p.join(1800)
     if any(p.exitcode != 0 for p in procs):
         raise SystemExit(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
-    return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(layout.world_size)]
+    return [{**torch.load(os.path.join(out, f"rank{r}.pt")), "out": out} for r in range(layout.world_size)]
+
+
+def export_peak(step_dir: str | Path, spec, out: str | Path) -> tuple[int, int]:
+    """Peak RSS above the start of the streaming HF export of an actor checkpoint by shard
+    (``export_hf`` over a ``CheckpointReader``), and of loading it whole first, then exporting."""
+    from rl.hf.checkpoint import export_hf
+    from t1ops.guards.sharded_checkpoints import CheckpointReader, load_role
+
+    with Peak() as streaming:
+        export_hf(CheckpointReader(step_dir, "actor"), spec, Path(out) / "streaming", tokenizer=False)
+    with Peak() as whole:
+        state = load_role(step_dir, "actor")[0]
+        export_hf(state, spec, Path(out) / "whole", tokenizer=False)
+        del state
+    return streaming.bytes, whole.bytes
 
 
 def main() -> None:
@@ -146,6 +163,11 @@ def main() -> None:
                   f"({row['before'] / model:.2f} x model) | save after {row['after'] / MIB:6.1f} MiB "
                   f"({row['after'] / model:.2f} x model) | sync gather {row['sync'] / MIB:6.1f} MiB "
                   f"({row['sync'] / row['model_actor']:.2f} x actor)")
+        out = rows[0]["out"]
+        streaming, whole = export_peak(Path(out) / "ckpt" / "after" / "actor" / "step_00000001", spec, out)
+        print(f"  export of the actor from the shards: streaming {streaming / MIB:.1f} MiB "
+              f"({streaming / rows[0]['model_actor']:.2f} x actor) | loaded whole first {whole / MIB:.1f} MiB "
+              f"({whole / rows[0]['model_actor']:.2f} x actor)")
 
 
 if __name__ == "__main__":

@@ -390,10 +390,13 @@ class TrainerHost(WeightSender, WeightPush):
         return {"actor": str(self.ckpt.actor_dir), "critic": str(self.ckpt.critic_dir)}
 
     # --- guard hooks -----------------------------------------------------------------
-    def num_params(self) -> tuple[int, int]:
-        """(actor, critic) parameter counts, for the host-memory projection."""
+    def num_params(self) -> tuple[int, int, int]:
+        """(actor, critic) parameter counts of this rank's shard and the full actor's (rank 0 holds it for
+        the weight sync after the first publish), for the host-memory projection."""
         count = lambda m: 0 if m is None else sum(p.numel() for p in m.parameters())  # noqa: E731
-        return count(self.trainer.actor), count(self.trainer.critic)
+        full = self.full_published[max(self.full_published)] if self.full_published else None
+        return (count(self.trainer.actor), count(self.trainer.critic),
+                count(self.trainer.actor) if full is None else sum(t.numel() for t in full.values()))
 
     def install_stack_dump(self, path: str) -> int:
         """Let the watchdog dump this process's Python stacks (SIGUSR1); returns the pid."""
