@@ -14,6 +14,11 @@ so memory an earlier block freed to the allocator but not to the OS cannot hide 
   to rank 0 (``RankTrainer.full_state``), rank 0 writes them whole (``save_checkpoint``), every rank's
   optimizer and RNG state gathered to rank 0 as bytes.
 
+The figures are anonymous resident bytes (``RssAnon``); the export also prints all resident pages,
+which include the memory-mapped shards' file pages (page cache the kernel takes back under pressure).
+Then the streaming HF export of the saved actor (``export_hf`` over a ``CheckpointReader``) is measured
+against loading the checkpoint whole first, in this process.
+
 Run: python bench/bench_ckpt_memory.py [--layout dp2|tp2ep2|both] [--hidden 512 --experts 8 --vocab 32768]
 """
 from __future__ import annotations
@@ -46,10 +51,13 @@ MIB = 2**20
 
 
 class Peak:
-    """Peak RSS above the RSS at entry, sampled every millisecond while the block runs."""
+    """Peak resident bytes above those at entry, sampled every millisecond while the block runs: ``bytes``
+    counts anonymous memory (``RssAnon``: what the process allocated and cannot give back to the page
+    cache), ``rss`` all resident pages (a memory-mapped shard's file pages too, which the kernel reclaims)."""
 
     def __enter__(self):
         self.proc, self.stop = psutil.Process(), threading.Event()
+        self.base_anon = self.peak_anon = _anon()
         self.base = self.peak = self.proc.memory_info().rss
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
@@ -58,13 +66,22 @@ class Peak:
     def _sample(self) -> None:
         while not self.stop.is_set():
             self.peak = max(self.peak, self.proc.memory_info().rss)
+            self.peak_anon = max(self.peak_anon, _anon())
             time.sleep(0.001)
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-        self.bytes = self.peak - self.base
+        self.peak, self.peak_anon = max(self.peak, self.proc.memory_info().rss), max(self.peak_anon, _anon())
+        self.bytes, self.rss = self.peak_anon - self.base_anon, self.peak - self.base
+
+
+def _anon() -> int:
+    """This process's resident anonymous bytes (``/proc/self/status``: RssAnon)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no RssAnon (Linux only)")
 
 
 def _bytes(state) -> int:
@@ -139,7 +156,7 @@ def export_peak(step_dir: str | Path, spec, out: str | Path) -> tuple[int, int]:
         state = load_role(step_dir, "actor")[0]
         export_hf(state, spec, Path(out) / "whole", tokenizer=False)
         del state
-    return streaming.bytes, whole.bytes
+    return streaming.bytes, whole.bytes, streaming.rss
 
 
 def main() -> None:
@@ -164,9 +181,10 @@ def main() -> None:
                   f"({row['after'] / model:.2f} x model) | sync gather {row['sync'] / MIB:6.1f} MiB "
                   f"({row['sync'] / row['model_actor']:.2f} x actor)")
         out = rows[0]["out"]
-        streaming, whole = export_peak(Path(out) / "ckpt" / "after" / "actor" / "step_00000001", spec, out)
+        streaming, whole, mapped = export_peak(Path(out) / "ckpt" / "after" / "actor" / "step_00000001", spec, out)
         print(f"  export of the actor from the shards: streaming {streaming / MIB:.1f} MiB "
-              f"({streaming / rows[0]['model_actor']:.2f} x actor) | loaded whole first {whole / MIB:.1f} MiB "
+              f"({streaming / rows[0]['model_actor']:.2f} x actor; all resident pages incl. the mapped shards "
+              f"{mapped / MIB:.1f} MiB) | loaded whole first {whole / MIB:.1f} MiB "
               f"({whole / rows[0]['model_actor']:.2f} x actor)")
 
 
