@@ -173,10 +173,12 @@ class CheckpointReader(Mapping):
         return placement.join([self._local(by_index[i]["rank"], by_index[i]["name"]) for i in range(first["count"])])
 
     def own(self, rank: int) -> tuple[dict[str, Placement], dict[str, torch.Tensor]] | None:
-        """(placements, tensors) of ``rank``'s file (None: a single-file checkpoint, or no such rank); the
-        loader uses it only when its placements are exactly the loading rank's (the same sharding)."""
-        if not is_sharded(self.manifest) or rank not in self._files:
+        """(placements, tensors) of ``rank``'s file (a single-file checkpoint is rank 0's, every tensor whole;
+        None: no such rank); the loader uses it only when its placements are exactly the loading rank's."""
+        if rank not in self._files:
             return None
+        if not is_sharded(self.manifest):
+            return {k: Placement(k, None) for k in self._tensors}, {k: self._files[0][k] for k in self._tensors}
         blob = self._files[rank]
         return {k: Placement(**{**p, "sections": tuple(p["sections"])}) for k, p in blob["placements"].items()}, \
             blob["state"]
