@@ -35,6 +35,8 @@ from pathlib import Path
 import psutil
 
 from chaos.procs import end_session, event_since, session_processes, start_campaign
+from t1ops.guards.checkpoints import tensor_sha256
+from t1ops.guards.sharded_checkpoints import CheckpointReader
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "tiny" / "campaign.toml"
@@ -72,16 +74,18 @@ class Record:
 
 def fingerprint(run_dir: Path) -> tuple[list[dict], str | None]:
     """Per-step reward and losses from summary.json, and the checksum of the newest actor checkpoint
-    (sha256 over its manifest's per-tensor sha256s, in name order)."""
+    (sha256 over its per-tensor sha256s, in name order; a checkpoint by shard: of its assembled tensors)."""
     rows = _summary(run_dir).get("steps", [])
     steps = [{k: r.get(k) for k in ("step", "reward_mean", "policy_loss", "value_loss")} for r in rows]
     actors = sorted((run_dir / "checkpoints" / "actor").glob("step_*"))
     if not actors:
         return steps, None
-    tensors = json.loads((actors[-1] / "manifest.json").read_text())["tensors"]
+    reader = CheckpointReader(actors[-1], "actor")  # whole (1 rank) or by shard: the same full tensors
+    tensors = reader.manifest["tensors"]
     digest = hashlib.sha256()
     for name in sorted(tensors):
-        digest.update(f"{name}:{tensors[name]['sha256']};".encode())
+        sha = tensors[name]["sha256"] if "sha256" in tensors[name] else tensor_sha256(reader[name])
+        digest.update(f"{name}:{sha};".encode())
     return steps, f"{actors[-1].name}:{digest.hexdigest()[:16]}"
 
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from chaos.injector import Fault, Injector
 from t1ops.errors import ConfigError
+from t1ops.guards.checkpoints import list_steps, step_dir_name
+from t1ops.guards.sharded_checkpoints import verify_role
 
 FAULTS = ("kill-engine", "stall-engine", "kill-worker", "stall-trainer", "fd-pressure")
 TRIGGERS = {"kill-engine": ("mid-rollout", "in-sync"), "stall-engine": ("mid-rollout", "in-sync"),
@@ -121,7 +123,6 @@ def _events(run_dir: Path) -> list[dict]:
 def check_invariants(run_dir: Path, injector: Injector, batch_size: int, stopped_by: str = "") -> dict:
     """The invariants of a scheduled run (see module docstring)."""
     from t1ops.audit import read_trajectory
-    from t1ops.guards.checkpoints import list_steps, load_checkpoint, step_dir_name
 
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     steps = summary.get("steps", [])
@@ -132,7 +133,7 @@ def check_invariants(run_dir: Path, injector: Injector, batch_size: int, stopped
     ckpt_ok = True
     for role in ("actor", "critic"):
         for s in list_steps(run_dir / "checkpoints" / role):
-            load_checkpoint(run_dir / "checkpoints" / role / step_dir_name(s), role)  # raises if corrupt
+            verify_role(run_dir / "checkpoints" / role / step_dir_name(s), role)  # raises if corrupt
         ckpt_ok &= bool(list_steps(run_dir / "checkpoints" / role))
     events = _events(run_dir)
     verdicts = []

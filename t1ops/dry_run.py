@@ -167,7 +167,8 @@ def _memory(cfg: CampaignConfig, pool: list) -> Check:
         if cfg.engine.compact_vocab else cfg.model.vocab_size
     actor, critic = _estimate_params(cfg, vocab)
     proj = project_host_memory(actor, critic, offload_optimizer=True, sandbox_concurrency=cfg.rollout.max_concurrency,
-                               guards=cfg.guards, baseline_bytes=psutil.Process().memory_info().rss)
+                               guards=cfg.guards, baseline_bytes=psutil.Process().memory_info().rss,
+                               world_size=cfg.trainer.parallel.world_size)
     verdict = check_projection(proj, psutil.virtual_memory().available, cfg.guards.host_ram_warn_fraction)
     return Check("memory", "ok" if verdict.fits else "warn",
                  f"vocabulary {vocab} ids, ~{actor / 1e6:.2f}M actor + {critic / 1e6:.2f}M critic parameters; "

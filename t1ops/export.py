@@ -1,6 +1,9 @@
-"""Export a t1ops actor checkpoint as a Hugging Face directory (``t1ops export``).
+"""Export a t1ops actor checkpoint as a Hugging Face directory (``t1ops export``), streaming.
 
-The checkpoint is verified (role ``actor``, sha256) by :func:`t1ops.guards.checkpoints.load_checkpoint`;
+The checkpoint, whole (a world of 1) or by shard (one file per rank), is verified (role ``actor``,
+sha256) and read lazily by :class:`t1ops.guards.sharded_checkpoints.CheckpointReader`: each Hugging
+Face tensor is assembled from the shards when its turn comes and written at once
+(``rl.hf.checkpoint.export_hf``), so the export holds about one tensor, never the model;
 the model shape comes from the run's ``config.json`` (``<run>/checkpoints/actor/step_N`` ->
 ``<run>/config.json``) or an explicit campaign TOML / config.json; a compact-vocabulary run's
 ``vocab.json`` is carried into ``t1ops.json`` (``rl.hf.checkpoint`` explains why such an export
@@ -34,14 +37,15 @@ def export_actor_checkpoint(step_dir: str | Path, out_dir: str | Path, *, config
     from rl.hf.checkpoint import export_hf
     from rl.model import ModelSpec
     from rl.vocab import CompactVocab
-    from t1ops.guards.checkpoints import load_checkpoint
+    from t1ops.guards.sharded_checkpoints import CheckpointReader
 
     step_dir = Path(step_dir)
-    state, manifest = load_checkpoint(step_dir, "actor")
+    state = CheckpointReader(step_dir, "actor")
     cfg, run_dir = _campaign_config(step_dir, config)
     spec = cfg.model.model_spec()
-    vocab_size = state["embedding.word_embeddings.weight"].shape[0]
-    meta = {"role": "actor", "step": manifest["step"], "source": str(step_dir.resolve()), "vocab": "full"}
+    vocab_size = state.shape("embedding.word_embeddings.weight")[0]
+    meta = {"role": "actor", "step": state.step, "source": str(step_dir.resolve()), "vocab": "full",
+            "shards": len(state.manifest.get("shards", [None]))}
     full = vocab_size == spec.vocab_size
     if not full:
         vocab_path = run_dir / "vocab.json" if run_dir is not None else None
@@ -55,5 +59,4 @@ def export_actor_checkpoint(step_dir: str | Path, out_dir: str | Path, *, config
                               path=str(vocab_path))
         meta.update(vocab="compact", compact_vocab=vocab.to_dict())
         spec = ModelSpec(**{**spec.to_dict(), "vocab_size": vocab_size})
-    state = {k: v for k, v in state.items() if v is not None}
     return export_hf(state, spec, out_dir, dtype=dtype, meta=meta, tokenizer=full)

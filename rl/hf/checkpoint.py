@@ -19,6 +19,8 @@ megatron state, bit-exact (``tests/rl/test_hf.py``).
 from __future__ import annotations
 
 import json
+import math
+import struct
 from pathlib import Path
 from typing import Mapping
 
@@ -48,17 +50,25 @@ def export_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec, out_dir: str |
               meta: dict | None = None, tokenizer: bool = True) -> Path:
     """Write ``state`` (megatron names, ``rl.model.weights_state_dict``) as a Qwen3-MoE directory.
 
-    ``meta`` goes to ``t1ops.json`` (role, step, vocabulary...); ``tokenizer`` adds the tokenizer
-    files. ``out_dir`` must not exist or be empty (an export is never merged into another).
+    Streaming: ``state`` is read one conversion unit at a time (``state[name]``; a lazy checkpoint
+    reader assembles each tensor from its shards when asked) and each Hugging Face tensor is written
+    as soon as it is converted (:func:`write_safetensors`), so the export holds about one tensor, not
+    the model. ``meta`` goes to ``t1ops.json`` (role, step, vocabulary...); ``tokenizer`` adds the
+    tokenizer files. ``out_dir`` must not exist or be empty (an export is never merged into another).
     """
-    from safetensors.torch import save_file
-
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise CheckpointError(f"{out_dir} exists and is not empty; export into a new directory", path=str(out_dir))
     if dtype not in DTYPES:
         raise CheckpointError(f"export dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    hf = {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in layout.to_hf(state, spec).items()}
+    layout.check_names(state, spec)
+    units = layout.units(spec)
+
+    def tensors():
+        for unit in units:
+            for name, t in zip(unit.hf, unit.split(state[unit.mcore])):
+                yield name, t.detach().to("cpu", DTYPES[dtype]).contiguous()
+
     out_dir.parent.mkdir(parents=True, exist_ok=True)
 
     def fill(tmp: Path) -> None:
@@ -66,7 +76,8 @@ def export_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec, out_dir: str |
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
                                                                 "pad_token_id": ENDOFTEXT_ID}))
-        save_file(hf, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        shapes = layout.hf_shapes(spec)
+        write_safetensors(tmp / WEIGHTS_FILE, {n: shapes[n] for u in units for n in u.hf}, DTYPES[dtype], tensors())
         if tokenizer:
             from rl.hf.tokenizer import write_tokenizer
 
@@ -75,6 +86,32 @@ def export_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec, out_dir: str |
 
     publish_dir(out_dir, fill, replace_empty=True)  # every file fsynced, then renamed into place
     return out_dir
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16"}
+
+
+def write_safetensors(path: Path, shapes: Mapping[str, tuple[int, ...]], dtype: torch.dtype, tensors) -> None:
+    """One safetensors file written as ``tensors`` (an iterator of (name, tensor)) yields them: the header
+    is laid out up front from ``shapes`` (every name, in the order they will come), then each tensor's
+    bytes are appended and dropped. A tensor that comes out of order or with another shape is an error."""
+    size = torch.empty((), dtype=dtype).element_size()
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in shapes.items():
+        n = size * math.prod(shape)
+        header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    order = iter(shapes.items())
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for name, t in tensors:
+            want, shape = next(order, (None, None))
+            if name != want or tuple(t.shape) != tuple(shape):
+                raise CheckpointError(f"export: {name} {tuple(t.shape)} came where {want} {shape} was laid out; "
+                                      "the state does not match this ModelSpec's layout", tensor=name)
+            f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
 
 
 def read_meta(path: str | Path) -> dict:

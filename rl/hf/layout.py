@@ -52,17 +52,21 @@ def hf_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     return _arch(spec).hf_shapes(spec)
 
 
-def to_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """megatron state (``rl.model.weights_state_dict``) -> Hugging Face checkpoint tensors."""
-    all_units = units(spec)
-    wrong = sorted(set(state) ^ {u.mcore for u in all_units})
+def check_names(state: Mapping[str, torch.Tensor], spec: ModelSpec) -> None:
+    """Refuse a state whose tensor names are not this spec's policy (reads the names only)."""
+    wrong = sorted(set(state) ^ {u.mcore for u in units(spec)})
     if wrong:
         raise CheckpointError(f"state does not match the {spec.arch} policy of this ModelSpec: {len(wrong)} name(s) "
                               f"differ (first: {wrong[:3]}): a critic, another ModelSpec, or a policy saved before the "
                               "Qwen layout (LayerNorm with biases, no q/k norm), which has no exact Hugging Face "
                               "equivalent", mismatched=wrong[:10])
+
+
+def to_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """megatron state (``rl.model.weights_state_dict``) -> Hugging Face checkpoint tensors."""
+    check_names(state, spec)
     out: dict[str, torch.Tensor] = {}
-    for unit in all_units:
+    for unit in units(spec):
         out.update(zip(unit.hf, unit.split(state[unit.mcore])))
     return out
 

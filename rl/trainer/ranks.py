@@ -36,6 +36,7 @@ leave and enter a rank under the whole model's names (``pipeline.global_shard`` 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Callable, Mapping
 
@@ -123,8 +124,29 @@ class RankTrainer:
                           ep=self.layout.ep, num_experts=self.spec.num_experts)
 
     def _load(self, model, full: Mapping[str, torch.Tensor]) -> None:
-        local = local_from_full(pl.stage_state(full, model), self._placements(model))
-        rmodel.load_state(model, local, source="full state")
+        """This rank's pieces of ``full``, asked for tensor by tensor (a lazy checkpoint reader assembles
+        each on demand: the rank never holds more than its shard and one full tensor)."""
+        first = model.t1_layers[0]
+        where = {n: dataclasses.replace(p, full_name=pl.global_name(p.full_name, first))
+                 for n, p in self._placements(model).items()}
+        rmodel.load_state(model, local_from_full(full, where), source="full state")
+
+    def load_role(self, role: str, full: Mapping[str, torch.Tensor],
+                  own: tuple[Mapping, Mapping[str, torch.Tensor]] | None = None) -> str:
+        """Load ``role`` from a checkpoint: ``own`` (placements, tensors under the whole model's names: this
+        rank's file of a checkpoint saved at this layout) when it is exactly this rank's shard, else the
+        pieces cut from ``full`` (re-sharding from another layout). Returns which ("own shard" / "re-sharded")."""
+        model = self.actor if role == "actor" else self.critic
+        if model is None:
+            raise InputError(f"this trainer has no {role} to load (GRPO mode has no critic)", argument="role")
+        first = model.t1_layers[0]
+        self._behaviour = None
+        if own is not None and dict(own[0]) == pl.global_shard(self._placements(model), {}, model)[0]:
+            local = {n: own[1][pl.global_name(n, first)].clone() for n in self._placements(model)}
+            rmodel.load_state(model, local, source="own shard")
+            return "own shard"
+        self._load(model, full)
+        return "re-sharded"
 
     def _piece(self, model):
         """(placements, tensors) of this rank's part of ``model`` under the whole model's names."""

@@ -76,7 +76,8 @@ class TrainerGroup:
         return self.sender.checkpoint_report.remote()
 
     def num_params(self):
-        """-> (actor, critic) parameter counts of rank 0's shard, for the host-memory projection."""
+        """-> (actor, critic) parameter counts of rank 0's shard and the full actor's, for the host-memory
+        projection (rank 0 gathers the full actor for the weight sync)."""
         return self.sender.num_params.remote()
 
 

@@ -4,7 +4,8 @@ What a resume needs at step S, all verified before any role starts
 (docs/campaign.md, "Resume"):
 
 - the actor's and (PPO) the critic's weights at S (``checkpoints/{actor,critic}/step_S``,
-  checksummed manifests, ``t1ops.guards.checkpoints``);
+  checksummed manifests: whole, ``t1ops.guards.checkpoints``, or one file per rank,
+  ``t1ops.guards.sharded_checkpoints``);
 - the trainer state at S (``checkpoints/trainer_state/step_S/state.pt``): both
   optimizers' state, the trainer's step count and RNG states, and the
   data-sampler position (the next step; task order is a pure function of seed
@@ -31,9 +32,10 @@ from pathlib import Path
 
 import torch
 
-from rl.atomic import publish_dir
+from rl.atomic import publish_dir, publish_file
 from t1ops.errors import CheckpointError, ConfigError
-from t1ops.guards.checkpoints import file_sha256, list_steps, load_checkpoint, step_dir_name
+from t1ops.guards.checkpoints import file_sha256, list_steps, step_dir_name
+from t1ops.guards.sharded_checkpoints import verify_role
 from t1ops.overrides import dotted
 
 # The failure ids of the catalogue (docs/failures.md) this guard catches, each with the config keys
@@ -44,14 +46,16 @@ CATCHES = {
 
 STATE_ROLE = "trainer_state"
 STATE_FILE = "state.pt"
+PARTIAL_STATE = ".partial-ranks"  # per-rank trainer-state files before rank 0 moves them into the step
 MANIFEST = "manifest.json"
 # config keys a resume may change; any other difference is refused
 RESUMABLE_KEYS = {"run.steps", "run.out_dir", "run.ray_address", "run.num_cpus", "telemetry", "guards", "eval",
                   "checkpoints", "tracking"}
 
 
-def save_trainer_state(base: str | Path, step: int, state: dict) -> Path:
-    """Atomically write ``<base>/trainer_state/step_S/{state.pt, manifest.json}``."""
+def save_trainer_state(base: str | Path, step: int, state: dict, rank_files: list[dict] | None = None) -> Path:
+    """Atomically write ``<base>/trainer_state/step_S/{state.pt, manifest.json}``; ``rank_files``: the
+    per-rank files :func:`save_rank_state` wrote (moved in, each with its sha256 in the manifest)."""
     role_dir = Path(base) / STATE_ROLE
     role_dir.mkdir(parents=True, exist_ok=True)
     final = role_dir / step_dir_name(step)
@@ -61,9 +65,23 @@ def save_trainer_state(base: str | Path, step: int, state: dict) -> Path:
     def fill(tmp: Path) -> None:
         torch.save(state, tmp / STATE_FILE)
         manifest = {"role": STATE_ROLE, "step": step, "file_sha256": file_sha256(tmp / STATE_FILE)}
+        if rank_files is not None:
+            for entry in rank_files:
+                os.rename(role_dir / PARTIAL_STATE / entry["file"], tmp / entry["file"])
+            manifest["ranks"] = sorted(rank_files, key=lambda e: e["rank"])
         (tmp / MANIFEST).write_text(json.dumps(manifest))
 
     return publish_dir(final, fill)
+
+
+def save_rank_state(base: str | Path, step: int, rank: int, trainer) -> dict:
+    """This rank's optimizer and RNG state in its own file (a world > 1: nothing is gathered; rank 0 then
+    moves every rank's file into the step with :func:`save_trainer_state`); returns its manifest entry."""
+    out = Path(base) / STATE_ROLE / PARTIAL_STATE
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"step{step:08d}-rank{rank:05d}.pt"
+    path = publish_file(out / name, lambda f: torch.save(rank_state(trainer), f))
+    return {"rank": rank, "file": name, "sha256": file_sha256(path)}
 
 
 def trainer_state(trainer, version: int, ranks: list[dict]) -> dict:
@@ -72,20 +90,28 @@ def trainer_state(trainer, version: int, ranks: list[dict]) -> dict:
     return {"step": trainer.step, "next_step": version + 1, "ranks": ranks}
 
 
-def load_trainer_state(base: str | Path, step: int) -> dict:
-    """The verified trainer state at ``step``; CheckpointError (files left as they are) otherwise."""
+def load_trainer_state(base: str | Path, step: int, rank: int | None = None, *, ranks: bool = True) -> dict:
+    """The verified trainer state at ``step``; CheckpointError (files left as they are) otherwise. A state
+    saved per rank has its ``ranks`` read from the rank files: only ``rank``'s when given (the others
+    None), none with ``ranks=False`` (verification only), else all; every file's checksum is checked."""
     d = Path(base) / STATE_ROLE / step_dir_name(step)
     try:
         manifest = json.loads((d / MANIFEST).read_text())
-        ok = manifest.get("step") == step and file_sha256(d / STATE_FILE) == manifest.get("file_sha256")
-    except (OSError, ValueError, AttributeError) as err:
+        files = [(STATE_FILE, manifest.get("file_sha256"))] + [(e["file"], e["sha256"])
+                                                               for e in manifest.get("ranks", [])]
+        ok = manifest.get("step") == step and all(file_sha256(d / f) == sha for f, sha in files)
+    except (OSError, ValueError, AttributeError, KeyError, TypeError) as err:
         raise CheckpointError(f"trainer state {d} is missing or unreadable ({type(err).__name__}: {err})",
                               path=str(d)) from None
     if not ok:
-        raise CheckpointError(f"trainer state {d}/{STATE_FILE} differs from its manifest (truncated or "
-                              "corrupt); it was left as is", path=str(d))
+        raise CheckpointError(f"trainer state {d} differs from its manifest (a truncated or corrupt file); it "
+                              "was left as is", path=str(d))
     # weights_only: tensors, dicts, lists and numbers only (RNG states are stored as tensors / lists)
-    return torch.load(d / STATE_FILE, map_location="cpu", weights_only=True)
+    state = torch.load(d / STATE_FILE, map_location="cpu", weights_only=True)
+    if "ranks" in manifest:
+        state["ranks"] = [torch.load(d / e["file"], map_location="cpu", weights_only=True)
+                          if ranks and rank in (None, e["rank"]) else None for e in manifest["ranks"]]
+    return state
 
 
 @dataclass
@@ -118,10 +144,10 @@ def plan_resume(ckpt_base: str | Path, needs_critic: bool) -> ResumePoint:
     point = ResumePoint(-1, actor, critic, state)
     for step in sorted(common, reverse=True):
         try:
-            load_checkpoint(base / "actor" / step_dir_name(step), "actor")
+            verify_role(base / "actor" / step_dir_name(step), "actor")  # whole or by shard
             if needs_critic:
-                load_checkpoint(base / "critic" / step_dir_name(step), "critic")
-            load_trainer_state(base, step)
+                verify_role(base / "critic" / step_dir_name(step), "critic")
+            load_trainer_state(base, step, ranks=False)
         except CheckpointError as err:
             point.skipped[step] = str(err).split(";")[0]
             continue

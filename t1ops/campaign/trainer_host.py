@@ -17,17 +17,18 @@ fetches only its data-parallel shard's trajectories (``dataplane.fetch_shard``).
 
 The resumable checkpoint (both roles, role-separated and checksummed, and the trainer state:
 every rank's optimizer and RNG) is written every ``save_every`` steps and at the run's last
-step, not on every publish; a world of more than 1 also saves both roles sharded, one file per
-rank under one checksummed manifest (``t1ops.guards.sharded_checkpoints``), loadable at any layout.
+step, not on every publish. A world of 1 writes each role whole (its shard is the full state); a
+larger world saves by shard: every rank writes its own slice of each role, one file per rank under
+one checksummed manifest in the role's directory (``t1ops.guards.sharded_checkpoints``), nothing
+gathered; a resume at the same layout loads each rank's own file, another layout re-shards tensor
+by tensor. Rank 0 still gathers the full actor once per step for the weight sync (docs/weights.md).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import os
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -52,18 +53,18 @@ from t1ops import telemetry
 from t1ops.campaign.credit import CreditBatch
 from t1ops.campaign.pretrained import pretrained_states
 from t1ops.campaign.dataplane import batch_rows, fetch, fetch_shard, shard_trials
-from t1ops.campaign.resume import (load_rank_state, load_trainer_state, rank_state, resumed, save_trainer_state,
-                                   trainer_state)
+from t1ops.campaign.resume import (load_rank_state, load_trainer_state, rank_state, resumed, save_rank_state,
+                                   save_trainer_state, trainer_state)
 from t1ops.campaign.retention import Retention, disk_bytes
 from t1ops.campaign.roles import CheckpointReport, RankInfo, TrainReport
 from t1ops.campaign.trainer_rank import join_world
 from t1ops.campaign.weight_push import WeightPush
 from t1ops.config import CheckpointsConfig, GuardsConfig, TrainerConfig
 from t1ops.guards import dist as dist_guard
-from t1ops.guards.checkpoints import CheckpointManager, list_steps, load_checkpoint, step_dir_name
+from t1ops.guards.checkpoints import CheckpointManager, list_steps, step_dir_name
 from t1ops.guards.rank_watch import ProgressBeacon, collective_watch
 from t1ops.guards.rendezvous import plan_rendezvous
-from t1ops.guards.sharded_checkpoints import save_sharded
+from t1ops.guards.sharded_checkpoints import CheckpointReader, save_sharded
 from t1ops.guards.step_once import StepLedger
 from t1ops.guards.watchdog import install_stack_dump
 
@@ -177,8 +178,7 @@ class TrainerHost(WeightSender, WeightPush):
         if not step_dir.is_dir():
             raise ConfigError(f"trainer.critic_warm_load = {path!r}: no such checkpoint directory; give an earlier "
                               "run's checkpoints/critic/step_N (or checkpoints/critic)", key="trainer.critic_warm_load")
-        state, _ = load_checkpoint(step_dir, "critic")
-        self.trainer.load_full(critic=state)
+        self.trainer.load_role("critic", CheckpointReader(step_dir, "critic"))  # any format, any layout
         self.warm_loaded_critic = str(step_dir)
         return str(step_dir)
 
@@ -296,27 +296,28 @@ class TrainerHost(WeightSender, WeightPush):
 
     def publish(self, version: int, final: bool = False) -> str | None:
         """Keep the actor of ``version`` for the engines (rank 0: the full actor, gathered once per
-        step, a collective on every rank); at a resume point (:meth:`is_resume_point`) save the full
-        checkpoint: rank 0 both roles and every rank's optimizer and RNG state (``trainer_state``),
-        a world > 1 also both roles sharded per rank. Every rank keeps its shard as the behaviour
-        snapshot of the batch the engines sample next; older than the previous one are dropped.
-        Called inside the weight-sync barrier; rank 0 returns the newest actor checkpoint directory."""
+        step for the weight sync, a collective on every rank); at a resume point (:meth:`is_resume_point`)
+        save the checkpoint: both roles (a world of 1 whole, a larger world by shard, every rank its
+        own slice) and every rank's optimizer and RNG state (``trainer_state``; a larger world: each rank's
+        in its own file, rank 0 commits the step). Every rank
+        keeps its shard as the behaviour snapshot of the batch the engines sample next; older than the
+        previous one are dropped. Called inside the weight-sync barrier; rank 0 returns the newest
+        actor checkpoint directory."""
         self.published[version] = self.trainer.snapshot_behaviour()
-        actor = self._full("actor", version)  # the engines' weights
+        actor = self._full("actor", version)  # the engines' weights (the sync's gather, not the checkpoint's)
         resume_point = self.is_resume_point(version, final)
-        critic = ranks = None
+        ranks = None
         if resume_point:
-            critic = self._full("critic", version) if self.trainer.critic is not None else None
+            self._save_roles(version, actor)
             ranks = self._gather_rank_states(version)
         if self.rank == 0:
             if resume_point:
-                self.ckpt.save("actor", version, actor)
-                if critic is not None:
-                    self.ckpt.save("critic", version, critic)
-                save_trainer_state(self.retention.base, version, trainer_state(self.trainer, version, ranks))
+                one = self.world_size == 1  # else ``ranks`` are the rank files' entries, moved into the step
+                save_trainer_state(self.retention.base, version, trainer_state(self.trainer, version, ranks if one
+                                                                               else None), None if one else ranks)
                 self.retention.check_saved(version)  # every role the run needs (critic-checkpoint-skipped)
             self.full_published[version] = actor  # what the weight sender exports or broadcasts
-            deleted = self.retention.apply() + self._prune_shards()
+            deleted = self.retention.apply()
             self.last_report = CheckpointReport(disk_bytes(self.retention.base), len(deleted),
                                                 self.retention.resume_point())
         for kept in (self.published, self.full_published):
@@ -333,22 +334,28 @@ class TrainerHost(WeightSender, WeightPush):
             return {k: v for k, v in self.published[version].items() if isinstance(v, torch.Tensor)}
         return {k: v.detach().clone() for k, v in weights_state_dict(self.trainer.critic).items()}
 
+    def _save_roles(self, version: int, actor: dict | None) -> None:
+        """Both roles of ``version``: a world of 1 whole (``actor`` is the published snapshot, no second
+        copy), a larger world by shard (every rank writes its own; nothing is gathered)."""
+        roles = ("actor", "critic") if self.trainer.critic is not None else ("actor",)
+        if self.world_size == 1:
+            for role in roles:
+                self.ckpt.save(role, version, actor if role == "actor" else self._full(role, version))
+            return
+        with self._collective_watch("sharded checkpoint save"):
+            for role in roles:
+                save_sharded(self.ckpt.actor_dir.parent, role, version, self.trainer)
+
     def _gather_rank_states(self, version: int) -> list[dict] | None:
-        """Every rank's optimizer and RNG state on rank 0 (a world > 1 also saves its shards first)."""
+        """A world of 1: its optimizer and RNG state. A larger world: every rank writes its own file
+        (``save_rank_state``, nothing gathered); rank 0 gets the files' entries."""
         if self.world_size == 1:
             return [rank_state(self.trainer)]
-        with self._collective_watch("sharded checkpoint save"):
-            for role in ("actor", "critic") if self.trainer.critic is not None else ("actor",):
-                save_sharded(self.ckpt.actor_dir.parent, role, version, self.trainer)
-        ranks = [None] * self.world_size if self.rank == 0 else None
-        with self._collective_watch("trainer state gather"):  # bytes: tensors do not survive gather_object
-            torch.distributed.gather_object(_to_bytes(rank_state(self.trainer)), ranks, dst=0)
-        return None if ranks is None else [torch.load(io.BytesIO(b), weights_only=True) for b in ranks]
-
-    def _prune_shards(self) -> list[str]:
-        """The retention policy (``[checkpoints]``) applied to the sharded steps too (rank 0)."""
-        base = self.ckpt.actor_dir.parent
-        return [d for role in ("actor", "critic") for d in _prune(base / f"{role}-shards", self.retention.keep)]
+        entry = save_rank_state(self.retention.base, version, self.rank, self.trainer)
+        entries = [None] * self.world_size if self.rank == 0 else None
+        with self._collective_watch("trainer state save"):
+            torch.distributed.gather_object(entry, entries, dst=0)
+        return entries
 
     def _published_weights(self, version: str):
         """What the weight sync sends for ``version`` (rl.weights.sender): rank 0's full actor."""
@@ -361,46 +368,40 @@ class TrainerHost(WeightSender, WeightPush):
         return self.last_report
 
     def resume(self, step: int) -> dict:
-        """Every rank: the full (layout-free) weights of ``step`` (verified), its own optimizer and RNG
-        state, the step count; the actor of ``step`` is the behaviour snapshot of the next batch.
-        Returns what was loaded."""
-        actor = self.ckpt.load("actor", step)
-        critic = self.ckpt.load("critic", step) if self.trainer.critic is not None else None
-        state = load_trainer_state(self.retention.base, step)
-        self.trainer.load_full(actor=actor, critic=critic, step=int(state["step"]))
+        """Every rank: its shard of both roles at ``step`` (verified; its own file at the saved layout, else
+        re-sharded tensor by tensor: ``CheckpointReader``), its own optimizer and RNG state, the step
+        count; the actor of ``step`` is the behaviour snapshot of the next batch. Returns what was loaded."""
+        roles = ("actor", "critic") if self.trainer.critic is not None else ("actor",)
+        state = load_trainer_state(self.retention.base, step, rank=self.rank)  # this rank's file only
+        how = {}
+        for role in roles:
+            reader = CheckpointReader(self.ckpt.dir_for(role) / step_dir_name(step), role)
+            how[role] = self.trainer.load_role(role, reader, reader.own(self.rank))
+            del reader  # its memory maps close with it
+        self.trainer.step = int(state["step"])
         load_rank_state(self.trainer, state, rank=self.rank, world_size=self.world_size)
         self.published = {step: self.trainer.snapshot_behaviour()}
-        self.full_published = {step: dict(actor)} if self.rank == 0 else {}
-        return resumed(self, step, state, critic is not None)
+        actor = self._full("actor", step)  # rank 0: the engines' weights (the sync's gather)
+        self.full_published = {step: actor} if self.rank == 0 else {}
+        telemetry.event("checkpoint.resumed_shards", rank=self.rank, step=step, **how)
+        return {**resumed(self, step, state, "critic" in roles), "loaded": how}
 
     def checkpoint_dirs(self) -> dict:
         return {"actor": str(self.ckpt.actor_dir), "critic": str(self.ckpt.critic_dir)}
 
     # --- guard hooks -----------------------------------------------------------------
-    def num_params(self) -> tuple[int, int]:
-        """(actor, critic) parameter counts, for the host-memory projection."""
+    def num_params(self) -> tuple[int, int, int]:
+        """(actor, critic) parameter counts of this rank's shard and the full actor's (rank 0 holds it for
+        the weight sync after the first publish), for the host-memory projection."""
         count = lambda m: 0 if m is None else sum(p.numel() for p in m.parameters())  # noqa: E731
-        return count(self.trainer.actor), count(self.trainer.critic)
+        full = self.full_published[max(self.full_published)] if self.full_published else None
+        return (count(self.trainer.actor), count(self.trainer.critic),
+                count(self.trainer.actor) if full is None else sum(t.numel() for t in full.values()))
 
     def install_stack_dump(self, path: str) -> int:
         """Let the watchdog dump this process's Python stacks (SIGUSR1); returns the pid."""
         self._stack_file = install_stack_dump(path)
         return os.getpid()
-
-
-def _to_bytes(obj) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _prune(role_dir: Path, keep) -> list[str]:
-    """Sharded steps of one role outside the retention policy's ``keep`` set, deleted."""
-    steps = list_steps(role_dir) if role_dir.is_dir() else []
-    gone = sorted(set(steps) - keep(steps, None))
-    for step in gone:
-        shutil.rmtree(role_dir / step_dir_name(step))
-    return [f"{role_dir.name}/{step_dir_name(step)}" for step in gone]
 
 
 def require_credit(credit, where: str) -> CreditBatch:

@@ -36,7 +36,7 @@ from t1ops.config import GuardsConfig
 from t1ops.guards import dist as dist_guard
 from t1ops.guards.field_config import FieldGuardsConfig
 from t1ops.guards.rendezvous import plan_rendezvous
-from t1ops.guards.sharded_checkpoints import save_sharded
+from t1ops.guards.sharded_checkpoints import CheckpointReader, save_sharded
 from t1ops.preflight.calibration import (
     ACTIVATION_CAP_TOKENS,
     ACTIVATION_LONG_TOKENS,
@@ -93,10 +93,13 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
     try:
         rt = RankTrainer(job["spec"], job["settings"], layout, full_actor=actor, full_critic=critic,
                          unk_id=job["unk_id"], seed=job["seed"], temperature=job["temperature"])
+        loaded = {role: rt.load_role(role, reader, reader.own(rank))
+                  for role, path in (job.get("load_from") or {}).items()
+                  for reader in [CheckpointReader(path, role)]}
         if job.get("own_shard"):
             job["batch"] = own_shard_only(job["batch"], layout.dp, rt.dp_rank)
         logprobs = rt.logprobs(job["batch"])
-        times = []
+        times, stats = [], None
         saved = SavedActivations([rt.actor, rt.critic])
         for _ in range(job["steps"]):
             t0 = time.perf_counter()
@@ -105,12 +108,16 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
             times.append(time.perf_counter() - t0)
         if job["activations"]:
             torch.save(saved.peak_bytes, _activations_file(out, rank))
-        full = rt.full_state("actor")
+        full = {role: rt.full_state(role) for role in ("actor", "critic") if role == "actor" or rt.critic is not None}
         if job.get("shards_to"):
-            save_sharded(job["shards_to"], "actor", job["steps"], rt)
+            for role in full:
+                save_sharded(job["shards_to"], role, job["steps"], rt)
+        loads = [None] * world if rank == 0 else None
+        torch.distributed.gather_object(loaded, loads, dst=0)
         if rank == 0:  # a file, not a queue: shared-memory tensors die with this process
-            torch.save({"logprobs": logprobs, "stats": stats.as_dict(), "step_s": times, "actor": full,
-                     "micro_batches": len(rt.plan(job["batch"]))}, out)
+            torch.save({"logprobs": logprobs, "stats": stats and stats.as_dict(), "step_s": times,
+                        "actor": full["actor"], "critic": full.get("critic"), "loaded": loads,
+                        "micro_batches": len(rt.plan(job["batch"]))}, out)
     finally:
         teardown()
 
@@ -122,12 +129,14 @@ def _activations_file(out: str, rank: int) -> str:
 def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk_id: int | None = None,
                     steps: int = 1, temperature: float = 1.0, timeout_s: float = 600.0,
                     shards_to: str | None = None, behaviour: str = "snapshot", own_shard: bool = False,
-                    activations: bool = False) -> dict:
+                    activations: bool = False, load_from: dict[str, str] | None = None) -> dict:
     """Spawn ``layout.world_size`` local ranks, take ``steps`` steps on ``batch``; rank 0's results.
 
     Returns ``logprobs`` (full ``[B, T]`` before the step), ``stats`` (StepStats of the last step),
-    ``step_s`` (seconds per step) and ``actor`` (the full actor state after the steps). With
-    ``shards_to`` the ranks also save the actor sharded there (step = ``steps``). ``behaviour``:
+    ``step_s`` (seconds per step), ``actor`` and ``critic`` (the full states after the steps). With
+    ``shards_to`` the ranks also save both roles by shard there (step = ``steps``); ``load_from``
+    ({role: step directory}): each rank loads its shard from that checkpoint before the steps
+    (``RankTrainer.load_role``; ``loaded``: each rank's "own shard" / "re-sharded"). ``behaviour``:
     as ``RankTrainer.train_step``'s ("rollout": the fully async behaviour policy). ``own_shard``:
     each rank's batch carries routing rows only for its own data-parallel rows (:func:`own_shard_only`).
     ``activations``: also ``activation_peak_bytes``, every rank's peak of the bytes autograd saves for
@@ -141,7 +150,8 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
     guards = GuardsConfig(field=FieldGuardsConfig(group_init_timeout_s=60.0))
     job = {"layout": layout, "batch": batch, "spec": spec, "settings": settings, "seed": seed,
            "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to,
-           "behaviour": behaviour, "own_shard": own_shard, "guards": guards, "activations": activations}
+           "behaviour": behaviour, "own_shard": own_shard, "guards": guards, "activations": activations,
+           "load_from": load_from}
     init_method = plan_rendezvous("127.0.0.1", guards.field)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     procs = [ctx.Process(target=_one_step, args=(r, layout.world_size, init_method, job, out), daemon=True)

@@ -8,10 +8,12 @@ from pathlib import Path
 NAME = "export"
 HELP = "export an actor checkpoint in Hugging Face layout (config.json + safetensors + tokenizer)"
 DESCRIPTION = (
-    "Reads CHECKPOINT_DIR (a t1ops actor step directory: weights.pt + manifest.json, verified), "
-    "finds the model shape in the run's config.json (or --config), and writes OUT_DIR in the layout "
-    "transformers' AutoModelForCausalLM.from_pretrained and SGLang's --model-path load. A critic "
-    "checkpoint is refused. See docs/weights.md."
+    "Reads CHECKPOINT_DIR (a t1ops actor step directory, verified: weights.pt + manifest.json, or one "
+    "file per trainer rank + manifest.json), finds the model shape in the run's config.json (or "
+    "--config), and writes OUT_DIR in the layout transformers' AutoModelForCausalLM.from_pretrained and "
+    "SGLang's --model-path load, streaming: each tensor is assembled from the shards and written in "
+    "turn, so the export holds about one tensor, not the model. A critic checkpoint is refused. See "
+    "docs/weights.md."
 )
 
 

@@ -111,7 +111,9 @@ def read_manifest(step_dir: str | Path) -> dict:
         raise CheckpointError(f"checkpoint manifest {path} is corrupt ({type(err).__name__}: {err}); the "
                               "directory was left as is: restore it or resume from an earlier step",
                               path=str(path)) from None
-    missing = {"role", "step", "tensors", "file_sha256"} - set(manifest) if isinstance(manifest, dict) else {"*"}
+    sharded = isinstance(manifest, dict) and "shards" in manifest  # t1ops.guards.sharded_checkpoints
+    required = {"role", "step", "tensors"} | ({"layout", "shards"} if sharded else {"file_sha256"})
+    missing = required - set(manifest) if isinstance(manifest, dict) else {"*"}
     if missing:
         raise CheckpointError(f"checkpoint manifest {path} lacks {sorted(missing)}; the directory was "
                               "left as is", path=str(path))
@@ -132,9 +134,13 @@ def _check_manifest_types(manifest: dict, path: Path) -> None:
     m = _STEP_RE.match(path.parent.name)
     if m and int(m.group(1)) != step:
         raise bad("step", f"{int(m.group(1))} (the directory's step; was it copied from another step?)")
-    for field in ("role", "file_sha256"):
+    for field in ("role",) if "shards" in manifest else ("role", "file_sha256"):
         if not isinstance(manifest[field], str):
             raise bad(field, "a string")
+    if "shards" in manifest:  # per-rank files: their checksums are checked when read (CheckpointReader)
+        if not isinstance(manifest["shards"], list) or not all(isinstance(e, dict) for e in manifest["shards"]):
+            raise bad("shards", "a list of {rank, file, sha256}")
+        return
     tensors = manifest["tensors"]
     if not isinstance(tensors, dict):
         raise bad("tensors", "an object of {name: {shape, dtype, sha256}}")
@@ -237,6 +243,10 @@ def load_checkpoint(step_dir: str | Path, role: str) -> tuple[dict[str, torch.Te
             f"checkpoint {step_dir} holds the {manifest['role']}'s weights, not the {role}'s; load the "
             f"sibling directory ({step_dir.parent.parent / role}) instead",
             role=role, found_role=manifest["role"], path=str(step_dir))
+    if "shards" in manifest:
+        raise CheckpointError(f"checkpoint {step_dir} was saved by shard ({len(manifest['shards'])} ranks); read it with "
+                              "t1ops.guards.sharded_checkpoints.load_role (any format) or CheckpointReader",
+                              path=str(step_dir))
     weights = step_dir / WEIGHTS_FILE
     if not weights.is_file() or file_sha256(weights) != manifest["file_sha256"]:
         telemetry.event("checkpoint.refused", severity="error", reason="checksum", path=str(step_dir))

@@ -9,7 +9,9 @@ tell was dmesg. This module:
 - :class:`HostMemoryMonitor` samples host (psutil) and cgroup (v1 or v2)
   available memory, warning at ``GuardsConfig.host_ram_warn_fraction``;
 - :func:`project_host_memory` / :func:`check_projection` project what a plan
-  needs on one host (offloaded Adam of actor + critic, sandboxes x concurrency);
+  needs on one host (offloaded Adam of actor + critic, sandboxes x concurrency, and the trainer's
+  own copies: the weight sync's full actor on rank 0 and the checkpoint save, docs/weights.md
+  "Host memory of sync and checkpoints");
 - :class:`OomWatch` explains a death after the fact: SIGKILL exit (-9 / 137)
   plus the cgroup ``oom_kill`` counter and kernel log lines ->
   :class:`HostOOMKilled` "killed by the OS OOM killer" with the numbers.
@@ -36,6 +38,9 @@ CATCHES = {
 }
 
 RUNBOOK = "runbooks/host-oom-kill.md"
+TRAINER_WEIGHT_BYTES = 4  # the trainer's weights are fp32
+# rank 0 at the weight sync's gather: two kept versions, every rank's received piece, the one assembled
+SYNC_GATHER_COPIES = 4
 GIB = 1024 ** 3
 #: cgroup v1 reports "no limit" as a page-rounded 2**63 - 1.
 _V1_UNLIMITED = 2 ** 62
@@ -172,28 +177,39 @@ class HostMemoryProjection:
     adam_bytes: float
     sandbox_bytes: float
     baseline_bytes: float
+    weight_sync_bytes: float = 0.0  # rank 0's full actor versions for the weight sync (the gather is still there)
+    checkpoint_bytes: float = 0.0   # what a save copies (a world of 1: the critic's clone; by shard: nothing)
 
     @property
     def total_bytes(self) -> float:
-        return self.adam_bytes + self.sandbox_bytes + self.baseline_bytes
+        return (self.adam_bytes + self.sandbox_bytes + self.baseline_bytes + self.weight_sync_bytes
+                + self.checkpoint_bytes)
 
     def describe(self) -> str:
         return (f"{fmt_bytes(self.total_bytes)} = offloaded Adam {fmt_bytes(self.adam_bytes)} + sandboxes "
-                f"{fmt_bytes(self.sandbox_bytes)} + baseline {fmt_bytes(self.baseline_bytes)}")
+                f"{fmt_bytes(self.sandbox_bytes)} + baseline {fmt_bytes(self.baseline_bytes)} + weight-sync "
+                f"gather {fmt_bytes(self.weight_sync_bytes)} + checkpoint save {fmt_bytes(self.checkpoint_bytes)}")
 
 
 def project_host_memory(actor_params: float, critic_params: float, *, num_hosts: int = 1,
                         offload_optimizer: bool = True, sandbox_concurrency: int = 0,
-                        guards: GuardsConfig | None = None, baseline_bytes: float = 0.0) -> HostMemoryProjection:
+                        guards: GuardsConfig | None = None, baseline_bytes: float = 0.0,
+                        world_size: int = 1, full_actor_params: float | None = None) -> HostMemoryProjection:
     """Host RAM one host needs: CPU-offloaded fp32 Adam of actor + critic, sharded over
-    ``num_hosts`` (distributed optimizer), plus ``sandbox_concurrency`` sandboxes on this host."""
+    ``num_hosts`` (distributed optimizer), plus ``sandbox_concurrency`` sandboxes on this host, plus
+    the trainer's copies on rank 0's host: the weight sync's full fp32 actor (``full_actor_params``,
+    default ``actor_params``), 2 versions kept in a world of 1 (the published snapshots), 4 in a larger
+    world at the gather (:data:`SYNC_GATHER_COPIES`), and a world of 1's critic clone at a save."""
     g = guards or GuardsConfig()
     if actor_params < 0 or critic_params < 0 or num_hosts < 1 or sandbox_concurrency < 0:
         raise InputError(f"project_host_memory(actor_params={actor_params}, critic_params={critic_params}, "
                          f"num_hosts={num_hosts}, sandbox_concurrency={sandbox_concurrency}): counts must be "
                          ">= 0 and num_hosts >= 1", num_hosts=num_hosts)
     adam = (actor_params + critic_params) * g.adam_host_bytes_per_param / num_hosts if offload_optimizer else 0.0
-    return HostMemoryProjection(adam, sandbox_concurrency * g.sandbox_host_gib * GIB, baseline_bytes)
+    full = actor_params if full_actor_params is None else full_actor_params
+    sync = (2 if world_size == 1 else SYNC_GATHER_COPIES) * full * TRAINER_WEIGHT_BYTES
+    checkpoint = critic_params * TRAINER_WEIGHT_BYTES if world_size == 1 else 0.0
+    return HostMemoryProjection(adam, sandbox_concurrency * g.sandbox_host_gib * GIB, baseline_bytes, sync, checkpoint)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from t1ops.preflight import calibration as cal
-from t1ops.preflight.host import host_ram_terms_gib
+from t1ops.preflight.host import TRAINER_TERMS, host_ram_terms_gib
 from t1ops.preflight.memory import MemoryEstimate, estimate
 from t1ops.preflight.params import gpu_params, layer_params, total_expert_params
 from t1ops.preflight.plan import Plan
@@ -176,10 +176,13 @@ def check_host_ram(plan: Plan, est: MemoryEstimate) -> list[Finding]:
     detail = " + ".join(f"{k} {v:.0f}" for k, v in terms.items())
     if total <= ram * cal.HOST_RAM_SAFE_FRACTION:
         return [Finding("host-ram", "info", f"host RAM per train node {total:.0f} of {ram:g} GiB ({detail})")]
+    top = max(terms, key=terms.get)
+    why = f" ({TRAINER_TERMS[top]})" if top in TRAINER_TERMS else ""
     return [Finding("host-ram", "error",
                     f"host RAM per train node {total:.0f} GiB ({detail}) is {total / ram:.0%} of {ram:g} GiB, above "
                     f"{cal.HOST_RAM_SAFE_FRACTION:.0%}: the OS OOM killer will take the trainer (no CUDA error; look in "
-                    "dmesg). Move sandbox workers to rollout nodes or offload less optimizer state (report 09)")]
+                    f"dmesg). The largest term is {top} ({terms[top]:.0f} GiB){why}. Move sandbox workers to rollout "
+                    "nodes or offload less optimizer state (report 09)")]
 
 
 def check_routing_record(plan: Plan, est: MemoryEstimate) -> list[Finding]:

@@ -1,19 +1,39 @@
-"""Host-RAM projection for one train node (report 09: the OS OOM kill).
+"""Host-RAM projection for one train node (report 09: the OS OOM kill), and t1ops' own gathers.
 
 With PPO's forced offload the idle role's state lives in host RAM, and with
 optimizer CPU offload so does the fp32 Adam state of *both* models; sandbox
 workers placed on a train node stack on top. The report's trainer died this
 way with the GPUs at 38-44 of 95 GB and no CUDA error: only dmesg told.
+
+t1ops' trainer adds two terms of its own (:data:`TRAINER_TERMS`; docs/weights.md, "Host memory
+of sync and checkpoints"), counted on the node of trainer rank 0, the worst node:
+
+- ``weight_sync_gather``: rank 0 still gathers the full actor every step for the engines' weight
+  sync and keeps two versions (the delta sync's base and the new one); at the gather it holds the
+  two kept versions, every rank's received piece and the one being assembled: 4 x the actor's bytes,
+  in one process;
+- ``checkpoint_save``: at ``save_every`` each rank writes its own shard of both roles and its own
+  optimizer and RNG state (checkpoints by shard, ``t1ops.guards.sharded_checkpoints``), nothing
+  gathered; ``torch.save`` copies a device tensor to host one storage at a time, so per process
+  about its largest tensor (the embedding's shard, in fp32 optimizer state).
 """
 from __future__ import annotations
 
 from t1ops.preflight import calibration as cal
-from t1ops.preflight.params import gpu_params
+from t1ops.preflight.params import gpu_params, layer_params, total_params
 from t1ops.preflight.plan import Plan
+
+# The terms t1ops' trainer adds to the report's (the report's own trainer gathered neither).
+TRAINER_TERMS = {
+    "weight_sync_gather": "rank 0 gathers the full actor every step for the engines' weight sync and keeps two "
+                          "versions (4 x the actor's bytes in one process at the gather; docs/weights.md)",
+    "checkpoint_save": "each rank writes its own shard, one tensor at a time on its way to disk",
+}
+SYNC_GATHER_COPIES = 4  # two kept versions + every rank's received piece + the one being assembled
 
 
 def host_ram_terms_gib(plan: Plan) -> dict[str, float]:
-    """GiB of host RAM per train node, by term, at the rollout -> train handoff."""
+    """GiB of host RAM per train node, by term, at the rollout -> train handoff (rank 0's node)."""
     par, prec, hw = plan.parallelism, plan.precision, plan.hardware
     gpus = min(par.gpus_per_node, par.train_gpus)
     p = gpu_params(plan, par.pp - 1, "actor")  # the largest stage stands for every GPU
@@ -22,9 +42,12 @@ def host_ram_terms_gib(plan: Plan) -> dict[str, float]:
     num_roles = 2 if plan.roles.critic else 1
     idle_backup = ((p.expert + p.dense) * prec.param_bytes + opt_bytes * (1 - prec.optimizer_offload_fraction)
                    if plan.roles.critic else 0.0)
+    largest = layer_params(plan.model).embedding / par.tp * max(prec.param_bytes, 4)  # fp32 optimizer state
     return {
         "offloaded_optimizer": gpus * num_roles * opt_bytes * prec.optimizer_offload_fraction / cal.GIB,
         "idle_role_backup": gpus * idle_backup / cal.GIB,
         "sandbox_workers": hw.sandbox_workers_per_train_node * hw.sandbox_worker_gib,
         "base": hw.host_base_gib,
+        "weight_sync_gather": SYNC_GATHER_COPIES * total_params(plan.model) * prec.param_bytes / cal.GIB,
+        "checkpoint_save": gpus * largest / cal.GIB,
     }

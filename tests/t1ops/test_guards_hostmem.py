@@ -73,7 +73,10 @@ def test_projection_of_the_reports_plan():
     p = hostmem.project_host_memory(122e9, 122e9, num_hosts=16, sandbox_concurrency=260, guards=g)
     assert p.adam_bytes == pytest.approx(2 * 122e9 * 12 / 16)
     assert p.sandbox_bytes == 260 * 2 * hostmem.GIB
-    assert p.total_bytes == pytest.approx(p.adam_bytes + p.sandbox_bytes)
+    # t1ops' trainer adds its own copies (docs/weights.md, "Host memory of sync and checkpoints"): a world of 1
+    # keeps two fp32 versions of the actor for the weight sync and clones the critic to save it
+    assert p.weight_sync_bytes == 2 * 122e9 * 4 and p.checkpoint_bytes == 122e9 * 4
+    assert p.total_bytes == pytest.approx(p.adam_bytes + p.sandbox_bytes + p.weight_sync_bytes + p.checkpoint_bytes)
     assert hostmem.project_host_memory(1e9, 1e9, offload_optimizer=False).adam_bytes == 0
     with pytest.raises(InputError, match="num_hosts"):
         hostmem.project_host_memory(1e9, 1e9, num_hosts=0)
@@ -151,3 +154,12 @@ def test_unreadable_exit_status_still_attributed_by_evidence(tmp_path):
 def test_doctor_shows_host_and_cgroup_memory():
     c = hostmem.host_memory_cgroup()
     assert c.name == "host_memory_cgroup" and "host available" in c.detail and "effective available" in c.detail
+
+
+def test_projection_counts_rank_zeros_weight_sync_gather_and_no_checkpoint_gather():
+    """A multi-rank trainer: rank 0 still gathers the full actor for the weight sync (4 fp32 copies at the
+    gather), its checkpoints are by shard (nothing copied); the warning names the gather with its bytes."""
+    p = hostmem.project_host_memory(1e9, 1e9, world_size=4, full_actor_params=3e9, offload_optimizer=False)
+    assert p.weight_sync_bytes == 4 * 3e9 * 4 and p.checkpoint_bytes == 0
+    verdict = hostmem.check_projection(p, 40 * hostmem.GIB)
+    assert not verdict.fits and "weight-sync gather 44.7 GiB" in verdict.message

@@ -16,7 +16,7 @@ import pytest
 
 from t1ops.preflight import calibration as cal
 from t1ops.preflight import check_plan, load_plan
-from t1ops.preflight.host import host_ram_terms_gib
+from t1ops.preflight.host import TRAINER_TERMS, host_ram_terms_gib
 from t1ops.preflight.memory import (estimate, gdn_activation_bytes, logits_buffer_bytes, phases,
                                     routing_record_bytes, stage_memory)
 from t1ops.preflight.params import layer_params, total_params
@@ -49,7 +49,10 @@ def host_used_fraction() -> float:
     p = p.model_copy(update={
         "precision": p.precision.model_copy(update={"optimizer_offload_fraction": 1.0}),
         "hardware": p.hardware.model_copy(update={"sandbox_workers_per_train_node": 260})})
-    return sum(host_ram_terms_gib(p).values()) / p.hardware.host_ram_gib
+    # the report's trainer gathered neither for its weight sync nor for its checkpoints: t1ops' own terms are
+    # not part of the report's figure (test_a_plan_whose_gather_does_not_fit_is_refused_naming_it counts them)
+    terms = {k: v for k, v in host_ram_terms_gib(p).items() if k not in TRAINER_TERMS}
+    return sum(terms.values()) / p.hardware.host_ram_gib
 
 
 GDN_TEST_TOKENS = round(10.57 * GIB / cal.GDN_ACTIVATION_BYTES_PER_TOKEN)  # not published: inferred, 33,587
@@ -151,3 +154,18 @@ def test_changing_only_cp_moves_cp2_plan_to_cp4_numbers():
 def test_calibration_constants_sit_inside_the_crash_bounds():
     # PyTorch held 90.56 GiB, so reserve <= 95 - 90.56; the 632 MiB request failed, so reserve >= that minus 0.617.
     assert (95 - 90.56 - 632 / 1024) * GIB <= cal.ALLOCATOR_RESERVE_BYTES <= (95 - 90.56) * GIB
+
+
+def test_a_plan_whose_gather_does_not_fit_is_refused_naming_it():
+    """t1ops' trainer rank 0 gathers the full actor for the weight sync (two versions kept): 4 x 244 GB of
+    bf16 at 122B on one process. On a 1,200 GiB node the 128-GPU plan that fits at 2,265 GiB is refused,
+    the finding naming that term; the checkpoint is saved by shard (one tensor per process on its way out)."""
+    p = plan("128gpu-cp4")
+    terms = host_ram_terms_gib(p)
+    actor_gib = total_params(p.model) * p.precision.param_bytes / GIB
+    assert terms["weight_sync_gather"] == pytest.approx(4 * actor_gib) and terms["checkpoint_save"] < actor_gib / 10
+    small = p.model_copy(update={"hardware": p.hardware.model_copy(update={"host_ram_gib": 1200.0})})
+    report = check_plan(small)
+    ram = [f for f in report.findings if f.id == "host-ram"][0]
+    assert report.verdict == "refuse" and ram.severity == "error"
+    assert "largest term is weight_sync_gather" in ram.message and "weight sync" in ram.message

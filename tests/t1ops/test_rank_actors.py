@@ -1,18 +1,8 @@
-"""Rank-actor helpers that need no Ray: retention of sharded steps, rank 0's answer with every rank's timing."""
-from t1ops.campaign.trainer_host import _prune
+"""Rank-actor helpers that need no Ray: rank 0's answer with every rank's timing; two rank hosts that
+save by shard and resume their own shard."""
 from t1ops.campaign.rank_combine import Combiner
 
 _combine = Combiner().combine  # the combiner actor's method, called in process
-from t1ops.campaign.retention import Retention
-
-
-def test_retention_prunes_sharded_steps(tmp_path):
-    role_dir = tmp_path / "critic-shards"
-    for step in (0, 4, 8, 12):
-        (role_dir / f"step_{step:08d}").mkdir(parents=True)
-    keep = Retention(tmp_path, needs_critic=True, keep_last=2).keep
-    assert _prune(role_dir, keep) == ["critic-shards/step_00000000", "critic-shards/step_00000004"]
-    assert sorted(p.name for p in role_dir.iterdir()) == ["step_00000008", "step_00000012"]
 
 
 def test_train_answer_is_rank_zeros_with_every_ranks_timing():
@@ -55,7 +45,7 @@ def _rank_host(rank: int, init_method: str, run_dir: str, vocab_path: str, examp
     restored = (len(state["ranks"]) == 2 and want.keys() == got.keys()
                 and all(torch.equal(want[k]["exp_avg"], got[k]["exp_avg"]) for k in want)
                 and all(torch.equal(v, host.trainer.actor.state_dict()[k]) for k, v in saved.items()))
-    out.put((rank, losses, paths, report, restored, loaded["next_step"]))
+    out.put((rank, losses, paths, report, restored, loaded["next_step"], loaded["loaded"]))
 
 
 def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
@@ -66,7 +56,7 @@ def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
     from rl.chat import ChatRenderer
     from t1ops.campaign.launch import build_vocab, warm_start_examples
     from t1ops.guards.rendezvous import plan_rendezvous
-    from t1ops.guards.sharded_checkpoints import load_full, shard_dir
+    from t1ops.guards.sharded_checkpoints import load_role, shard_dir
 
     tasks = load_pool(str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "tasks"))
     vocab = build_vocab(tasks, ChatRenderer.default(), 248_320, multiple=2)
@@ -88,9 +78,16 @@ def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
     assert got[0][1][1].endswith("step_00000001") and got[1][1] == [None, None]  # rank 0 publishes
     assert got[0][2].checkpoints_deleted >= 1  # keep_last = 1 pruned step 0 (full and sharded)
     assert got[0][2].resume_point == 1  # every rank's optimizer state is in trainer_state/step_1
-    assert got[0][3:] == [True, 2] and got[1][3:] == [True, 2]  # each rank resumed its own state
-    full, manifest = load_full(shard_dir(tmp_path / "checkpoints", "critic", 1), "critic")
-    assert len(manifest["shards"]) == 2 and not shard_dir(tmp_path / "checkpoints", "critic", 0).exists()
+    own = {"actor": "own shard", "critic": "own shard"}  # same layout: each rank read only its own file
+    assert got[0][3:] == [True, 2, own] and got[1][3:] == [True, 2, own]  # each rank resumed its own state
+    for role in ("actor", "critic"):  # saved by shard in the role's directory: no gathered weights.pt
+        step_dir = shard_dir(tmp_path / "checkpoints", role, 1)
+        full, manifest = load_role(step_dir, role)
+        assert len(manifest["shards"]) == 2 and not (step_dir / "weights.pt").exists()
+        assert manifest["layout"]["dp"] == 2 and not shard_dir(tmp_path / "checkpoints", role, 0).exists()
+    state_dir = tmp_path / "checkpoints" / "trainer_state" / "step_00000001"  # optimizer + RNG: a file per rank
+    ranks = __import__("json").loads((state_dir / "manifest.json").read_text())["ranks"]
+    assert [e["rank"] for e in ranks] == [0, 1] and all((state_dir / e["file"]).is_file() for e in ranks)
 
 
 def test_a_skipped_step_combines_to_no_rank_info():

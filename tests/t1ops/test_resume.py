@@ -207,3 +207,23 @@ def test_a_key_added_to_the_schema_after_the_run_counts_as_its_default():
     cfg["trainer"]["mini_batches"] = 2
     with pytest.raises(ConfigError, match="trainer.mini_batches"):
         check_same_campaign(old, cfg)
+
+
+def test_trainer_state_by_rank_reads_only_its_own_file_and_verifies_every_one(tmp_path):
+    """A multi-rank trainer writes each rank's optimizer and RNG state in its own file (nothing gathered);
+    rank 0 moves them into the step; a rank reads back only its own; a corrupt rank file is refused."""
+    from t1ops.campaign.resume import save_rank_state
+
+    class Rank:
+        actor_optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+        critic_optimizer = None
+
+    entries = [save_rank_state(tmp_path, 2, r, Rank) for r in (0, 1)]
+    save_trainer_state(tmp_path, 2, {"step": 2, "next_step": 3, "ranks": None}, entries)
+    mine = load_trainer_state(tmp_path, 2, rank=1)
+    assert mine["ranks"][0] is None and mine["ranks"][1]["actor_optimizer"]["param_groups"][0]["lr"] == 0.1
+    assert not (tmp_path / "trainer_state" / ".partial-ranks" / entries[0]["file"]).exists()  # moved in
+    rank_file = tmp_path / "trainer_state" / "step_00000002" / entries[0]["file"]
+    rank_file.write_bytes(rank_file.read_bytes()[:-3])
+    with pytest.raises(CheckpointError, match="differs from its manifest"):
+        load_trainer_state(tmp_path, 2, rank=1)  # every rank's file is verified, not only the one read

@@ -17,8 +17,10 @@ from rl.trainer.forward import actor_logprobs
 from rl.trainer.ranks import Layout
 from rl.trainer.shard import Placement
 from t1ops.campaign.trainer_rank import run_local_ranks
+from rl.hf.checkpoint import export_hf
 from t1ops.errors import CheckpointError, CheckpointRoleError
-from t1ops.guards.sharded_checkpoints import load_full, shard_dir, write_manifest, write_shard
+from t1ops.guards.checkpoints import save_checkpoint
+from t1ops.guards.sharded_checkpoints import CheckpointReader, commit, load_role, shard_dir, write_shard
 
 SPEC = rmodel.ModelSpec(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, num_experts=4,
                         moe_router_topk=2, moe_ffn_hidden_size=32, max_seq_len=64, vocab_size=64)
@@ -64,7 +66,7 @@ def test_layout_matches_one_rank(reference, layout, tmp_path):
 
     # the ranks' sharded checkpoint (one file per rank, one manifest) reassembles into the same weights,
     # and loads at another layout: here a world of 1
-    full, manifest = load_full(shard_dir(tmp_path, "actor", 1), "actor")
+    full, manifest = load_role(shard_dir(tmp_path, "actor", 1), "actor")
     assert len(manifest["shards"]) == layout.world_size
     assert all(torch.equal(full[k], got["actor"][k]) for k in ref_actor)
     one_rank = rmodel.build_policy(SPEC, seed=0)
@@ -74,20 +76,54 @@ def test_layout_matches_one_rank(reference, layout, tmp_path):
 def test_sharded_checkpoint_refuses_corruption_and_the_other_role(tmp_path):
     policy = rmodel.build_policy(SPEC, seed=0)
     where = {n: Placement(n, None) for n in rmodel.weights_state_dict(policy)}
-    entry = write_shard(tmp_path, "actor", 3, 0, where, rmodel.weights_state_dict(policy))
     step_dir = shard_dir(tmp_path, "actor", 3)
-    with pytest.raises(CheckpointError, match="interrupted"):
-        load_full(step_dir, "actor")  # no manifest yet: never loads
-    write_manifest(tmp_path, "actor", 3, {"dp": 1}, [entry])
-    assert set(load_full(step_dir, "actor")[0]) == set(where)
+    partial = step_dir.with_name(".partial-" + step_dir.name)
+    entry = write_shard(partial, 0, where, rmodel.weights_state_dict(policy))
+    assert not step_dir.exists()  # not committed: a resume never sees the step
+    commit(partial, step_dir, "actor", 3, {"dp": 1}, [entry])
+    assert set(load_role(step_dir, "actor")[0]) == set(where) and not partial.exists()
     with pytest.raises(CheckpointRoleError):
-        load_full(step_dir, "critic")
+        load_role(step_dir, "critic")
+    with pytest.raises(CheckpointError, match="saved by shard"):  # the whole-file loader names the reader
+        __import__("t1ops.guards.checkpoints", fromlist=["x"]).load_checkpoint(step_dir, "actor")
     shard = step_dir / entry["file"]
     data = bytearray(shard.read_bytes())
     data[-10] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="checksum"):
-        load_full(step_dir, "actor")
+        load_role(step_dir, "actor")
+
+
+def test_checkpoint_by_shard_resumes_own_file_or_reshards(reference, tmp_path):
+    """Saved by shard at TP = 2 + EP = 2 (no gather: each rank its own file, the manifest says who holds
+    which slice); loaded at the same layout each rank reads its own file, at DP = 2 and at 1 rank each
+    re-shards tensor by tensor; every load equals the saved weights bit for bit, both roles."""
+    batch = reference[0]
+    tp_ep = Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP)
+    saved = run_local_ranks(tp_ep, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE, shards_to=str(tmp_path))
+    dirs = {role: str(shard_dir(tmp_path, role, 1)) for role in ("actor", "critic")}
+    tensors = CheckpointReader(dirs["actor"], "actor").manifest["tensors"]
+    split = [n for n, m in tensors.items() if m["pieces"][0]["dim"] is not None]
+    experts = {p["rank"] for n, m in tensors.items() if ".experts." in n for p in m["pieces"]}
+    assert split and all(len(tensors[n]["pieces"]) == 2 for n in split) and experts == {0, 1}
+    for layout, how in ((tp_ep, "own shard"), (Layout(dp=2, max_tokens_per_gpu=CAP), "re-sharded")):
+        got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=3, temperature=TEMPERATURE, steps=0,
+                              load_from=dirs)
+        assert got["loaded"] == [{"actor": how, "critic": how}] * 2
+        for role in ("actor", "critic"):
+            assert all(torch.equal(got[role][k], v) for k, v in saved[role].items()), (layout, role)
+    # the streaming HF export of the TP = 2 + EP = 2 shards equals the export of the same weights saved whole
+    from safetensors.torch import load_file
+
+    one_dir = save_checkpoint(tmp_path / "one" / "actor", "actor", 1, saved["actor"])
+    for name, source in (("shards", dirs["actor"]), ("whole", one_dir)):
+        export_hf(CheckpointReader(source, "actor"), SPEC, tmp_path / name, tokenizer=False)
+    a, b = (load_file(tmp_path / name / "model.safetensors") for name in ("shards", "whole"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    one = Trainer(SPEC, SETTINGS, seed=3, temperature=TEMPERATURE)
+    for role, model in (("actor", one.actor), ("critic", one.critic)):
+        assert one.load_role(role, CheckpointReader(dirs[role], role)) == "re-sharded"
+        assert all(torch.equal(rmodel.weights_state_dict(model)[k], v) for k, v in saved[role].items())
 
 
 def test_dp2_fully_async_behaviour_matches_one_rank():
