@@ -75,8 +75,8 @@ class Summary:
         self.save()
         if self.tracker is not None:
             self.tracker.eval(row)
-        if self.steps and row["step"] % REPORT_EVERY == 0:  # the step rows' cadence, not one per evaluation:
-            self.refresh_report(row["step"])                # a draw costs ~2.4 CPU-s (docs/testing.md)
+        if self.steps:
+            self.refresh_report(self.steps[-1]["step"])
 
     def save(self) -> Path:
         path = self.run_dir / "summary.json"
@@ -109,7 +109,7 @@ _CURVES = (("reward_mean", "mean reward (CTRF, passed/S)"), ("explained_variance
            ("clip_fraction", "clip fraction (PPO) / TV-masked share (DPPO)"), ("entropy", "policy entropy (nats/token)"),
            ("actor_grad_norm", "actor grad norm (before clipping)"),
            ("kl_behaviour", "KL to the behaviour policy (k3, last epoch)"))
-REPORT_EVERY = 5  # steps between report.png refreshes during a run (and at an evaluation of such a step)
+REPORT_EVERY = 5  # steps between report.png refreshes during a run (and at every evaluation)
 SPLIT_TITLE = "where trial time goes (share of trial-seconds)"
 
 

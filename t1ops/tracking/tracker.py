@@ -99,8 +99,8 @@ class Tracker:
             self._each(lambda s: s.flush())
 
     def report(self, path: Path, step: int) -> None:
-        """The run's report.png at ``step``: refreshed during the run (every few steps,
-        ``t1ops.campaign.summary.REPORT_EVERY``, again once that step's evaluation lands) and at its last step."""
+        """The run's report.png at ``step``: refreshed during the run (every few steps and at each
+        evaluation, ``t1ops.campaign.summary.REPORT_EVERY``) and at its last step."""
         with self._lock, self._guard():
             self._each(lambda s: s.image(step, REPORT_TAG, Path(path)))
 
