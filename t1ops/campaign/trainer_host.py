@@ -64,7 +64,7 @@ from t1ops.guards import dist as dist_guard
 from t1ops.guards.checkpoints import CheckpointManager, list_steps, step_dir_name
 from t1ops.guards.rank_watch import ProgressBeacon, collective_watch
 from t1ops.guards.rendezvous import plan_rendezvous
-from t1ops.guards.sharded_checkpoints import CheckpointReader, save_sharded
+from t1ops.guards.sharded_checkpoints import CheckpointReader, load_into, save_sharded
 from t1ops.guards.step_once import StepLedger
 from t1ops.guards.watchdog import install_stack_dump
 
@@ -373,11 +373,8 @@ class TrainerHost(WeightSender, WeightPush):
         count; the actor of ``step`` is the behaviour snapshot of the next batch. Returns what was loaded."""
         roles = ("actor", "critic") if self.trainer.critic is not None else ("actor",)
         state = load_trainer_state(self.retention.base, step, rank=self.rank)  # this rank's file only
-        how = {}
-        for role in roles:
-            reader = CheckpointReader(self.ckpt.dir_for(role) / step_dir_name(step), role)
-            how[role] = self.trainer.load_role(role, reader, reader.own(self.rank))
-            del reader  # its memory maps close with it
+        how = {role: load_into(self.trainer, role, self.ckpt.dir_for(role) / step_dir_name(step), self.rank)
+               for role in roles}
         self.trainer.step = int(state["step"])
         load_rank_state(self.trainer, state, rank=self.rank, world_size=self.world_size)
         self.published = {step: self.trainer.snapshot_behaviour()}

@@ -36,7 +36,7 @@ from t1ops.config import GuardsConfig
 from t1ops.guards import dist as dist_guard
 from t1ops.guards.field_config import FieldGuardsConfig
 from t1ops.guards.rendezvous import plan_rendezvous
-from t1ops.guards.sharded_checkpoints import CheckpointReader, save_sharded
+from t1ops.guards.sharded_checkpoints import load_into, save_sharded
 from t1ops.preflight.calibration import (
     ACTIVATION_CAP_TOKENS,
     ACTIVATION_LONG_TOKENS,
@@ -93,9 +93,7 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
     try:
         rt = RankTrainer(job["spec"], job["settings"], layout, full_actor=actor, full_critic=critic,
                          unk_id=job["unk_id"], seed=job["seed"], temperature=job["temperature"])
-        loaded = {role: rt.load_role(role, reader, reader.own(rank))
-                  for role, path in (job.get("load_from") or {}).items()
-                  for reader in [CheckpointReader(path, role)]}
+        loaded = {role: load_into(rt, role, path, rank) for role, path in (job.get("load_from") or {}).items()}
         if job.get("own_shard"):
             job["batch"] = own_shard_only(job["batch"], layout.dp, rt.dp_rank)
         logprobs = rt.logprobs(job["batch"])

@@ -184,6 +184,14 @@ class CheckpointReader(Mapping):
             blob["state"]
 
 
+def load_into(trainer, role: str, step_dir: str | Path, rank: int) -> str:
+    """``role`` of the checkpoint in ``step_dir`` into ``trainer`` (a ``RankTrainer``) on ``rank``: its own
+    file when the checkpoint was saved at this layout, else its pieces re-sharded tensor by tensor (the
+    counterpart of :func:`save_sharded`). Returns which ("own shard" / "re-sharded")."""
+    reader = CheckpointReader(step_dir, role)
+    return trainer.load_role(role, reader, reader.own(rank))  # the reader's memory maps close with it
+
+
 def load_role(step_dir: str | Path, role: str) -> tuple[dict[str, torch.Tensor], dict]:
     """The full state of ``role`` from either format, every checksum verified (one process holds it all:
     for tools and 1-rank loads; ranks use :class:`CheckpointReader` and ``RankTrainer.load_role``)."""
