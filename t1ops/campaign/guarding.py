@@ -61,7 +61,8 @@ class CampaignGuards:
         self.trainer_pid = pid
         self.watchdog = Watchdog.from_config(self.cfg.guards, [TRAINER_RANK],
                                              dump_stacks=signal_stack_dumper({TRAINER_RANK: pid},
-                                                                             {TRAINER_RANK: stack_path}))
+                                                                             {TRAINER_RANK: stack_path}),
+                                             unit="train step")  # one report per step: no micro-batch beacons
 
     def attach_ranks(self, rank_watch) -> None:
         """Watch every trainer rank (beacons per micro-batch; all ranks' stacks on a hang)."""
@@ -94,12 +95,14 @@ class CampaignGuards:
         if self.rank_watch is not None:
             self.rank_watch.expect_work()
         if self.watchdog is not None:
-            self.watchdog.report(TRAINER_RANK, 2 * step - 1)
+            # not a report: the rollout and sync before it are no training interval (counted as one,
+            # they set the bound before the first, cold train step had run; CI saw a false hang)
+            self.watchdog.restart_clock(TRAINER_RANK)
 
     def wait_train(self, ref, step: int):
         stats = self.wait(ref, "train")
         if self.watchdog is not None:
-            self.watchdog.report(TRAINER_RANK, 2 * step)
+            self.watchdog.report(TRAINER_RANK, step)
         return stats
 
     def _explain_death(self, err: Exception, what: str) -> None:

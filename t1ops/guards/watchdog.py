@@ -89,13 +89,14 @@ class Watchdog:
     def __init__(self, ranks: Iterable[int], *, safety_factor: float = 3.0, first_step_bound_s: float = 7200.0,
                  min_bound_s: float = 60.0, warmup_ratio: float = 2.0, straggler_factor: float = 2.0,
                  clock: Callable[[], float] = time.monotonic,
-                 dump_stacks: Callable[[int], str | None] | None = None) -> None:
+                 dump_stacks: Callable[[int], str | None] | None = None, unit: str = "micro-batch") -> None:
         if safety_factor < 1:
             raise InputError(f"Watchdog(safety_factor={safety_factor}) must be >= 1: a bound below the "
                              "longest observed interval calls normal steps hangs", safety_factor=safety_factor)
         self.safety_factor, self.first_step_bound_s, self.min_bound_s = safety_factor, first_step_bound_s, min_bound_s
         self.warmup_ratio, self.straggler_factor = warmup_ratio, straggler_factor
         self._clock, self._dump_stacks = clock, dump_stacks
+        self.unit = unit  # what one report is: a rank's micro-batch, or the 1-rank trainer's whole step
         now = clock()
         self._ranks = {int(r): _Rank(last_t=now) for r in ranks}
         if not self._ranks:
@@ -103,12 +104,12 @@ class Watchdog:
 
     @classmethod
     def from_config(cls, guards: GuardsConfig, ranks: Iterable[int], clock: Callable[[], float] = time.monotonic,
-                    dump_stacks: Callable[[int], str | None] | None = None) -> "Watchdog":
+                    dump_stacks: Callable[[int], str | None] | None = None, unit: str = "micro-batch") -> "Watchdog":
         """Build from a :class:`~t1ops.config.GuardsConfig`."""
         return cls(ranks, safety_factor=guards.watchdog_safety_factor,
                    first_step_bound_s=guards.watchdog_first_step_bound_s, min_bound_s=guards.watchdog_min_bound_s,
                    warmup_ratio=guards.watchdog_warmup_ratio, straggler_factor=guards.watchdog_straggler_factor,
-                   clock=clock, dump_stacks=dump_stacks)
+                   clock=clock, dump_stacks=dump_stacks, unit=unit)
 
     def report(self, rank: int, step: int) -> None:
         """Rank ``rank`` finished micro-batch ``step``; a step that does not advance is not progress."""
@@ -163,9 +164,9 @@ class Watchdog:
                      if r.intervals_s else "first-step bound")
             return "hung", f"no progress for {silent:.1f} s > bound {bound:.1f} s ({basis})"
         if not r.intervals_s:
-            return "warming_up", f"first micro-batch in progress for {silent:.1f} s (cold start/compile)"
+            return "warming_up", f"first {self.unit} in progress for {silent:.1f} s (cold start/compile)"
         if is_warming_up(r.intervals_s, self.warmup_ratio):
-            return "warming_up", f"micro-batch time decaying {max(r.intervals_s):.1f} s -> {r.intervals_s[-1]:.1f} s"
+            return "warming_up", f"{self.unit} time decaying {max(r.intervals_s):.1f} s -> {r.intervals_s[-1]:.1f} s"
         peers = [p for j, p in paces.items() if j != k]
         if peers and paces[k] > self.straggler_factor * statistics.median(peers):
             return "straggler", f"pace {paces[k]:.1f} s vs peers' median {statistics.median(peers):.1f} s"
@@ -185,7 +186,7 @@ class Watchdog:
         if not hung:
             return states
         others = ", ".join(f"rank {s.rank} {s.status}" for s in states.values() if s.status != "hung")
-        lines = [f"rank {s.rank} hung at micro-batch {s.step}: {s.reason}; intervals so far "
+        lines = [f"rank {s.rank} hung at {self.unit} {s.step}: {s.reason}; intervals so far "
                  f"{[round(x, 1) for x in s.intervals_s]}; stacks: {self._ranks[s.rank].dump or 'not dumped'}"
                  for s in hung]
         raise HangError("; ".join(lines) + f". Not a warm-up: its intervals were not decaying. Others: "

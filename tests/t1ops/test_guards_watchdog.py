@@ -242,3 +242,27 @@ def test_a_stall_names_the_running_verifier_first(tmp_path):
     t[0] = 4.0
     with pytest.raises(StallError, match=r"none of the checked causes \(verifiers\)"):
         stall.check()   # the verifier finished: its entry is gone
+
+
+def test_one_rank_trainer_idle_time_is_no_interval_and_its_first_step_gets_the_first_step_bound():
+    """CI's false hang: the coordinator reported the 1-rank trainer's idle time (rollout, sync) as an
+    interval, so 3 x 24 s of rollout bounded the first, cold train step, which took longer on a loaded
+    host. Idle time now restarts the clock; only train steps are intervals."""
+    from t1ops.campaign.guarding import TRAINER_RANK, CampaignGuards
+
+    clock = FakeClock()
+    guards = CampaignGuards.__new__(CampaignGuards)  # only the watchdog part: no fd threads, no Ray
+    guards.rank_watch = None
+    guards.watchdog = wd.Watchdog([TRAINER_RANK], min_bound_s=60.0, first_step_bound_s=7200.0, clock=clock)
+    clock.t = 24.0  # the first rollout and sync
+    guards.train_submitted(1)
+    clock.t = 24.0 + 500.0  # the first step: cold Adam state, far beyond 3 x the idle 24 s
+    assert guards.watchdog.check()[TRAINER_RANK].status == "warming_up"
+    guards.watchdog.report(TRAINER_RANK, 1)  # what wait_train reports when the step returns
+    clock.t += 900.0  # the second rollout: idle, not silence
+    guards.train_submitted(2)
+    clock.t += 3 * 500.0 - 1
+    assert guards.watchdog.check()[TRAINER_RANK].status != "hung"
+    clock.t += 2
+    with pytest.raises(HangError):
+        guards.watchdog.check()
