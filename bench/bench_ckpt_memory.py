@@ -8,8 +8,12 @@ above the RSS just before it (``psutil``, sampled every millisecond by a thread;
 so memory an earlier block freed to the allocator but not to the OS cannot hide a later block's):
 
 - ``after``: the production save, ``save_sharded`` of both roles and ``save_rank_state``;
-- ``sync gather``: the weight sync's gather of the full actor to rank 0 (``full_state("actor")``), which
-  this change leaves in place (docs/weights.md);
+- ``sync by shard``: the weight sync as it runs now (docs/weights.md, "Every rank sends its shard"):
+  every rank exports the tensors the plan gives it (``weight_export_here``, disk sync's file per rank)
+  and hashes them for the barrier's checksums (``weight_checksums_here``): the walk that also feeds
+  the distributed broadcast, each tensor-parallel tensor assembled from its pieces one at a time;
+- ``sync gather``: the weight sync as it was until shard-fed sync (kept here only to measure it): the
+  full actor gathered to rank 0 (``full_state("actor")``);
 - ``before``: the save as it was until this change (kept here only to measure it): both roles gathered
   to rank 0 (``RankTrainer.full_state``), rank 0 writes them whole (``save_checkpoint``), every rank's
   optimizer and RNG state gathered to rank 0 as bytes.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import math
 import os
 import tempfile
 import threading
@@ -39,6 +44,7 @@ from rl import model as rmodel
 from rl.megatron_cpu import teardown
 from rl.trainer import TrainerSettings
 from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
+from t1ops.campaign.rank_sync import RankSender
 from t1ops.campaign.resume import rank_state, save_rank_state
 from t1ops.campaign.trainer_rank import join_world
 from t1ops.config import GuardsConfig
@@ -107,6 +113,13 @@ def _rank(rank: int, world: int, init: str, spec, settings, layout: Layout, out:
         for r in ("actor", "critic"):
             save_sharded(base / "after", r, 1, rt)
         save_rank_state(base / "after", 1, rank, rt)
+    sender = RankSender(rt, spec, rank, world, dtype="bfloat16")
+    parts = len({s.owner for s in sender.weight_plan()})
+    (Path(out) / "export").mkdir(exist_ok=True)
+    torch.distributed.barrier()
+    with Peak() as by_shard:
+        sender.weight_export_here("1", str(Path(out) / "export"), parts)
+        sender.weight_checksums_here("1")
     torch.distributed.barrier()
     with Peak() as sync:
         full = rt.full_state("actor")
@@ -125,6 +138,8 @@ def _rank(rank: int, world: int, init: str, spec, settings, layout: Layout, out:
         del full, states, buf
     torch.distributed.barrier()
     torch.save({"before": before.bytes, "after": after.bytes, "sync": sync.bytes, "shard": shard_bytes,
+                "by_shard": by_shard.bytes, "owned": sum(math.prod(s.shape) * 4 for s in sender.weight_plan()
+                                                         if s.owner == rank),
                 **{f"model_{k}": v for k, v in model_bytes.items()}}, os.path.join(out, f"rank{rank}.pt"))
     teardown()
 
@@ -178,7 +193,10 @@ def main() -> None:
         for r, row in enumerate(rows):
             print(f"  rank {r}: shard {row['shard'] / MIB:6.1f} MiB | save before {row['before'] / MIB:6.1f} MiB "
                   f"({row['before'] / model:.2f} x model) | save after {row['after'] / MIB:6.1f} MiB "
-                  f"({row['after'] / model:.2f} x model) | sync gather {row['sync'] / MIB:6.1f} MiB "
+                  f"({row['after'] / model:.2f} x model)")
+            print(f"          weight sync by shard {row['by_shard'] / MIB:6.1f} MiB "
+                  f"({row['by_shard'] / row['model_actor']:.2f} x actor; it owns {row['owned'] / MIB:.1f} MiB of "
+                  f"the actor) | sync gather as it was {row['sync'] / MIB:6.1f} MiB "
                   f"({row['sync'] / row['model_actor']:.2f} x actor)")
         out = rows[0]["out"]
         streaming, whole, mapped = export_peak(Path(out) / "ckpt" / "after" / "actor" / "step_00000001", spec, out)

@@ -69,6 +69,28 @@ def export_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec, out_dir: str |
             for name, t in zip(unit.hf, unit.split(state[unit.mcore])):
                 yield name, t.detach().to("cpu", DTYPES[dtype]).contiguous()
 
+    shapes = layout.hf_shapes(spec)
+
+    def weights(tmp: Path) -> list[dict[str, str]]:
+        write_safetensors(tmp / WEIGHTS_FILE, {n: shapes[n] for u in units for n in u.hf}, DTYPES[dtype], tensors())
+        return [{n: WEIGHTS_FILE for u in units for n in u.hf}]
+
+    return export_hf_parts(out_dir, spec, dtype, weights, meta=meta, tokenizer=tokenizer)
+
+
+def part_file(part: int, num_parts: int) -> str:
+    """The safetensors file of part ``part`` of ``num_parts`` (Hugging Face's sharded naming; one part:
+    ``model.safetensors``)."""
+    return WEIGHTS_FILE if num_parts == 1 else f"model-{part + 1:05d}-of-{num_parts:05d}.safetensors"
+
+
+def export_hf_parts(out_dir: str | Path, spec: ModelSpec, dtype: str, write_parts, *, meta: dict | None = None,
+                    tokenizer: bool = False) -> Path:
+    """A Hugging Face directory whose safetensors files are written by ``write_parts(tmp_dir)`` (in a
+    campaign: every trainer rank writes the tensors it owns, ``rl.weights.sender``), which returns one
+    ``{hf name: file}`` per part; several files get ``model.safetensors.index.json``. Every tensor of
+    the layout must be in exactly one part. Atomic: a temp dir renamed into place."""
+    out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
 
     def fill(tmp: Path) -> None:
@@ -76,8 +98,20 @@ def export_hf(state: Mapping[str, torch.Tensor], spec: ModelSpec, out_dir: str |
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END_ID, ENDOFTEXT_ID],
                                                                 "pad_token_id": ENDOFTEXT_ID}))
-        shapes = layout.hf_shapes(spec)
-        write_safetensors(tmp / WEIGHTS_FILE, {n: shapes[n] for u in units for n in u.hf}, DTYPES[dtype], tensors())
+        weight_map: dict[str, str] = {}
+        for part in write_parts(tmp):
+            twice = sorted(set(part) & set(weight_map))
+            if twice:
+                raise CheckpointError(f"export: {len(twice)} tensor(s) written by two parts (first: {twice[:3]})")
+            weight_map.update(part)
+        missing = sorted(set(layout.hf_shapes(spec)) - set(weight_map))
+        if missing:
+            raise CheckpointError(f"export: {len(missing)} tensor(s) of the layout written by no part (first: "
+                                  f"{missing[:3]})", missing=missing[:10])
+        if set(weight_map.values()) != {WEIGHTS_FILE}:
+            size = sum((tmp / f).stat().st_size for f in set(weight_map.values()))
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
         if tokenizer:
             from rl.hf.tokenizer import write_tokenizer
 

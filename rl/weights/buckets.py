@@ -28,6 +28,7 @@ class Bucket:
     shapes: tuple[tuple[int, ...], ...]
     num_bytes: int
     kinds: tuple[str, ...] = ()  # a delta's entry kinds (rl.weights.delta); empty: whole tensors
+    channel: int = 0             # the weight-update group it travels on: its owner rank's (rl.weights.shard_plan)
 
 
 def hf_buckets(state: Mapping[str, torch.Tensor], spec: ModelSpec, dtype: torch.dtype,
@@ -36,8 +37,8 @@ def hf_buckets(state: Mapping[str, torch.Tensor], spec: ModelSpec, dtype: torch.
     ``bucket_bytes`` (a unit larger than that gets a bucket of its own)."""
     def whole(unit):
         pieces = [p.to(dtype).contiguous() for p in unit.split(state[unit.mcore].detach())]
-        return [(name, "", p) for name, p in zip(unit.hf, pieces)]
-    return _cut([whole(u) for u in layout.units(spec)], bucket_bytes, delta=False)
+        return [(name, "", p, None) for name, p in zip(unit.hf, pieces)]
+    return [(b, [e[2] for e in es]) for b, es in cut([whole(u) for u in layout.units(spec)], bucket_bytes, delta=False)]
 
 
 def hf_delta_buckets(state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor], spec: ModelSpec,
@@ -47,30 +48,32 @@ def hf_delta_buckets(state: Mapping[str, torch.Tensor], base: Mapping[str, torch
     def changed(unit):
         new = unit.split(state[unit.mcore].detach())
         old = unit.split(base[unit.mcore].detach())
-        return [(name, kind, t) for name, n, o in zip(unit.hf, new, old)
+        return [(name, kind, t, None) for name, n, o in zip(unit.hf, new, old)
                 for kind, t in delta.encode(n.to(dtype).contiguous(), o.to(dtype).contiguous())]
-    return _cut([changed(u) for u in layout.units(spec)], bucket_bytes, delta=True)
+    return [(b, [e[2] for e in es]) for b, es in cut([changed(u) for u in layout.units(spec)], bucket_bytes, delta=True)]
 
 
-def _cut(units: list[list[tuple[str, str, torch.Tensor]]], bucket_bytes: int,
-         delta: bool) -> list[tuple[Bucket, list[torch.Tensor]]]:
-    """Consecutive units' (name, kind, tensor) entries in buckets of about ``bucket_bytes``."""
-    out: list[tuple[Bucket, list[torch.Tensor]]] = []
-    entries: list[tuple[str, str, torch.Tensor]] = []
+Entry = tuple  # (hf name, delta kind or "", tensor (a meta tensor: converted when sent), its rl.weights.shard_plan.Send)
+
+
+def cut(units: list[list[Entry]], bucket_bytes: int, delta: bool, channel: int = 0) -> list[tuple[Bucket, list[Entry]]]:
+    """Consecutive units' entries in buckets of about ``bucket_bytes`` (a unit is never split)."""
+    out: list[tuple[Bucket, list[Entry]]] = []
+    entries: list[Entry] = []
     size = 0
 
     def flush() -> None:
         nonlocal entries, size
         if entries:
-            out.append((Bucket(tuple(n for n, _, _ in entries), tuple(dtype_name(t.dtype) for _, _, t in entries),
-                               tuple(tuple(t.shape) for _, _, t in entries), size,
-                               tuple(k for _, k, _ in entries) if delta else ()), [t for _, _, t in entries]))
+            out.append((Bucket(tuple(e[0] for e in entries), tuple(dtype_name(e[2].dtype) for e in entries),
+                               tuple(tuple(e[2].shape) for e in entries), size,
+                               tuple(e[1] for e in entries) if delta else (), channel), entries))
         entries, size = [], 0
 
     for unit in units:
         if not unit:
             continue
-        unit_bytes = sum(t.numel() * t.element_size() for _, _, t in unit)
+        unit_bytes = sum(e[2].numel() * e[2].element_size() for e in unit)
         if entries and size + unit_bytes > bucket_bytes:
             flush()
         entries += unit

@@ -113,13 +113,14 @@ class CampaignGuards:
             return
         self.oom.check_exit(self.trainer_pid, None, name="trainer")
 
-    def project_host_memory(self, actor_params: int, critic_params: int, full_actor_params: int | None = None) -> str:
+    def project_host_memory(self, actor_params: int, critic_params: int) -> str:
         """Before launch: the host RAM the plan needs vs what is free (warns, never blocks); counts the
-        weight sync's full actor on rank 0 (``full_actor_params``) and the checkpoint save."""
+        weight sync's kept versions of rank 0's shard and one bucket, and the checkpoint save."""
         proj = project_host_memory(actor_params, critic_params, offload_optimizer=True,  # CPU: Adam is in host RAM
                                    sandbox_concurrency=self.cfg.rollout.max_concurrency, guards=self.cfg.guards,
                                    baseline_bytes=psutil.Process().memory_info().rss,
-                                   world_size=self.cfg.trainer.parallel.world_size, full_actor_params=full_actor_params)
+                                   world_size=self.cfg.trainer.parallel.world_size,
+                                   sync_bucket_bytes=self.cfg.engine.weight_sync_bucket_mb * 2**20)
         return check_projection(proj, psutil.virtual_memory().available, self.cfg.guards.host_ram_warn_fraction).message
 
     def after_step(self, step: int) -> None:

@@ -257,11 +257,12 @@ def held_out_tasks(cfg: CampaignConfig, tasks) -> list[str]:
 
 
 def _configure_weight_sender(cfg: CampaignConfig, trainer, run: RunDir):
-    """The trainer's side of the weight sync (t1ops.guards.weight_sync): rank 0, which holds the full
-    actor it gathers at publish; and the call that configures it (submitted, not awaited)."""
+    """The trainer's side of the weight sync (t1ops.guards.weight_sync): every rank sends its own shard
+    (configured on each); rank 0 drives the push. Returns rank 0 and the call that configures it
+    (submitted, not awaited)."""
     e = cfg.engine
-    trainer = trainer.sender
-    trainer.configure_weight_sender.remote(
+    group, trainer = trainer, trainer.sender
+    group.configure_weight_sender(
         dtype=e.dtype, bucket_bytes=int(e.weight_sync_bucket_mb * (1 << 20)), master_address=e.weight_sync_master_address,
         timeout_s=e.weight_sync_timeout_s, export_dir=str(run.path / "hf_exports"))
     ready = trainer.configure_weight_push.remote(  # calls on one actor run in order: after the line above

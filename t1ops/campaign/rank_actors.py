@@ -44,7 +44,7 @@ class TrainerGroup:
 
     @property
     def sender(self):
-        """Rank 0's actor: it holds the full actor at publish and is the weight sender."""
+        """Rank 0's actor: the coordinator's barrier calls it; it runs every rank's part of the weight sync."""
         return self.actors[0]
 
     def _all(self, name: str, *args):
@@ -71,13 +71,17 @@ class TrainerGroup:
         """-> what was loaded (``dict``: ``trainer_host.resumed``)."""
         return self._all("resume", step)
 
+    def configure_weight_sender(self, **kw):
+        """-> None, on every rank (each sends its own shard: ``rl.weights.sender``); submitted before rank 0's
+        ``configure_weight_push`` (calls on one actor run in order)."""
+        return [a.configure_weight_sender.remote(**kw) for a in self.actors]
+
     def checkpoint_report(self):
         """-> ``roles.CheckpointReport``."""
         return self.sender.checkpoint_report.remote()
 
     def num_params(self):
-        """-> (actor, critic) parameter counts of rank 0's shard and the full actor's, for the host-memory
-        projection (rank 0 gathers the full actor for the weight sync)."""
+        """-> (actor, critic) parameter counts of rank 0's shard, for the host-memory projection."""
         return self.sender.num_params.remote()
 
 
@@ -113,4 +117,5 @@ def start_trainer(cfg: CampaignConfig, run, spec: dict) -> tuple[TrainerGroup, R
         stack_path = run.path / f"trainer-rank{r}-stacks.txt"
         ray.get(actor.install_stack_dump.remote(str(stack_path)))
         procs[r] = RankProcess(pid, run.path / "ranks" / f"rank{r}.progress", stack_path)
+    ray.get(actors[0].set_weight_peers.remote(actors))  # rank 0 drives every rank's part of the weight sync
     return TrainerGroup(actors, pg), RankWatch(cfg.guards, procs)

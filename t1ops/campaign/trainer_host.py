@@ -21,7 +21,10 @@ step, not on every publish. A world of 1 writes each role whole (its shard is th
 larger world saves by shard: every rank writes its own slice of each role, one file per rank under
 one checksummed manifest in the role's directory (``t1ops.guards.sharded_checkpoints``), nothing
 gathered; a resume at the same layout loads each rank's own file, another layout re-shards tensor
-by tensor. Rank 0 still gathers the full actor once per step for the weight sync (docs/weights.md).
+by tensor. Nothing gathers the model for the weight sync either: every rank keeps its own shard of
+each published version and sends (or exports) the tensors the plan gives it (``rl.weights.shard_plan``;
+docs/weights.md, "Every rank sends its shard"); rank 0 only drives the engines' side, and reaches its
+peers through the actor handles the group gives it (:meth:`TrainerHost.set_weight_peers`).
 """
 from __future__ import annotations
 
@@ -48,7 +51,6 @@ from rl.trainer.packing import FILLER
 from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from rl.trainer.trainer import Trainer
 from rl.vocab import CompactVocab
-from rl.weights.sender import WeightSender
 from t1ops import telemetry
 from t1ops.campaign.credit import CreditBatch
 from t1ops.campaign.pretrained import pretrained_states
@@ -58,6 +60,7 @@ from t1ops.campaign.resume import (load_rank_state, load_trainer_state, rank_sta
 from t1ops.campaign.retention import Retention, disk_bytes
 from t1ops.campaign.roles import CheckpointReport, RankInfo, TrainReport
 from t1ops.campaign.trainer_rank import join_world
+from t1ops.campaign.rank_sync import RankWeightSync
 from t1ops.campaign.weight_push import WeightPush
 from t1ops.config import CheckpointsConfig, GuardsConfig, TrainerConfig
 from t1ops.guards import dist as dist_guard
@@ -69,7 +72,7 @@ from t1ops.guards.step_once import StepLedger
 from t1ops.guards.watchdog import install_stack_dump
 
 
-class TrainerHost(WeightSender, WeightPush):
+class TrainerHost(RankWeightSync, WeightPush):
     """One trainer rank (a Ray actor); rank 0 of a world of 1 is the whole trainer (module docstring)."""
 
     def __init__(self, *, spec: dict, settings: TrainerConfig, vocab_path: str, ckpt_base: str, seed: int,
@@ -94,8 +97,8 @@ class TrainerHost(WeightSender, WeightPush):
         self.retention = Retention(self.ckpt.actor_dir.parent, needs_critic=self.settings.mode == "ppo",
                                    **(retention or CheckpointsConfig(keep_last=None)).model_dump())
         self.last_report = CheckpointReport()
-        self.published: dict[int, dict[str, torch.Tensor]] = {}       # version -> this rank's behaviour shard
-        self.full_published: dict[int, dict[str, torch.Tensor]] = {}  # rank 0: version -> the full actor
+        self.published: dict[int, dict[str, torch.Tensor]] = {}  # version -> this rank's behaviour shard
+        self._ws_rank, self._weight_peers, self._plan = rank, [], None  # the weight sync's (rl.weights.sender)
         self._fetched: set[int] | None = None  # trials this rank fetched in full this step (fetch_shard)
         self._collective_watch = lambda what: contextlib.nullcontext()
         self.trainer: RankTrainer | None = None
@@ -129,6 +132,7 @@ class TrainerHost(WeightSender, WeightPush):
         self.trainer = RankTrainer(self.spec, self.settings, self.layout, full_actor=actor, full_critic=critic,
                                    unk_id=self.vocab.unk_id, seed=self.seed, temperature=self.temperature,
                                    on_micro_batch=self.beacon, watch=self._collective_watch)
+        self.build_weight_plan()  # every rank at once: who sends which tensor to the engines
         telemetry.event("trainer.rank_joined", rank=self.rank, world_size=self.world_size,
                         tp_rank=self.trainer.tp_rank, dp_rank=self.trainer.dp_rank, ep_rank=self.trainer.ep_rank,
                         timeout_s=timeout.total_seconds())
@@ -303,12 +307,11 @@ class TrainerHost(WeightSender, WeightPush):
         keeps its shard as the behaviour snapshot of the batch the engines sample next; older than the
         previous one are dropped. Called inside the weight-sync barrier; rank 0 returns the newest
         actor checkpoint directory."""
-        self.published[version] = self.trainer.snapshot_behaviour()
-        actor = self._full("actor", version)  # the engines' weights (the sync's gather, not the checkpoint's)
+        self.published[version] = self.trainer.snapshot_behaviour()  # also what this rank sends to the engines
         resume_point = self.is_resume_point(version, final)
         ranks = None
         if resume_point:
-            self._save_roles(version, actor)
+            self._save_roles(version, self._full("actor", version) if self.world_size == 1 else None)
             ranks = self._gather_rank_states(version)
         if self.rank == 0:
             if resume_point:
@@ -316,20 +319,16 @@ class TrainerHost(WeightSender, WeightPush):
                 save_trainer_state(self.retention.base, version, trainer_state(self.trainer, version, ranks if one
                                                                                else None), None if one else ranks)
                 self.retention.check_saved(version)  # every role the run needs (critic-checkpoint-skipped)
-            self.full_published[version] = actor  # what the weight sender exports or broadcasts
             deleted = self.retention.apply()
             self.last_report = CheckpointReport(disk_bytes(self.retention.base), len(deleted),
                                                 self.retention.resume_point())
-        for kept in (self.published, self.full_published):
-            for old in sorted(kept)[:-2]:
-                del kept[old]
+        for old in sorted(self.published)[:-2]:
+            del self.published[old]
         return self.newest_actor_checkpoint() if self.rank == 0 else None
 
-    def _full(self, role: str, version: int) -> dict[str, torch.Tensor] | None:
-        """The whole model of ``role`` on rank 0 (None elsewhere). A world of 1 holds it whole: the
-        actor is the behaviour snapshot just kept (no second copy), the critic a detached copy."""
-        if self.world_size > 1:
-            return self.trainer.full_state(role)
+    def _full(self, role: str, version: int) -> dict[str, torch.Tensor]:
+        """A world of 1's whole model of ``role``: the actor is the behaviour snapshot just kept (no second
+        copy), the critic a detached copy."""
         if role == "actor":
             return {k: v for k, v in self.published[version].items() if isinstance(v, torch.Tensor)}
         return {k: v.detach().clone() for k, v in weights_state_dict(self.trainer.critic).items()}
@@ -357,12 +356,6 @@ class TrainerHost(WeightSender, WeightPush):
             torch.distributed.gather_object(entry, entries, dst=0)
         return entries
 
-    def _published_weights(self, version: str):
-        """What the weight sync sends for ``version`` (rl.weights.sender): rank 0's full actor."""
-        if self.rank != 0:
-            raise RuntimeError(f"rank {self.rank} holds a shard; the weight sender is rank 0")
-        return self.full_published[int(version)], self.spec
-
     def checkpoint_report(self) -> CheckpointReport:
         """Disk used by checkpoints after the last publish, steps deleted, and the resume point."""
         return self.last_report
@@ -377,9 +370,7 @@ class TrainerHost(WeightSender, WeightPush):
                for role in roles}
         self.trainer.step = int(state["step"])
         load_rank_state(self.trainer, state, rank=self.rank, world_size=self.world_size)
-        self.published = {step: self.trainer.snapshot_behaviour()}
-        actor = self._full("actor", step)  # rank 0: the engines' weights (the sync's gather)
-        self.full_published = {step: actor} if self.rank == 0 else {}
+        self.published = {step: self.trainer.snapshot_behaviour()}  # what this rank sends to the engines
         telemetry.event("checkpoint.resumed_shards", rank=self.rank, step=step, **how)
         return {**resumed(self, step, state, "critic" in roles), "loaded": how}
 
@@ -387,13 +378,10 @@ class TrainerHost(WeightSender, WeightPush):
         return {"actor": str(self.ckpt.actor_dir), "critic": str(self.ckpt.critic_dir)}
 
     # --- guard hooks -----------------------------------------------------------------
-    def num_params(self) -> tuple[int, int, int]:
-        """(actor, critic) parameter counts of this rank's shard and the full actor's (rank 0 holds it for
-        the weight sync after the first publish), for the host-memory projection."""
+    def num_params(self) -> tuple[int, int]:
+        """(actor, critic) parameter counts of this rank's shard, for the host-memory projection."""
         count = lambda m: 0 if m is None else sum(p.numel() for p in m.parameters())  # noqa: E731
-        full = self.full_published[max(self.full_published)] if self.full_published else None
-        return (count(self.trainer.actor), count(self.trainer.critic),
-                count(self.trainer.actor) if full is None else sum(t.numel() for t in full.values()))
+        return count(self.trainer.actor), count(self.trainer.critic)
 
     def install_stack_dump(self, path: str) -> int:
         """Let the watchdog dump this process's Python stacks (SIGUSR1); returns the pid."""

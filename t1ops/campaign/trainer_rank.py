@@ -107,17 +107,31 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
         if job["activations"]:
             torch.save(saved.peak_bytes, _activations_file(out, rank))
         full = {role: rt.full_state(role) for role in ("actor", "critic") if role == "actor" or rt.critic is not None}
+        sync = _sync_parts(rt, job, rank, world) if job.get("sync_to") else None
         if job.get("shards_to"):
             for role in full:
                 save_sharded(job["shards_to"], role, job["steps"], rt)
         loads = [None] * world if rank == 0 else None
         torch.distributed.gather_object(loaded, loads, dst=0)
         if rank == 0:  # a file, not a queue: shared-memory tensors die with this process
-            torch.save({"logprobs": logprobs, "stats": stats and stats.as_dict(), "step_s": times,
+            torch.save({"logprobs": logprobs, "stats": stats and stats.as_dict(), "step_s": times, "sync": sync,
                         "actor": full["actor"], "critic": full.get("critic"), "loaded": loads,
                         "micro_batches": len(rt.plan(job["batch"]))}, out)
     finally:
         teardown()
+
+
+def _sync_parts(rt, job: dict, rank: int, world: int):
+    """Every rank's part of the weight sync of its actor now (``t1ops.campaign.rank_sync``): its export file
+    under ``job["sync_to"]`` and its checksums; rank 0 gets ``[({hf name: file}, {name: checksum})]`` by rank."""
+    from t1ops.campaign.rank_sync import RankSender
+
+    sender = RankSender(rt, job["spec"], rank, world, dtype="float32")
+    parts = len({s.owner for s in sender.weight_plan()})
+    mine = (sender.weight_export_here("1", job["sync_to"], parts), sender.weight_checksums_here("1"))
+    every = [None] * world if rank == 0 else None
+    torch.distributed.gather_object(mine, every, dst=0)
+    return every
 
 
 def _activations_file(out: str, rank: int) -> str:
@@ -127,7 +141,8 @@ def _activations_file(out: str, rank: int) -> str:
 def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk_id: int | None = None,
                     steps: int = 1, temperature: float = 1.0, timeout_s: float = 600.0,
                     shards_to: str | None = None, behaviour: str = "snapshot", own_shard: bool = False,
-                    activations: bool = False, load_from: dict[str, str] | None = None) -> dict:
+                    activations: bool = False, load_from: dict[str, str] | None = None,
+                    sync_to: str | None = None) -> dict:
     """Spawn ``layout.world_size`` local ranks, take ``steps`` steps on ``batch``; rank 0's results.
 
     Returns ``logprobs`` (full ``[B, T]`` before the step), ``stats`` (StepStats of the last step),
@@ -138,7 +153,9 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
     as ``RankTrainer.train_step``'s ("rollout": the fully async behaviour policy). ``own_shard``:
     each rank's batch carries routing rows only for its own data-parallel rows (:func:`own_shard_only`).
     ``activations``: also ``activation_peak_bytes``, every rank's peak of the bytes autograd saves for
-    backward during the steps (:class:`rl.trainer.activations.SavedActivations`), in rank order."""
+    backward during the steps (:class:`rl.trainer.activations.SavedActivations`), in rank order.
+    ``sync_to``: every rank also runs its part of the weight sync after the steps (its export file there,
+    its checksums; ``sync``: each rank's ``({hf name: file}, {name: checksum})``, in rank order)."""
     ctx = mp.get_context("spawn")
     out = os.path.join(tempfile.mkdtemp(prefix="t1ops-ranks-"), "rank0.pt")
     # One fresh port per rendezvous attempt, as a campaign's ranks meet (group-init-race): a single
@@ -149,7 +166,7 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
     job = {"layout": layout, "batch": batch, "spec": spec, "settings": settings, "seed": seed,
            "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to,
            "behaviour": behaviour, "own_shard": own_shard, "guards": guards, "activations": activations,
-           "load_from": load_from}
+           "load_from": load_from, "sync_to": sync_to}
     init_method = plan_rendezvous("127.0.0.1", guards.field)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     procs = [ctx.Process(target=_one_step, args=(r, layout.world_size, init_method, job, out), daemon=True)

@@ -177,7 +177,7 @@ class HostMemoryProjection:
     adam_bytes: float
     sandbox_bytes: float
     baseline_bytes: float
-    weight_sync_bytes: float = 0.0  # rank 0's full actor versions for the weight sync (the gather is still there)
+    weight_sync_bytes: float = 0.0  # one rank's two kept versions of its shard + one bucket being sent
     checkpoint_bytes: float = 0.0   # what a save copies (a world of 1: the critic's clone; by shard: nothing)
 
     @property
@@ -187,27 +187,27 @@ class HostMemoryProjection:
 
     def describe(self) -> str:
         return (f"{fmt_bytes(self.total_bytes)} = offloaded Adam {fmt_bytes(self.adam_bytes)} + sandboxes "
-                f"{fmt_bytes(self.sandbox_bytes)} + baseline {fmt_bytes(self.baseline_bytes)} + weight-sync "
-                f"gather {fmt_bytes(self.weight_sync_bytes)} + checkpoint save {fmt_bytes(self.checkpoint_bytes)}")
+                f"{fmt_bytes(self.sandbox_bytes)} + baseline {fmt_bytes(self.baseline_bytes)} + weight sync "
+                f"{fmt_bytes(self.weight_sync_bytes)} + checkpoint save {fmt_bytes(self.checkpoint_bytes)}")
 
 
 def project_host_memory(actor_params: float, critic_params: float, *, num_hosts: int = 1,
                         offload_optimizer: bool = True, sandbox_concurrency: int = 0,
                         guards: GuardsConfig | None = None, baseline_bytes: float = 0.0,
-                        world_size: int = 1, full_actor_params: float | None = None) -> HostMemoryProjection:
+                        world_size: int = 1, sync_bucket_bytes: float = 0.0) -> HostMemoryProjection:
     """Host RAM one host needs: CPU-offloaded fp32 Adam of actor + critic, sharded over
     ``num_hosts`` (distributed optimizer), plus ``sandbox_concurrency`` sandboxes on this host, plus
-    the trainer's copies on rank 0's host: the weight sync's full fp32 actor (``full_actor_params``,
-    default ``actor_params``), 2 versions kept in a world of 1 (the published snapshots), 4 in a larger
-    world at the gather (:data:`SYNC_GATHER_COPIES`), and a world of 1's critic clone at a save."""
+    the trainer's copies in one rank's process (``actor_params``: its shard): the weight sync's two kept
+    versions of its shard (the behaviour snapshots, the delta's base and the new one) and one bucket
+    being sent (``sync_bucket_bytes``: nothing gathers the model, docs/weights.md), and a world of 1's
+    critic clone at a save."""
     g = guards or GuardsConfig()
     if actor_params < 0 or critic_params < 0 or num_hosts < 1 or sandbox_concurrency < 0:
         raise InputError(f"project_host_memory(actor_params={actor_params}, critic_params={critic_params}, "
                          f"num_hosts={num_hosts}, sandbox_concurrency={sandbox_concurrency}): counts must be "
                          ">= 0 and num_hosts >= 1", num_hosts=num_hosts)
     adam = (actor_params + critic_params) * g.adam_host_bytes_per_param / num_hosts if offload_optimizer else 0.0
-    full = actor_params if full_actor_params is None else full_actor_params
-    sync = (2 if world_size == 1 else SYNC_GATHER_COPIES) * full * TRAINER_WEIGHT_BYTES
+    sync = 2 * actor_params * TRAINER_WEIGHT_BYTES + sync_bucket_bytes
     checkpoint = critic_params * TRAINER_WEIGHT_BYTES if world_size == 1 else 0.0
     return HostMemoryProjection(adam, sandbox_concurrency * g.sandbox_host_gib * GIB, baseline_bytes, sync, checkpoint)
 

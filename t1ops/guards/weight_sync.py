@@ -11,9 +11,11 @@ admitted engine to the pool's version:
   export (``rl.hf``) of the version and every engine loads it with
   ``/update_weights_from_disk``: what a real SGLang server accepts.
 - :class:`DistributedSync` (``engine.weight_sync = "distributed"``): SGLang's
-  ``/init_weights_update_group`` + ``/update_weights_from_distributed``. The trainer (rank 0)
-  broadcasts every Hugging Face tensor over a torch.distributed group (NCCL with real servers,
-  gloo with the embedded engine); one request per bucket carries its names, dtypes and shapes.
+  ``/init_weights_update_group`` + ``/update_weights_from_distributed``. Every trainer rank that
+  owns tensors (``rl.weights.shard_plan``) hosts its own torch.distributed group (a *channel*: NCCL
+  with real servers, gloo with the embedded engine) and broadcasts its Hugging Face tensors on it;
+  one request per bucket carries its names, dtypes, shapes and the channel's group name, and the
+  engines take the buckets channel by channel.
   The group is rebuilt when the set of engines changes (an engine died or joined). A new
   engine cannot receive alone, so it waits (healthy, not in rotation) for the next barrier,
   which brings it in; at start-up the router runs that barrier at once. With ``delta`` on
@@ -171,8 +173,10 @@ class JoinsAtBarrier:
 class TrainerSender(Protocol):
     """The trainer's side of :class:`DistributedSync` (``rl.weights``; a Ray actor in a campaign)."""
 
-    def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str) -> Any: ...
-    def group_address(self, backend: str) -> tuple[str, int]: ...
+    def channels(self, version: str) -> int: ...
+    def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str, channel: int = 0,
+                   version: str = "0") -> Any: ...
+    def group_address(self, backend: str, channel: int = 0, version: str = "0") -> tuple[str, int]: ...
     def buckets(self, version: str, base: str | None = None) -> list: ...
     def send(self, version: str, base: str | None = None) -> Any: ...
     def holds(self, version: str) -> bool: ...
@@ -189,7 +193,7 @@ class DistributedSync:
     def __init__(self, sender: TrainerSender, backend: str, *, delta: bool = False) -> None:
         self.sender, self.backend, self.delta = sender, backend, delta
         self.members: tuple[str, ...] = ()
-        self.group_name: str | None = None
+        self.group_names: list[str] = []  # one weight-update group per channel (sending rank)
         self.base: str | None = None  # the version every member received completely (a delta's base)
         self.last: dict = {}          # the last push: {"version", "base", "bytes", "seconds"}
         self._names = _GROUP_NUMBERS
@@ -197,7 +201,7 @@ class DistributedSync:
     def publish(self, targets: Targets, source: str, version: str) -> dict[int, str]:
         failures: dict[int, str] = {}
         if tuple(c.base_url for _, c in targets) != self.members:
-            self._regroup(targets, failures)  # a new, restarted or lost engine: the next push is full
+            self._regroup(targets, failures, version)  # a new, restarted or lost engine: the next push is full
         ok = [(i, c) for i, c in targets if i not in failures]
         if not ok:
             return failures
@@ -212,7 +216,8 @@ class DistributedSync:
                 last = number == len(buckets) - 1
                 try:
                     client.update_weights_from_distributed(PW.UpdateWeightsFromDistributedRequest(
-                        names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, group_name=self.group_name,
+                        names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes,
+                        group_name=self.group_names[bucket.channel],
                         flush_cache=last, weight_version=version if last else None,
                         delta_base=base if bucket.kinds else None, delta_kinds=bucket.kinds))
                 except EngineError as exc:
@@ -261,34 +266,44 @@ class DistributedSync:
                 return None
         return base
 
-    def _regroup(self, targets: Targets, failures: dict[int, str]) -> None:
-        """A fresh group over exactly ``targets`` (rank 0 = trainer, rank i+1 = i-th target)."""
-        if self.group_name is not None:
-            old = self.group_name
+    @property
+    def group_name(self) -> str | None:
+        """The first channel's group (a one-rank trainer has one)."""
+        return self.group_names[0] if self.group_names else None
+
+    def _regroup(self, targets: Targets, failures: dict[int, str], version: str) -> None:
+        """Fresh groups over exactly ``targets``, one per channel (its owner rank = group rank 0, rank i+1 =
+        i-th target), formed one after the other."""
+        if self.group_names:
+            old = list(self.group_names)
             _each([(i, c) for i, c in targets if c.base_url in self.members],
-                  lambda c: c.destroy_weights_update_group(old), {}, "destroy_group")
+                  lambda c: [c.destroy_weights_update_group(name) for name in old], {}, "destroy_group")
             self.sender.close_group()
-        self.group_name = f"t1ops-weights-{next(self._names)}"
-        try:
-            address, port = self.sender.group_address(self.backend)
-        except Exception as exc:  # e.g. no NCCL in this torch: no engine is asked to join
-            failures.update({i: f"trainer cannot host the group: {exc}" for i, _ in targets})
-            self.members = ()
-            return
+        number, channels = next(self._names), self.sender.channels(version)
+        self.group_names = [f"t1ops-weights-{number}" + (f"-c{c}" if channels > 1 else "") for c in range(channels)]
+        self.members, self.base = (), None  # a new group: its members' versions are not known to agree
         world = len(targets) + 1
-        handle = self.sender.open_group(master_port=port, world_size=world, group_name=self.group_name,
-                                        backend=self.backend)
         ranks = {index: rank for rank, (index, _) in enumerate(targets, start=1)}
-        _each(targets, lambda c: c.init_weights_update_group(PW.InitWeightsUpdateGroupRequest(
-            master_address=address, master_port=port, rank_offset=ranks[_slot_of(targets, c)], world_size=world,
-            group_name=self.group_name, backend=self.backend)), failures, "init_weights_update_group")
-        try:
-            self.sender.wait(handle)
-        except Exception as exc:
-            failures.update({i: f"trainer could not form the group: {exc}" for i, _ in targets})
-        self.members = () if failures else tuple(c.base_url for _, c in targets)
-        self.base = None  # a new group: its members' versions are not known to agree
-        telemetry.event("engine.weight_group", group=self.group_name, world_size=world, failed=len(failures))
+        for channel, name in enumerate(self.group_names):
+            try:
+                address, port = self.sender.group_address(self.backend, channel, version)
+            except Exception as exc:  # e.g. no NCCL in this torch: no engine is asked to join
+                failures.update({i: f"trainer cannot host the group: {exc}" for i, _ in targets})
+                return
+            handle = self.sender.open_group(master_port=port, world_size=world, group_name=name,
+                                            backend=self.backend, channel=channel, version=version)
+            _each(targets, lambda c: c.init_weights_update_group(PW.InitWeightsUpdateGroupRequest(
+                master_address=address, master_port=port, rank_offset=ranks[_slot_of(targets, c)], world_size=world,
+                group_name=name, backend=self.backend)), failures, "init_weights_update_group")
+            try:
+                self.sender.wait(handle)
+            except Exception as exc:
+                failures.update({i: f"trainer could not form the group: {exc}" for i, _ in targets})
+            telemetry.event("engine.weight_group", group=name, world_size=world, failed=len(failures),
+                            channel=channel, channels=channels)
+            if failures:
+                return
+        self.members = tuple(c.base_url for _, c in targets)
 
     def admit(self, client: EngineClient, source: str | None, version: str) -> None:
         raise EngineError("distributed weight sync admits new engines at the next barrier")
@@ -309,11 +324,16 @@ class LocalTrainerSender:
         self.sender = sender
         self._thread = cf.ThreadPoolExecutor(1, thread_name_prefix="weights-rank0")
 
-    def group_address(self, backend: str) -> tuple[str, int]:
-        return self.sender.weight_group_address(backend)
+    def channels(self, version: str) -> int:
+        return self.sender.weight_channels(version)
 
-    def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str) -> cf.Future:
-        return self._thread.submit(self.sender.weight_open_group, master_port, world_size, group_name, backend)
+    def group_address(self, backend: str, channel: int = 0, version: str = "0") -> tuple[str, int]:
+        return self.sender.weight_group_address(backend, channel, version)
+
+    def open_group(self, *, master_port: int, world_size: int, group_name: str, backend: str, channel: int = 0,
+                   version: str = "0") -> cf.Future:
+        return self._thread.submit(self.sender.weight_open_group, master_port, world_size, group_name, backend,
+                                   channel, version)
 
     def buckets(self, version: str, base: str | None = None) -> list:
         return self.sender.weight_buckets(version, base)

@@ -8,10 +8,11 @@ way with the GPUs at 38-44 of 95 GB and no CUDA error: only dmesg told.
 t1ops' trainer adds two terms of its own (:data:`TRAINER_TERMS`; docs/weights.md, "Host memory
 of sync and checkpoints"), counted on the node of trainer rank 0, the worst node:
 
-- ``weight_sync_gather``: rank 0 still gathers the full actor every step for the engines' weight
-  sync and keeps two versions (the delta sync's base and the new one); at the gather it holds the
-  two kept versions, every rank's received piece and the one being assembled: 4 x the actor's bytes,
-  in one process;
+- ``weight_sync``: nothing gathers the model for the engines' weight sync (every rank sends the
+  tensors it owns, ``rl.weights.shard_plan``); each process assembles and converts at most one
+  bucket on its way out (``engine.weight_sync_bucket_mb``, 512 MiB by default), staged through host
+  memory at worst. Its two kept versions (the behaviour snapshots, the delta's base) are copies of
+  its shard on the GPU, in the device budget, not here;
 - ``checkpoint_save``: at ``save_every`` each rank writes its own shard of both roles and its own
   optimizer and RNG state (checkpoints by shard, ``t1ops.guards.sharded_checkpoints``), nothing
   gathered; ``torch.save`` copies a device tensor to host one storage at a time, so per process
@@ -20,16 +21,16 @@ of sync and checkpoints"), counted on the node of trainer rank 0, the worst node
 from __future__ import annotations
 
 from t1ops.preflight import calibration as cal
-from t1ops.preflight.params import gpu_params, layer_params, total_params
+from t1ops.preflight.params import gpu_params, layer_params
 from t1ops.preflight.plan import Plan
 
 # The terms t1ops' trainer adds to the report's (the report's own trainer gathered neither).
 TRAINER_TERMS = {
-    "weight_sync_gather": "rank 0 gathers the full actor every step for the engines' weight sync and keeps two "
-                          "versions (4 x the actor's bytes in one process at the gather; docs/weights.md)",
+    "weight_sync": "every rank sends its own shard: one bucket per process on its way to the engines "
+                   "(docs/weights.md, 'Every rank sends its shard')",
     "checkpoint_save": "each rank writes its own shard, one tensor at a time on its way to disk",
 }
-SYNC_GATHER_COPIES = 4  # two kept versions + every rank's received piece + the one being assembled
+SYNC_BUCKET_GIB = 0.5  # engine.weight_sync_bucket_mb's default: one bucket per process at a time
 
 
 def host_ram_terms_gib(plan: Plan) -> dict[str, float]:
@@ -48,6 +49,6 @@ def host_ram_terms_gib(plan: Plan) -> dict[str, float]:
         "idle_role_backup": gpus * idle_backup / cal.GIB,
         "sandbox_workers": hw.sandbox_workers_per_train_node * hw.sandbox_worker_gib,
         "base": hw.host_base_gib,
-        "weight_sync_gather": SYNC_GATHER_COPIES * total_params(plan.model) * prec.param_bytes / cal.GIB,
+        "weight_sync": gpus * SYNC_BUCKET_GIB,
         "checkpoint_save": gpus * largest / cal.GIB,
     }

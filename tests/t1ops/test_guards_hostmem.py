@@ -156,10 +156,10 @@ def test_doctor_shows_host_and_cgroup_memory():
     assert c.name == "host_memory_cgroup" and "host available" in c.detail and "effective available" in c.detail
 
 
-def test_projection_counts_rank_zeros_weight_sync_gather_and_no_checkpoint_gather():
-    """A multi-rank trainer: rank 0 still gathers the full actor for the weight sync (4 fp32 copies at the
-    gather), its checkpoints are by shard (nothing copied); the warning names the gather with its bytes."""
-    p = hostmem.project_host_memory(1e9, 1e9, world_size=4, full_actor_params=3e9, offload_optimizer=False)
-    assert p.weight_sync_bytes == 4 * 3e9 * 4 and p.checkpoint_bytes == 0
-    verdict = hostmem.check_projection(p, 40 * hostmem.GIB)
-    assert not verdict.fits and "weight-sync gather 44.7 GiB" in verdict.message
+def test_projection_counts_each_ranks_kept_shards_and_one_bucket_and_no_gather():
+    """A multi-rank trainer: nothing gathers the model; a rank keeps two versions of its own shard for the
+    weight sync (fp32) and converts one bucket at a time; its checkpoints are by shard (nothing copied)."""
+    p = hostmem.project_host_memory(1e9, 1e9, world_size=4, sync_bucket_bytes=512 * 2**20, offload_optimizer=False)
+    assert p.weight_sync_bytes == 2 * 1e9 * 4 + 512 * 2**20 and p.checkpoint_bytes == 0
+    verdict = hostmem.check_projection(p, 8 * hostmem.GIB)
+    assert not verdict.fits and "weight sync 8.0 GiB" in verdict.message

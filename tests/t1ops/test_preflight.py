@@ -156,16 +156,19 @@ def test_calibration_constants_sit_inside_the_crash_bounds():
     assert (95 - 90.56 - 632 / 1024) * GIB <= cal.ALLOCATOR_RESERVE_BYTES <= (95 - 90.56) * GIB
 
 
-def test_a_plan_whose_gather_does_not_fit_is_refused_naming_it():
-    """t1ops' trainer rank 0 gathers the full actor for the weight sync (two versions kept): 4 x 244 GB of
-    bf16 at 122B on one process. On a 1,200 GiB node the 128-GPU plan that fits at 2,265 GiB is refused,
-    the finding naming that term; the checkpoint is saved by shard (one tensor per process on its way out)."""
+def test_nothing_gathers_the_model_so_the_plan_the_gather_refused_now_fits():
+    """Every trainer rank sends its own shard (rl.weights.shard_plan): the weight sync's host term is one
+    bucket per process, not 4 x 244 GB of bf16 on rank 0. The 128-GPU plan on a 1,200 GiB node, refused
+    while rank 0 gathered the actor (910 GiB), fits; a node too small for the report's own terms is still
+    refused, naming the largest of them."""
     p = plan("128gpu-cp4")
     terms = host_ram_terms_gib(p)
     actor_gib = total_params(p.model) * p.precision.param_bytes / GIB
-    assert terms["weight_sync_gather"] == pytest.approx(4 * actor_gib) and terms["checkpoint_save"] < actor_gib / 10
+    assert terms["weight_sync"] == pytest.approx(min(p.parallelism.gpus_per_node, p.parallelism.train_gpus) * 0.5)
+    assert terms["weight_sync"] < actor_gib / 50 and terms["checkpoint_save"] < actor_gib / 10
     small = p.model_copy(update={"hardware": p.hardware.model_copy(update={"host_ram_gib": 1200.0})})
-    report = check_plan(small)
+    assert [f for f in check_plan(small).findings if f.id == "host-ram"][0].severity != "error"
+    tiny = p.model_copy(update={"hardware": p.hardware.model_copy(update={"host_ram_gib": 300.0})})
+    report = check_plan(tiny)
     ram = [f for f in report.findings if f.id == "host-ram"][0]
-    assert report.verdict == "refuse" and ram.severity == "error"
-    assert "largest term is weight_sync_gather" in ram.message and "weight sync" in ram.message
+    assert report.verdict == "refuse" and ram.severity == "error" and "largest term is idle_role_backup" in ram.message

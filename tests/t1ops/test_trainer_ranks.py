@@ -10,14 +10,17 @@ Each test spawns 2 real rank processes (gloo, groups through t1ops.guards.dist).
 """
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from rl import model as rmodel
 from rl.trainer import Trainer, TrainerSettings, rollout_batch, sample_responses
 from rl.trainer.forward import actor_logprobs
 from rl.trainer.ranks import Layout
 from rl.trainer.shard import Placement
-from t1ops.campaign.trainer_rank import run_local_ranks
+from rl.hf import layout as hf_layout
 from rl.hf.checkpoint import export_hf
+from rl.weights.checksums import state_checksums
+from t1ops.campaign.trainer_rank import run_local_ranks
 from t1ops.errors import CheckpointError, CheckpointRoleError
 from t1ops.guards.checkpoints import save_checkpoint
 from t1ops.guards.sharded_checkpoints import CheckpointReader, commit, load_role, shard_dir, write_shard
@@ -53,7 +56,7 @@ def test_layout_matches_one_rank(reference, layout, tmp_path):
     batch, ref_lp, ref, ref_actor = reference
     # dp > 1: each rank holds routing rows for its own rows only, as in a campaign (dataplane.fetch_shard)
     got = run_local_ranks(layout, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE, shards_to=str(tmp_path),
-                          own_shard=layout.dp > 1)
+                          own_shard=layout.dp > 1, sync_to=str(tmp_path / "export"))
     assert got["micro_batches"] >= 2  # gradient accumulation is exercised
     mask = batch.loss_mask_BT
     assert float((got["logprobs"] - ref_lp)[mask].abs().max()) <= 1e-5
@@ -71,6 +74,17 @@ def test_layout_matches_one_rank(reference, layout, tmp_path):
     assert all(torch.equal(full[k], got["actor"][k]) for k in ref_actor)
     one_rank = rmodel.build_policy(SPEC, seed=0)
     rmodel.load_state(one_rank, full)
+
+    # the weight sync from every rank's shard (nothing gathered): each tensor sent by exactly one rank, both
+    # ranks send, and what they send and hash is the full state's Hugging Face tensors (rl.weights.shard_plan)
+    parts, sums = [p for p, _ in got["sync"]], {k: v for _, c in got["sync"] for k, v in c.items()}
+    names = [n for p in parts for n in p]
+    assert len(names) == len(set(names)) == len(hf_layout.hf_shapes(SPEC)) and all(parts)
+    hf = hf_layout.to_hf(got["actor"], SPEC)
+    for f in {f for p in parts for f in p.values()}:
+        for n, t in load_file(tmp_path / "export" / f).items():
+            assert torch.equal(t, hf[n]), n
+    assert sums == state_checksums(got["actor"], torch.float32)
 
 
 def test_sharded_checkpoint_refuses_corruption_and_the_other_role(tmp_path):
