@@ -126,6 +126,7 @@ def _sync_parts(rt, job: dict, rank: int, world: int):
     under ``job["sync_to"]`` and its checksums; rank 0 gets ``[({hf name: file}, {name: checksum})]`` by rank."""
     from t1ops.campaign.rank_sync import RankSender
 
+    os.makedirs(job["sync_to"], exist_ok=True)
     sender = RankSender(rt, job["spec"], rank, world, dtype="float32")
     parts = len({s.owner for s in sender.weight_plan()})
     mine = (sender.weight_export_here("1", job["sync_to"], parts), sender.weight_checksums_here("1"))
