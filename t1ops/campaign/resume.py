@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from rl.atomic import publish_dir, publish_file
+from t1ops.campaign.reshard import ROLES, param_layout, reshard_optimizer
 from t1ops.errors import CheckpointError, ConfigError
 from t1ops.guards.checkpoints import file_sha256, list_steps, step_dir_name
 from t1ops.guards.sharded_checkpoints import verify_role
@@ -50,7 +51,7 @@ PARTIAL_STATE = ".partial-ranks"  # per-rank trainer-state files before rank 0 m
 MANIFEST = "manifest.json"
 # config keys a resume may change; any other difference is refused
 RESUMABLE_KEYS = {"run.steps", "run.out_dir", "run.ray_address", "run.num_cpus", "telemetry", "guards", "eval",
-                  "checkpoints", "tracking"}
+                  "checkpoints", "tracking", "trainer.parallel"}  # another layout re-shards (t1ops.campaign.reshard)
 
 
 def save_trainer_state(base: str | Path, step: int, state: dict, rank_files: list[dict] | None = None) -> Path:
@@ -90,10 +91,12 @@ def trainer_state(trainer, version: int, ranks: list[dict]) -> dict:
     return {"step": trainer.step, "next_step": version + 1, "ranks": ranks}
 
 
-def load_trainer_state(base: str | Path, step: int, rank: int | None = None, *, ranks: bool = True) -> dict:
+def load_trainer_state(base: str | Path, step: int, rank: int | None = None, *, ranks: bool = True,
+                       mmap: bool = False) -> dict:
     """The verified trainer state at ``step``; CheckpointError (files left as they are) otherwise. A state
     saved per rank has its ``ranks`` read from the rank files: only ``rank``'s when given (the others
-    None), none with ``ranks=False`` (verification only), else all; every file's checksum is checked."""
+    None), none with ``ranks=False`` (verification only), else all (``mmap``: memory-mapped, read as used:
+    a re-shard reads every rank's file); every file's checksum is checked."""
     d = Path(base) / STATE_ROLE / step_dir_name(step)
     try:
         manifest = json.loads((d / MANIFEST).read_text())
@@ -109,7 +112,7 @@ def load_trainer_state(base: str | Path, step: int, rank: int | None = None, *, 
     # weights_only: tensors, dicts, lists and numbers only (RNG states are stored as tensors / lists)
     state = torch.load(d / STATE_FILE, map_location="cpu", weights_only=True)
     if "ranks" in manifest:
-        state["ranks"] = [torch.load(d / e["file"], map_location="cpu", weights_only=True)
+        state["ranks"] = [torch.load(d / e["file"], map_location="cpu", weights_only=True, mmap=mmap)
                           if ranks and rank in (None, e["rank"]) else None for e in manifest["ranks"]]
     return state
 
@@ -234,22 +237,38 @@ def set_rng_state(state: dict) -> None:
 
 
 def rank_state(trainer) -> dict:
-    """One rank's share of the trainer state: its optimizers' states and its RNG (1 rank or N)."""
+    """One rank's share of the trainer state: its optimizers' states, its RNG, and what each optimizer
+    parameter is in the whole model (``t1ops.campaign.reshard``: a resume at another layout)."""
     return {"rng": rng_state(), "actor_optimizer": trainer.actor_optimizer.state_dict(),
-            "critic_optimizer": None if trainer.critic_optimizer is None else trainer.critic_optimizer.state_dict()}
+            "critic_optimizer": None if trainer.critic_optimizer is None else trainer.critic_optimizer.state_dict(),
+            "params": param_layout(trainer)}
 
 
-def load_rank_state(trainer, state: dict, *, rank: int, world_size: int) -> None:
-    """Restore this rank's optimizers and RNG from a trainer state saved at the same layout."""
+def load_rank_state(trainer, state: dict, *, rank: int, world_size: int, every_rank=None) -> str:
+    """Restore this rank's optimizers and RNG: its own file when the state was saved at this layout
+    ("own state"), else re-sharded from every saved rank's (``every_rank()``: all their states, e.g.
+    memory-mapped; "re-sharded"). A state saved before parameter layouts were recorded resumes only at
+    its own world size."""
     ranks = state.get("ranks") or [state]  # a state written before per-rank states: one rank
-    if len(ranks) != world_size:
-        raise ConfigError(f"the trainer state holds {len(ranks)} rank(s), this trainer has {world_size}: optimizer "
-                          "state is per rank; resume with the run's own trainer.parallel", key="trainer.parallel")
-    mine = ranks[rank]
-    trainer.actor_optimizer.load_state_dict(mine["actor_optimizer"])
-    if trainer.critic_optimizer is not None:
-        trainer.critic_optimizer.load_state_dict(mine["critic_optimizer"])
-    set_rng_state(mine["rng"])
+    layout = param_layout(trainer)
+    mine = ranks[rank] if len(ranks) == world_size else None
+    if mine is not None and mine.get("params", layout) == layout:
+        trainer.actor_optimizer.load_state_dict(mine["actor_optimizer"])
+        if trainer.critic_optimizer is not None:
+            trainer.critic_optimizer.load_state_dict(mine["critic_optimizer"])
+        set_rng_state(mine["rng"])
+        return "own state"
+    saved = every_rank() if every_rank is not None else None
+    if not saved or any(s is None or "params" not in s for s in saved):
+        raise ConfigError(f"the trainer state holds {len(ranks)} rank(s) of another layout than this trainer's "
+                          f"{world_size} and records no parameter layout (saved before re-sharding existed); "
+                          "resume with the run's own trainer.parallel", key="trainer.parallel")
+    for role, opt_name in ROLES:
+        opt = getattr(trainer, opt_name)
+        if opt is not None:
+            opt.load_state_dict(reshard_optimizer(saved, role, layout[role], opt.state_dict()))
+    set_rng_state(saved[rank % len(saved)]["rng"])
+    return "re-sharded"
 
 
 def resumed(host, step: int, state: dict, has_critic: bool) -> dict:

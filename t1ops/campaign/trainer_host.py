@@ -369,7 +369,9 @@ class TrainerHost(RankWeightSync, WeightPush):
         how = {role: load_into(self.trainer, role, self.ckpt.dir_for(role) / step_dir_name(step), self.rank)
                for role in roles}
         self.trainer.step = int(state["step"])
-        load_rank_state(self.trainer, state, rank=self.rank, world_size=self.world_size)
+        how["trainer_state"] = load_rank_state(  # another layout: re-sharded from every saved rank (t1ops.campaign.reshard)
+            self.trainer, state, rank=self.rank, world_size=self.world_size,
+            every_rank=lambda: load_trainer_state(self.retention.base, step, mmap=True)["ranks"])
         self.published = {step: self.trainer.snapshot_behaviour()}  # what this rank sends to the engines
         telemetry.event("checkpoint.resumed_shards", rank=self.rank, step=step, **how)
         return {**resumed(self, step, state, "critic" in roles), "loaded": how}

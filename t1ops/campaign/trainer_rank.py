@@ -94,6 +94,8 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
         rt = RankTrainer(job["spec"], job["settings"], layout, full_actor=actor, full_critic=critic,
                          unk_id=job["unk_id"], seed=job["seed"], temperature=job["temperature"])
         loaded = {role: load_into(rt, role, path, rank) for role, path in (job.get("load_from") or {}).items()}
+        if job.get("state_from"):  # the optimizer and RNG state too, re-sharded when saved at another layout
+            loaded["trainer_state"] = _load_state(rt, *job["state_from"], rank, world)
         if job.get("own_shard"):
             job["batch"] = own_shard_only(job["batch"], layout.dp, rt.dp_rank)
         logprobs = rt.logprobs(job["batch"])
@@ -111,6 +113,7 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
         if job.get("shards_to"):
             for role in full:
                 save_sharded(job["shards_to"], role, job["steps"], rt)
+            _save_state(rt, job["shards_to"], job["steps"], rank, world)
         loads = [None] * world if rank == 0 else None
         torch.distributed.gather_object(loaded, loads, dst=0)
         if rank == 0:  # a file, not a queue: shared-memory tensors die with this process
@@ -119,6 +122,27 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
                         "micro_batches": len(rt.plan(job["batch"]))}, out)
     finally:
         teardown()
+
+
+def _save_state(rt, base: str, step: int, rank: int, world: int) -> None:
+    """Every rank's optimizer and RNG state in its own file; rank 0 commits the step (as a campaign's publish)."""
+    from t1ops.campaign.resume import save_rank_state, save_trainer_state, trainer_state
+
+    entry = save_rank_state(base, step, rank, rt)
+    entries = [None] * world if rank == 0 else None
+    torch.distributed.gather_object(entry, entries, dst=0)
+    if rank == 0:
+        save_trainer_state(base, step, trainer_state(rt, step, None), entries)
+    torch.distributed.barrier()
+
+
+def _load_state(rt, base: str, step: int, rank: int, world: int) -> str:
+    from t1ops.campaign.resume import load_rank_state, load_trainer_state
+
+    state = load_trainer_state(base, step, rank=rank)
+    rt.step = int(state["step"])
+    return load_rank_state(rt, state, rank=rank, world_size=world,
+                           every_rank=lambda: load_trainer_state(base, step, mmap=True)["ranks"])
 
 
 def _sync_parts(rt, job: dict, rank: int, world: int):
@@ -143,12 +167,14 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
                     steps: int = 1, temperature: float = 1.0, timeout_s: float = 600.0,
                     shards_to: str | None = None, behaviour: str = "snapshot", own_shard: bool = False,
                     activations: bool = False, load_from: dict[str, str] | None = None,
-                    sync_to: str | None = None) -> dict:
+                    sync_to: str | None = None, state_from: tuple[str, int] | None = None) -> dict:
     """Spawn ``layout.world_size`` local ranks, take ``steps`` steps on ``batch``; rank 0's results.
 
     Returns ``logprobs`` (full ``[B, T]`` before the step), ``stats`` (StepStats of the last step),
     ``step_s`` (seconds per step), ``actor`` and ``critic`` (the full states after the steps). With
-    ``shards_to`` the ranks also save both roles by shard there (step = ``steps``); ``load_from``
+    ``shards_to`` the ranks also save both roles by shard there, and their trainer state (step = ``steps``);
+    ``state_from`` ((base, step)): each rank restores its optimizer and RNG state from there before the
+    steps (re-sharded from every saved rank at another layout; ``loaded[..]["trainer_state"]``); ``load_from``
     ({role: step directory}): each rank loads its shard from that checkpoint before the steps
     (``RankTrainer.load_role``; ``loaded``: each rank's "own shard" / "re-sharded"). ``behaviour``:
     as ``RankTrainer.train_step``'s ("rollout": the fully async behaviour policy). ``own_shard``:
@@ -167,7 +193,7 @@ def run_local_ranks(layout: Layout, batch, spec, settings, *, seed: int = 0, unk
     job = {"layout": layout, "batch": batch, "spec": spec, "settings": settings, "seed": seed,
            "unk_id": unk_id, "steps": steps, "temperature": temperature, "shards_to": shards_to,
            "behaviour": behaviour, "own_shard": own_shard, "guards": guards, "activations": activations,
-           "load_from": load_from, "sync_to": sync_to}
+           "load_from": load_from, "sync_to": sync_to, "state_from": state_from}
     init_method = plan_rendezvous("127.0.0.1", guards.field)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     procs = [ctx.Process(target=_one_step, args=(r, layout.world_size, init_method, job, out), daemon=True)

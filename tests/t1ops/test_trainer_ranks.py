@@ -126,6 +126,11 @@ def test_checkpoint_by_shard_resumes_own_file_or_reshards(reference, tmp_path):
         assert got["loaded"] == [{"actor": how, "critic": how}] * 2
         for role in ("actor", "critic"):
             assert all(torch.equal(got[role][k], v) for k, v in saved[role].items()), (layout, role)
+    # the trainer state saved beside them (each rank's optimizer and RNG) resumes here too: "own state" at
+    # the saved layout; another layout is t1ops/campaign/reshard.py's (test below)
+    got = run_local_ranks(tp_ep, batch, SPEC, SETTINGS, seed=3, temperature=TEMPERATURE, steps=0, load_from=dirs,
+                          state_from=(str(tmp_path), 1))
+    assert [x["trainer_state"] for x in got["loaded"]] == ["own state"] * 2
     # the streaming HF export of the TP = 2 + EP = 2 shards equals the export of the same weights saved whole
     from safetensors.torch import load_file
 
@@ -156,3 +161,25 @@ def test_dp2_fully_async_behaviour_matches_one_rank():
                           temperature=TEMPERATURE, behaviour="rollout", own_shard=True)
     for key in ("policy_loss", "value_loss", "actor_grad_norm", "ratio_mean", "logprob_gap"):
         assert got["stats"][key] == pytest.approx(getattr(ref, key), rel=1e-5, abs=1e-7), key
+
+
+def test_a_resume_at_another_layout_reshards_the_optimizer_and_continues_the_same_run(reference, tmp_path):
+    """Saved at TP = 2 + EP = 2 after one step (weights by shard, each rank's Adam moments in its own file),
+    resumed at DP = 2 (re-sharded: t1ops/campaign/reshard.py): its second step lands where a 1-rank trainer's
+    two uninterrupted steps land. Without the optimizer state (a fresh Adam) it does not: the check can fail."""
+    batch = reference[0]
+    tp_ep = Layout(tp=2, ep=2, sequence_parallel=True, max_tokens_per_gpu=CAP)
+    run_local_ranks(tp_ep, batch, SPEC, SETTINGS, seed=0, temperature=TEMPERATURE, shards_to=str(tmp_path))
+    dirs = {role: str(shard_dir(tmp_path, role, 1)) for role in ("actor", "critic")}
+    t = Trainer(SPEC, SETTINGS, seed=0, temperature=TEMPERATURE)
+    for _ in range(2):
+        t.train_step(batch)
+    want = rmodel.weights_state_dict(t.actor)
+    dp2 = Layout(dp=2, max_tokens_per_gpu=CAP)
+    got = run_local_ranks(dp2, batch, SPEC, SETTINGS, seed=3, temperature=TEMPERATURE, load_from=dirs,
+                          state_from=(str(tmp_path), 1), own_shard=True)
+    assert got["loaded"] == [{"actor": "re-sharded", "critic": "re-sharded", "trainer_state": "re-sharded"}] * 2
+    assert max(float((got["actor"][k] - v).abs().max()) for k, v in want.items()) <= 1e-4
+    fresh = run_local_ranks(dp2, batch, SPEC, SETTINGS, seed=3, temperature=TEMPERATURE, load_from=dirs,
+                            own_shard=True)
+    assert max(float((fresh["actor"][k] - v).abs().max()) for k, v in want.items()) > 1e-3
