@@ -207,9 +207,12 @@ def start_roles(c: Campaign, progress: Progress) -> Campaign:
         ckpt0 = loaded["actor"]
         critic = f" and critic {loaded['critic']}" if loaded["critic"] else ""
         ranks = cfg.trainer.parallel.world_size
+        resharded = (loaded.get("loaded") or {}).get("trainer_state") == "re-sharded"
         progress.log(f"resumed at step {c.resume_from}: actor {loaded['actor']}{critic} loaded and verified, "
                      f"optimizer state and RNG of {ranks} rank{'s' if ranks > 1 else ''} and trainer step "
-                     f"{loaded['trainer_step']} restored; next step {loaded['next_step']}")
+                     f"{loaded['trainer_step']} restored" + (" (saved at another layout: weights and optimizer "
+                                                            "re-sharded)" if resharded else "")
+                     + f"; next step {loaded['next_step']}")
         telemetry.event("campaign.resumed", **loaded)
     settings = _worker_settings(cfg)
     store = None  # the trajectories' owner: outlives any worker (t1ops.campaign.dataplane)
