@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from rl.errors import InputError
 from rl.hf import layout
+from rl.hf.checkpoint import export_hf_parts, part_file, write_safetensors
 from rl.model import ModelSpec
 from rl.weights import delta
 from rl.weights.buckets import Bucket, cut
@@ -92,8 +93,6 @@ class WeightSender(abc.ABC):
     def weight_export(self, version: str) -> str:
         """Write the Hugging Face export of ``version`` under ``export_dir`` (every owner rank writes its own
         safetensors file into it, ``weight_export_here``); keep the newest few."""
-        from rl.hf.checkpoint import export_hf_parts
-
         if self._ws_export_dir is None:
             raise InputError("configure_weight_sender(export_dir=...) first: disk sync writes exports there")
         _, spec = self._published_weights(version)
@@ -110,8 +109,6 @@ class WeightSender(abc.ABC):
 
     def weight_export_here(self, version: str, tmp_dir: str, num_parts: int) -> dict[str, str]:
         """This rank's part of an export: the tensors it owns, one safetensors file; ``{hf name: file}``."""
-        from rl.hf.checkpoint import part_file, write_safetensors
-
         state, spec = self._published_weights(version)
         plan, units = self.weight_plan(version), self._units(spec)
         mine = [s for s in plan if s.owner == self._ws_rank]

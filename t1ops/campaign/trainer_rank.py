@@ -32,6 +32,9 @@ from rl.trainer import TrainerSettings, rollout_batch
 from rl.trainer.activations import SavedActivations
 from rl.trainer.packing import pack_to_ranks
 from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
+from t1ops.campaign.rank_sync import RankSender
+from t1ops.campaign.resume import (load_rank_state, load_trainer_state, save_rank_state, save_trainer_state,
+                                   trainer_state)
 from t1ops.config import GuardsConfig
 from t1ops.guards import dist as dist_guard
 from t1ops.guards.field_config import FieldGuardsConfig
@@ -126,8 +129,6 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
 
 def _save_state(rt, base: str, step: int, rank: int, world: int) -> None:
     """Every rank's optimizer and RNG state in its own file; rank 0 commits the step (as a campaign's publish)."""
-    from t1ops.campaign.resume import save_rank_state, save_trainer_state, trainer_state
-
     entry = save_rank_state(base, step, rank, rt)
     entries = [None] * world if rank == 0 else None
     torch.distributed.gather_object(entry, entries, dst=0)
@@ -137,8 +138,6 @@ def _save_state(rt, base: str, step: int, rank: int, world: int) -> None:
 
 
 def _load_state(rt, base: str, step: int, rank: int, world: int) -> str:
-    from t1ops.campaign.resume import load_rank_state, load_trainer_state
-
     state = load_trainer_state(base, step, rank=rank)
     rt.step = int(state["step"])
     return load_rank_state(rt, state, rank=rank, world_size=world,
@@ -148,8 +147,6 @@ def _load_state(rt, base: str, step: int, rank: int, world: int) -> str:
 def _sync_parts(rt, job: dict, rank: int, world: int):
     """Every rank's part of the weight sync of its actor now (``t1ops.campaign.rank_sync``): its export file
     under ``job["sync_to"]`` and its checksums; rank 0 gets ``[({hf name: file}, {name: checksum})]`` by rank."""
-    from t1ops.campaign.rank_sync import RankSender
-
     os.makedirs(job["sync_to"], exist_ok=True)
     sender = RankSender(rt, job["spec"], rank, world, dtype="float32")
     parts = len({s.owner for s in sender.weight_plan()})

@@ -78,7 +78,7 @@ def test_rank_hosts_warm_start_publish_and_save_sharded(tmp_path):
     assert got[0][1][1].endswith("step_00000001") and got[1][1] == [None, None]  # rank 0 publishes
     assert got[0][2].checkpoints_deleted >= 1  # keep_last = 1 pruned step 0 (full and sharded)
     assert got[0][2].resume_point == 1  # every rank's optimizer state is in trainer_state/step_1
-    own = {"actor": "own shard", "critic": "own shard"}  # same layout: each rank read only its own file
+    own = {"actor": "own shard", "critic": "own shard", "trainer_state": "own state"}  # same layout: its own files
     assert got[0][3:] == [True, 2, own] and got[1][3:] == [True, 2, own]  # each rank resumed its own state
     for role in ("actor", "critic"):  # saved by shard in the role's directory: no gathered weights.pt
         step_dir = shard_dir(tmp_path / "checkpoints", role, 1)
