@@ -120,18 +120,25 @@ class WeightSender(abc.ABC):
         shapes = {n: tuple(p.shape) for s in mine
                   for n, p in zip(units[s.mcore].hf, units[s.mcore].split(torch.empty(s.shape, device="meta")))}
 
+        walker = self._walk(version, [state])
+
         def tensors():
-            for s, (whole,) in self._walk(version, [state]):
+            for s, (whole,) in walker:
                 for n, p in zip(units[s.mcore].hf, units[s.mcore].split(whole.detach())):
                     yield n, p.to("cpu", self._ws_dtype).contiguous()
 
-        write_safetensors(Path(tmp_dir) / name, shapes, self._ws_dtype, tensors())
+        try:
+            write_safetensors(Path(tmp_dir) / name, shapes, self._ws_dtype, tensors())
+        finally:
+            self._drain(walker)  # a failed write still completes this rank's point-to-point steps
         return {n: name for n in shapes}
 
     @staticmethod
     def _drain(walker) -> None:
+        """Finish a walk without using what it yields: the peers waiting on this rank's pieces (or sending
+        it theirs) are released, whatever failed here; the failure is raised by the caller."""
         for _ in walker:
-            raise AssertionError("a rank that owns nothing yielded a tensor")
+            pass
 
     # --- distributed ----------------------------------------------------------------------
     def weight_channels(self, version: str) -> int:
@@ -233,15 +240,19 @@ class WeightSender(abc.ABC):
             state, spec = self._published_weights(version)
             units, left = self._units(spec), iter(buckets)
             bucket, todo, ready = None, set(), []
-            for s, (whole,) in self._walk(version, [state]):
-                if not todo:
-                    bucket = next(left)
-                    todo = {e[-1].mcore for e in bucket[1]}
-                ready += [p.to(self._ws_dtype).contiguous() for p in units[s.mcore].split(whole.detach())]
-                todo.discard(s.mcore)
-                if not todo:
-                    sent += send_tensors(ready, self._ws_group)
-                    ready = []
+            walker = self._walk(version, [state])
+            try:
+                for s, (whole,) in walker:
+                    if not todo:
+                        bucket = next(left)
+                        todo = {e[-1].mcore for e in bucket[1]}
+                    ready += [p.to(self._ws_dtype).contiguous() for p in units[s.mcore].split(whole.detach())]
+                    todo.discard(s.mcore)
+                    if not todo:
+                        sent += send_tensors(ready, self._ws_group)
+                        ready = []
+            finally:  # a failed broadcast (an engine died) must not leave tensor-parallel peers waiting
+                self._drain(walker)
         self._ws_cache = None  # the version's converted copy is not needed again
         return sent
 

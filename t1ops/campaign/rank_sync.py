@@ -53,6 +53,12 @@ class RankWeightSync(WeightSender):
             self.build_weight_plan()
         return self._plan
 
+    def _walk(self, version: str, states: list, only=lambda s: True):
+        """The sync's walk (its point-to-point pieces) under the collective watch: a peer that never sends
+        its piece is reported slow, then the trainer group's timeout ends the wait."""
+        with self._collective_watch("weight sync (tensor-parallel pieces)"):
+            yield from super()._walk(version, states, only)
+
     def set_weight_peers(self, actors: list) -> int:
         """Rank 0: every rank's actor handle, in rank order (the weight sync's fan-out); returns the count."""
         self._weight_peers = list(actors)
