@@ -292,9 +292,11 @@ class DistributedSync:
                 return
             handle = self.sender.open_group(master_port=port, world_size=world, group_name=name,
                                             backend=self.backend, channel=channel, version=version)
-            _each(targets, lambda c: c.init_weights_update_group(PW.InitWeightsUpdateGroupRequest(
-                master_address=address, master_port=port, rank_offset=ranks[_slot_of(targets, c)], world_size=world,
-                group_name=name, backend=self.backend)), failures, "init_weights_update_group")
+            _each(targets, lambda c, address=address, port=port, name=name: c.init_weights_update_group(
+                PW.InitWeightsUpdateGroupRequest(master_address=address, master_port=port,
+                                                 rank_offset=ranks[_slot_of(targets, c)], world_size=world,
+                                                 group_name=name, backend=self.backend)),
+                  failures, "init_weights_update_group")
             try:
                 self.sender.wait(handle)
             except Exception as exc:
