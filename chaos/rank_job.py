@@ -4,8 +4,10 @@
 trainer: it builds the layout-free initial weights and a deterministic batch
 in a world of 1, joins its world, builds its ``RankTrainer`` shard with a
 progress beacon, a faulthandler stack dump (SIGUSR1) and, when guarded, the
-collective watch; then takes the training steps and the weight-update gather
-(``RankTrainer.full_state``, what ``publish`` runs each step). Guarded, the
+collective watch; then takes the training steps and the checkpoint save that
+``TrainerHost.publish`` runs inside the weight-update barrier at a resume point
+(``save_sharded``: every rank writes its shard, rank 0 gathers the entries and
+commits; watched as "sharded checkpoint save", as the trainer host does). Guarded, the
 world and megatron's groups come from ``t1ops.campaign.trainer_rank.join_world``
 with the (scaled) configured timeout. Unguarded, they are created the way
 code without the guard does it: no timeout argument, so torch's implicit
@@ -17,11 +19,12 @@ Faults, on rank ``fault_rank`` only, are real delays inside the real step:
 ``compile_curve_s`` (a sleep before each of the first forwards, as a cold
 kernel compile: its peers wait inside the MoE dispatcher's all-gather),
 ``hang_after_forwards`` (blocks forever in ``_stuck_compiling`` from that
-forward on) and ``stall_before_gather_s`` (late at the weight-update gather).
+forward on) and ``stall_before_gather_s`` (late at the checkpoint save's gather).
 Each rank writes ``<out>/rank<r>.json``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -113,6 +116,7 @@ def rank_main(cfg: dict) -> dict:
     from rl.trainer.ranks import Layout, RankTrainer
     from t1ops.config import GuardsConfig
     from t1ops.guards.dist import watch_collective
+    from t1ops.guards.sharded_checkpoints import save_sharded
     from t1ops.guards.rank_watch import ProgressBeacon
     from t1ops.guards.watchdog import install_stack_dump
 
@@ -147,9 +151,10 @@ def rank_main(cfg: dict) -> dict:
         if rank == cfg.get("fault_rank") and cfg.get("stall_before_gather_s"):
             time.sleep(cfg["stall_before_gather_s"])  # the slow rank at the weight-update barrier
         t0 = time.monotonic()
-        full = rt.full_state("actor")
+        with watch("sharded checkpoint save") if cfg["guarded"] else contextlib.nullcontext():
+            committed = save_sharded(out_dir / "checkpoints", "actor", cfg.get("steps", 1), rt)
         result["gather_s"] = time.monotonic() - t0
-        result["gathered_tensors"] = None if full is None else len(full)
+        result["committed"] = None if committed is None else str(committed)
     except Exception as err:  # what the job log shows
         result["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
     result["slow"] = [{"collective": w.name, "slow_at_s": w.slow_at_s} for w in watches if w.slow_at_s is not None]

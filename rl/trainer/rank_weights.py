@@ -58,11 +58,12 @@ class RankWeights:
         return pl.global_shard(self._placements(model), rmodel.weights_state_dict(model), model)
 
     def full_state(self, role: str) -> dict[str, torch.Tensor] | None:
-        """The whole model of ``role`` gathered from every rank (a collective); the full state on rank 0."""
+        """The whole model of ``role`` gathered from every rank (a collective); the full state on rank 0. Tests
+        and benchmarks compare with it; the campaign never gathers (docs/weights.md, "Every rank sends its shard")."""
         model = self.actor if role == "actor" else self.critic
         piece = self._piece(model)
         pieces = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        with self._watch(f"weight-update gather ({role})"):
+        with self._watch(f"full-state gather ({role})"):
             dist.gather_object(piece, pieces, dst=0)
         return assemble(pieces) if pieces is not None else None
 

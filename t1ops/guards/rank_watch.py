@@ -6,7 +6,7 @@ Rank side (each rank process):
   ``on_micro_batch``), it rewrites ``<dir>/rank<r>.progress`` with the count;
 - :func:`collective_watch`: a ``watch(name)`` factory for ``RankTrainer`` that
   wraps each of its collectives (micro-batch forwards with their TP/EP
-  collectives, gradient all-reduces, gathers, the weight-update gather) in
+  collectives, gradient all-reduces, gathers, the checkpoint save's gather, the weight sync's pieces) in
   :class:`t1ops.guards.dist.watch_collective` with the group's real timeout,
   so a long wait is reported as *slow, not dead* on the rank that waits;
 - :func:`t1ops.guards.watchdog.install_stack_dump`: SIGUSR1 dumps its stacks.
