@@ -23,6 +23,7 @@ steps after S are run once more and no step appears twice.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -83,6 +84,28 @@ def save_rank_state(base: str | Path, step: int, rank: int, trainer) -> dict:
     name = f"step{step:08d}-rank{rank:05d}.pt"
     path = publish_file(out / name, lambda f: torch.save(rank_state(trainer), f))
     return {"rank": rank, "file": name, "sha256": file_sha256(path)}
+
+
+def save_rank_states(base: str | Path, step: int, rank: int, world_size: int, trainer,
+                     watch=contextlib.nullcontext) -> list[dict] | None:
+    """Every rank at once (a collective): each writes its own optimizer and RNG file
+    (:func:`save_rank_state`); rank 0 gets every file's entry, for :func:`save_trainer_state`."""
+    entry = save_rank_state(base, step, rank, trainer)
+    entries = [None] * world_size if rank == 0 else None
+    with watch("trainer state save"):
+        torch.distributed.gather_object(entry, entries, dst=0)
+    return entries
+
+
+def restore_rank_state(trainer, base: str | Path, step: int, rank: int, world_size: int) -> tuple[dict, str]:
+    """This rank's part of the verified trainer state at ``step`` into ``trainer``: its step count, its
+    optimizers and RNG (its own file at the saved layout, else re-sharded from every saved rank's,
+    memory-mapped). Returns the state (step, next step) and how ("own state" / "re-sharded")."""
+    state = load_trainer_state(base, step, rank=rank)  # this rank's file only
+    trainer.step = int(state["step"])
+    how = load_rank_state(trainer, state, rank=rank, world_size=world_size,
+                          every_rank=lambda: load_trainer_state(base, step, mmap=True)["ranks"])
+    return state, how
 
 
 def trainer_state(trainer, version: int, ranks: list[dict]) -> dict:

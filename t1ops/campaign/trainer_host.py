@@ -55,8 +55,8 @@ from t1ops import telemetry
 from t1ops.campaign.credit import CreditBatch
 from t1ops.campaign.pretrained import pretrained_states
 from t1ops.campaign.dataplane import batch_rows, fetch, fetch_shard, shard_trials
-from t1ops.campaign.resume import (load_rank_state, load_trainer_state, rank_state, resumed, save_rank_state,
-                                   save_trainer_state, trainer_state)
+from t1ops.campaign.resume import (rank_state, restore_rank_state, resumed, save_rank_states, save_trainer_state,
+                                   trainer_state)
 from t1ops.campaign.retention import Retention, disk_bytes
 from t1ops.campaign.roles import CheckpointReport, RankInfo, TrainReport
 from t1ops.campaign.trainer_rank import join_world
@@ -299,8 +299,8 @@ class TrainerHost(RankWeightSync, WeightPush):
         return str(self.ckpt.actor_dir / step_dir_name(steps[-1])) if steps else None
 
     def publish(self, version: int, final: bool = False) -> str | None:
-        """Keep the actor of ``version`` for the engines (rank 0: the full actor, gathered once per
-        step for the weight sync, a collective on every rank); at a resume point (:meth:`is_resume_point`)
+        """Keep this rank's shard of the actor as ``version`` (what it sends to the engines: nothing is
+        gathered); at a resume point (:meth:`is_resume_point`)
         save the checkpoint: both roles (a world of 1 whole, a larger world by shard, every rank its
         own slice) and every rank's optimizer and RNG state (``trainer_state``; a larger world: each rank's
         in its own file, rank 0 commits the step). Every rank
@@ -311,7 +311,7 @@ class TrainerHost(RankWeightSync, WeightPush):
         resume_point = self.is_resume_point(version, final)
         ranks = None
         if resume_point:
-            self._save_roles(version, self._full("actor", version) if self.world_size == 1 else None)
+            self._save_roles(version)
             ranks = self._gather_rank_states(version)
         if self.rank == 0:
             if resume_point:
@@ -333,13 +333,13 @@ class TrainerHost(RankWeightSync, WeightPush):
             return {k: v for k, v in self.published[version].items() if isinstance(v, torch.Tensor)}
         return {k: v.detach().clone() for k, v in weights_state_dict(self.trainer.critic).items()}
 
-    def _save_roles(self, version: int, actor: dict | None) -> None:
-        """Both roles of ``version``: a world of 1 whole (``actor`` is the published snapshot, no second
+    def _save_roles(self, version: int) -> None:
+        """Both roles of ``version``: a world of 1 whole (the actor is the published snapshot, no second
         copy), a larger world by shard (every rank writes its own; nothing is gathered)."""
         roles = ("actor", "critic") if self.trainer.critic is not None else ("actor",)
         if self.world_size == 1:
             for role in roles:
-                self.ckpt.save(role, version, actor if role == "actor" else self._full(role, version))
+                self.ckpt.save(role, version, self._full(role, version))
             return
         with self._collective_watch("sharded checkpoint save"):
             for role in roles:
@@ -350,11 +350,8 @@ class TrainerHost(RankWeightSync, WeightPush):
         (``save_rank_state``, nothing gathered); rank 0 gets the files' entries."""
         if self.world_size == 1:
             return [rank_state(self.trainer)]
-        entry = save_rank_state(self.retention.base, version, self.rank, self.trainer)
-        entries = [None] * self.world_size if self.rank == 0 else None
-        with self._collective_watch("trainer state save"):
-            torch.distributed.gather_object(entry, entries, dst=0)
-        return entries
+        return save_rank_states(self.retention.base, version, self.rank, self.world_size, self.trainer,
+                                self._collective_watch)
 
     def checkpoint_report(self) -> CheckpointReport:
         """Disk used by checkpoints after the last publish, steps deleted, and the resume point."""
@@ -365,13 +362,11 @@ class TrainerHost(RankWeightSync, WeightPush):
         re-sharded tensor by tensor: ``CheckpointReader``), its own optimizer and RNG state, the step
         count; the actor of ``step`` is the behaviour snapshot of the next batch. Returns what was loaded."""
         roles = ("actor", "critic") if self.trainer.critic is not None else ("actor",)
-        state = load_trainer_state(self.retention.base, step, rank=self.rank)  # this rank's file only
         how = {role: load_into(self.trainer, role, self.ckpt.dir_for(role) / step_dir_name(step), self.rank)
                for role in roles}
-        self.trainer.step = int(state["step"])
-        how["trainer_state"] = load_rank_state(  # another layout: re-sharded from every saved rank (t1ops.campaign.reshard)
-            self.trainer, state, rank=self.rank, world_size=self.world_size,
-            every_rank=lambda: load_trainer_state(self.retention.base, step, mmap=True)["ranks"])
+        # another layout: the optimizer re-sharded from every saved rank (t1ops.campaign.reshard)
+        state, how["trainer_state"] = restore_rank_state(self.trainer, self.retention.base, step, self.rank,
+                                                         self.world_size)
         self.published = {step: self.trainer.snapshot_behaviour()}  # what this rank sends to the engines
         telemetry.event("checkpoint.resumed_shards", rank=self.rank, step=step, **how)
         return {**resumed(self, step, state, "critic" in roles), "loaded": how}

@@ -33,8 +33,7 @@ from rl.trainer.activations import SavedActivations
 from rl.trainer.packing import pack_to_ranks
 from rl.trainer.ranks import Layout, RankTrainer, full_initial_states
 from t1ops.campaign.rank_sync import RankSender
-from t1ops.campaign.resume import (load_rank_state, load_trainer_state, save_rank_state, save_trainer_state,
-                                   trainer_state)
+from t1ops.campaign.resume import restore_rank_state, save_rank_states, save_trainer_state, trainer_state
 from t1ops.config import GuardsConfig
 from t1ops.guards import dist as dist_guard
 from t1ops.guards.field_config import FieldGuardsConfig
@@ -98,7 +97,7 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
                          unk_id=job["unk_id"], seed=job["seed"], temperature=job["temperature"])
         loaded = {role: load_into(rt, role, path, rank) for role, path in (job.get("load_from") or {}).items()}
         if job.get("state_from"):  # the optimizer and RNG state too, re-sharded when saved at another layout
-            loaded["trainer_state"] = _load_state(rt, *job["state_from"], rank, world)
+            loaded["trainer_state"] = restore_rank_state(rt, *job["state_from"], rank, world)[1]
         if job.get("own_shard"):
             job["batch"] = own_shard_only(job["batch"], layout.dp, rt.dp_rank)
         logprobs = rt.logprobs(job["batch"])
@@ -129,19 +128,10 @@ def _one_step(rank: int, world: int, init_method: str, job: dict, out) -> None:
 
 def _save_state(rt, base: str, step: int, rank: int, world: int) -> None:
     """Every rank's optimizer and RNG state in its own file; rank 0 commits the step (as a campaign's publish)."""
-    entry = save_rank_state(base, step, rank, rt)
-    entries = [None] * world if rank == 0 else None
-    torch.distributed.gather_object(entry, entries, dst=0)
+    entries = save_rank_states(base, step, rank, world, rt)
     if rank == 0:
         save_trainer_state(base, step, trainer_state(rt, step, None), entries)
     torch.distributed.barrier()
-
-
-def _load_state(rt, base: str, step: int, rank: int, world: int) -> str:
-    state = load_trainer_state(base, step, rank=rank)
-    rt.step = int(state["step"])
-    return load_rank_state(rt, state, rank=rank, world_size=world,
-                           every_rank=lambda: load_trainer_state(base, step, mmap=True)["ranks"])
 
 
 def _sync_parts(rt, job: dict, rank: int, world: int):
@@ -149,7 +139,7 @@ def _sync_parts(rt, job: dict, rank: int, world: int):
     under ``job["sync_to"]`` and its checksums; rank 0 gets ``[({hf name: file}, {name: checksum})]`` by rank."""
     os.makedirs(job["sync_to"], exist_ok=True)
     sender = RankSender(rt, job["spec"], rank, world, dtype="float32")
-    parts = len({s.owner for s in sender.weight_plan()})
+    parts = sender.weight_channels("1")  # one export file per sending rank
     mine = (sender.weight_export_here("1", job["sync_to"], parts), sender.weight_checksums_here("1"))
     every = [None] * world if rank == 0 else None
     torch.distributed.gather_object(mine, every, dst=0)
