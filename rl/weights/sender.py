@@ -86,6 +86,10 @@ class WeightSender(abc.ABC):
         return walk(self.weight_plan(version), self._ws_rank, states, send=self._p2p_send, recv=self._p2p_recv,
                     only=only)
 
+    def _channel(self, plan: list[Send]) -> int:
+        """This rank's place among the sending ranks: its weight-update group, its export file."""
+        return owners(plan).index(self._ws_rank)
+
     def _units(self, spec: ModelSpec) -> dict:
         return {u.mcore: u for u in layout.units(spec)}
 
@@ -99,7 +103,7 @@ class WeightSender(abc.ABC):
         out = self._ws_export_dir / f"v{int(version):08d}" if version.isdigit() else self._ws_export_dir / f"v{version}"
         if out.exists():
             shutil.rmtree(out)  # a re-published version (resume) replaces its stale export
-        parts = len(owners(self.weight_plan(version)))
+        parts = self.weight_channels(version)  # one file per sending rank
         export_hf_parts(out, spec, dtype_name(self._ws_dtype),
                         lambda tmp: self._each_rank("weight_export_here", version, str(tmp), parts),
                         meta={"role": "actor", "step": int(version) if version.isdigit() else version})
@@ -115,8 +119,7 @@ class WeightSender(abc.ABC):
         if not mine:
             self._drain(self._walk(version, [state]))
             return {}
-        part = owners(plan).index(self._ws_rank)
-        name = part_file(part, num_parts)
+        name = part_file(self._channel(plan), num_parts)
         shapes = {n: tuple(p.shape) for s in mine
                   for n, p in zip(units[s.mcore].hf, units[s.mcore].split(torch.empty(s.shape, device="meta")))}
 
@@ -207,7 +210,7 @@ class WeightSender(abc.ABC):
             return self._ws_cache[1]
         state, spec = self._published_weights(version)
         plan, units = self.weight_plan(version), self._units(spec)
-        channel = owners(plan).index(self._ws_rank) if any(s.owner == self._ws_rank for s in plan) else -1
+        channel = self._channel(plan) if any(s.owner == self._ws_rank for s in plan) else -1
         if base is None:
             entries = [[(n, "", p.to(self._ws_dtype), s) for n, p in zip(units[s.mcore].hf, units[s.mcore].split(
                 torch.empty(s.shape, device="meta")))] for s in plan if s.owner == self._ws_rank]
